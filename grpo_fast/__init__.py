@@ -1,0 +1,1 @@
+"""grpo_fast: kernel-accelerated GRPO / RLVR post-training."""

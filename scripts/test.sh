@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: creates .venv/ if missing, installs everything, runs lint and the test suite.
+# Extra arguments go to pytest (e.g. `bash scripts/test.sh -m slow`).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/env.sh"
+cd "$ROOT"
+ruff check .
+python -m pytest -q -m "not slow and not gpu" "$@"
