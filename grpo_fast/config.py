@@ -71,7 +71,9 @@ class GRPOLossConfig:
         if self.max_completion_length is not None and (
             not isinstance(self.max_completion_length, int) or self.max_completion_length < 1
         ):
-            raise ValueError(f"max_completion_length: expected a positive int or None, got {self.max_completion_length!r}")
+            raise ValueError(
+                f"max_completion_length: expected a positive int or None, got {self.max_completion_length!r}"
+            )
         if self.workspace_bytes is not None and (not isinstance(self.workspace_bytes, int) or self.workspace_bytes < 1):
             raise ValueError(f"workspace_bytes: expected a positive int or None, got {self.workspace_bytes!r}")
 

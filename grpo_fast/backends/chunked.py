@@ -1,0 +1,234 @@
+"""Chunked layer 1 (fused linear logprobs) with vendor GEMMs and a pluggable epilogue.
+
+Rows are processed in chunks of R tokens over the full vocabulary: one GEMM writes the tempered
+logits tile z = (h Wᵀ + b) / τ  [R, V] (fp32) into a workspace bounded by `workspace_bytes`,
+an epilogue reduces it to per-token statistics, and, for gradients, rewrites it in place into
+
+    dz = gℓ (onehot(y) − p) − gH p (log p + H)          (∂L/∂z, p = softmax(z), H = entropy)
+
+from which two more GEMMs give  dh = dz W / τ  and  dW += dzᵀ h / τ  (db += Σ_rows dz / τ).
+Nothing of size N·V exists; extra memory is O(N) + O(R·V).
+
+Two ways to get gradients:
+  * `forward` then `backward` (recompute): 4 GEMMs, used when the upstream per-token gradients
+    are only known later (`fused_logprobs` under autograd).
+  * `forward_backward`: the caller's `token_grads(rows, logp, entropy)` gives (gℓ, gH) for a chunk
+    as soon as its statistics exist, so dz is formed from the tile already in the workspace:
+    3 GEMMs. Needs chunks whose gradients depend on their own rows only (see grpo_loss).
+
+The epilogue is the backend-specific part: `TorchEpilogue` here (the oracle), the C++/CUDA one
+in grpo_fast.backends.native.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+TokenGrads = Callable[[slice, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class LogprobStats:
+    """Per-token results of layer 1, all [N] fp32: log p(y), entropy H, log-sum-exp of z."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    lse: torch.Tensor
+
+
+class Epilogue(Protocol):
+    def stats(self, z: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """z [R, V] fp32 (left intact), targets [R] int64 -> (logp, entropy, lse), each [R] fp32."""
+
+    def grad_(
+        self,
+        z: torch.Tensor,
+        targets: torch.Tensor,
+        lse: torch.Tensor,
+        entropy: torch.Tensor,
+        grad_logp: torch.Tensor,
+        grad_entropy: torch.Tensor | None,
+    ) -> None:
+        """Overwrite z [R, V] fp32 with dz = gℓ (onehot − p) − gH p (log p + H) (gH None = 0)."""
+
+
+class TorchEpilogue:
+    """The epilogue in plain PyTorch ops: a few passes over the tile, fp32 throughout."""
+
+    def stats(self, z, targets):
+        row_max = z.amax(dim=1, keepdim=True)
+        exp = torch.exp(z - row_max)
+        sum_exp = exp.sum(dim=1)
+        # Σ_v e^{z_v − m} z_v as a batched dot product, without another [R, V] temporary.
+        sum_exp_z = torch.bmm(exp.unsqueeze(1), z.unsqueeze(2)).view(-1)
+        lse = row_max.view(-1) + torch.log(sum_exp)
+        entropy = lse - sum_exp_z / sum_exp
+        logp = z.gather(1, targets.view(-1, 1)).view(-1) - lse
+        return logp, entropy, lse
+
+    def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy):
+        log_p = z.sub_(lse.view(-1, 1))
+        if grad_entropy is None:
+            dz = log_p.exp_().mul_(-grad_logp.view(-1, 1))
+        else:
+            p = torch.exp(log_p)
+            dz = log_p.add_(entropy.view(-1, 1)).mul_(p).mul_(-grad_entropy.view(-1, 1))
+            dz.addcmul_(p, grad_logp.view(-1, 1), value=-1.0)
+        dz.scatter_add_(1, targets.view(-1, 1), grad_logp.view(-1, 1))
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for fp32/bf16/fp16 inputs; fp64 inputs stay fp64 (gradcheck)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _mm_acc(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b with a result in the accumulation dtype (fp32 accumulation inside the vendor GEMM)."""
+    acc = accumulation_dtype(a.dtype)
+    if a.dtype == acc:
+        return torch.mm(a, b, out=out)
+    if a.is_cuda:
+        result = torch.mm(a, b, out_dtype=acc)
+    else:
+        result = torch.mm(a, b).to(acc)
+    if out is None:
+        return result
+    return out.copy_(result)
+
+
+class ChunkedBackend:
+    """Layer 1 over row chunks: GEMM -> epilogue -> (GEMM, GEMM)."""
+
+    def __init__(self, name: str, epilogue: Epilogue, cpu_workspace_bytes: int, gpu_workspace_bytes: int):
+        self.name = name
+        self.epilogue = epilogue
+        self.cpu_workspace_bytes = cpu_workspace_bytes
+        self.gpu_workspace_bytes = gpu_workspace_bytes
+
+    def rows_per_chunk(self, vocab: int, device: torch.device, workspace_bytes: int | None) -> int:
+        """R such that one fp32 [R, V] tile fits the workspace budget (at least one row)."""
+        budget = workspace_bytes or (self.gpu_workspace_bytes if device.type == "cuda" else self.cpu_workspace_bytes)
+        return max(1, budget // (4 * vocab))
+
+    def row_chunks(self, num_rows: int, vocab: int, device: torch.device, workspace_bytes: int | None):
+        step = self.rows_per_chunk(vocab, device, workspace_bytes)
+        return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
+
+    @staticmethod
+    def _logits(hidden, weight, bias, inv_temperature, workspace):
+        """Tempered logits of the rows in `hidden` [R, H] into workspace [R, V] fp32."""
+        z = _mm_acc(hidden, weight.t(), out=workspace)
+        if bias is not None:
+            z.add_(bias)
+        return z.mul_(inv_temperature)
+
+    def forward(self, hidden, weight, bias, targets, inv_temperature, workspace_bytes=None) -> LogprobStats:
+        """hidden [N, H], weight [V, H], bias [V] | None, targets [N] -> LogprobStats ([N] fp32 each)."""
+        num_rows, vocab = hidden.shape[0], weight.shape[0]
+        out = torch.empty(3, num_rows, dtype=accumulation_dtype(hidden.dtype), device=hidden.device)
+        chunks = self.row_chunks(num_rows, vocab, hidden.device, workspace_bytes)
+        workspace = self._workspace(chunks, vocab, hidden)
+        for rows in chunks:
+            z = self._logits(hidden[rows], weight, bias, inv_temperature, workspace[: rows.stop - rows.start])
+            for dst, value in zip(out[:, rows], self.epilogue.stats(z, targets[rows]), strict=True):
+                dst.copy_(value)
+        return LogprobStats(out[0], out[1], out[2])
+
+    def backward(
+        self,
+        hidden,
+        weight,
+        bias,
+        targets,
+        inv_temperature,
+        stats: LogprobStats,
+        grad_logp,
+        grad_entropy,
+        workspace_bytes=None,
+    ):
+        """Recompute each tile and accumulate (dh [N, H] in hidden's dtype, dW [V, H] fp32, db [V] fp32 | None)."""
+        grads = _GradAccumulator(hidden, weight, bias, inv_temperature)
+        chunks = self.row_chunks(hidden.shape[0], weight.shape[0], hidden.device, workspace_bytes)
+        workspace = self._workspace(chunks, weight.shape[0], hidden)
+        for rows in chunks:
+            z = self._logits(hidden[rows], weight, bias, inv_temperature, workspace[: rows.stop - rows.start])
+            g_h = None if grad_entropy is None else grad_entropy[rows]
+            self.epilogue.grad_(z, targets[rows], stats.lse[rows], stats.entropy[rows], grad_logp[rows], g_h)
+            grads.add(rows, z)
+        return grads.result()
+
+    def forward_backward(
+        self,
+        hidden,
+        weight,
+        bias,
+        targets,
+        inv_temperature,
+        token_grads: TokenGrads,
+        chunks: Iterable[slice],
+        need_grads: bool = True,
+    ):
+        """One pass with the gradient formed from the tile in the workspace (3 GEMMs per chunk).
+
+        token_grads(rows, logp, entropy) -> (gℓ [R], gH [R] | None) is called once per chunk in order.
+        Returns (LogprobStats, (dh, dW, db) or None when not need_grads).
+        """
+        num_rows, vocab = hidden.shape[0], weight.shape[0]
+        out = torch.empty(3, num_rows, dtype=accumulation_dtype(hidden.dtype), device=hidden.device)
+        chunks = list(chunks)
+        workspace = self._workspace(chunks, vocab, hidden)
+        grads = _GradAccumulator(hidden, weight, bias, inv_temperature) if need_grads else None
+        for rows in chunks:
+            z = self._logits(hidden[rows], weight, bias, inv_temperature, workspace[: rows.stop - rows.start])
+            logp, entropy, lse = self.epilogue.stats(z, targets[rows])
+            for dst, value in zip(out[:, rows], (logp, entropy, lse), strict=True):
+                dst.copy_(value)
+            grad_logp, grad_entropy = token_grads(rows, logp, entropy)
+            if grads is not None:
+                self.epilogue.grad_(z, targets[rows], lse, entropy, grad_logp, grad_entropy)
+                grads.add(rows, z)
+        stats = LogprobStats(out[0], out[1], out[2])
+        return stats, (grads.result() if grads is not None else None)
+
+    @staticmethod
+    def _workspace(chunks, vocab, hidden):
+        longest = max((c.stop - c.start for c in chunks), default=0)
+        return torch.empty(longest, vocab, dtype=accumulation_dtype(hidden.dtype), device=hidden.device)
+
+
+class _GradAccumulator:
+    """dh rows written per chunk; dW and db accumulated across chunks in the accumulation dtype."""
+
+    def __init__(self, hidden, weight, bias, inv_temperature):
+        self.hidden, self.weight, self.inv_temperature = hidden, weight, inv_temperature
+        acc = accumulation_dtype(weight.dtype)
+        self.full_precision = weight.dtype == acc
+        self.grad_hidden = torch.empty_like(hidden)
+        self.grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+        self.grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device)
+        # Low-precision dW: accumulate over vocabulary slices so the fp32 temporary stays small.
+        self.vocab_slice = weight.shape[0] if self.full_precision else max(1, (1 << 20) // weight.shape[1])
+
+    def add(self, rows: slice, dz: torch.Tensor) -> None:
+        """dz [R, V] (accumulation dtype) = ∂L/∂z for `rows`; z = (h Wᵀ + b) τ⁻¹, so every product carries τ⁻¹."""
+        h = self.hidden[rows]
+        dz_in = dz if self.full_precision else dz.to(self.weight.dtype)
+        torch.mm(dz_in, self.weight, out=self.grad_hidden[rows]).mul_(self.inv_temperature)
+        if self.full_precision:
+            self.grad_weight.addmm_(dz_in.t(), h, alpha=self.inv_temperature)
+        else:
+            for start in range(0, dz_in.shape[1], self.vocab_slice):
+                cols = slice(start, start + self.vocab_slice)
+                self.grad_weight[cols].add_(_mm_acc(dz_in[:, cols].t(), h), alpha=self.inv_temperature)
+        if self.grad_bias is not None:
+            self.grad_bias.add_(dz.sum(dim=0), alpha=self.inv_temperature)
+
+    def result(self):
+        return self.grad_hidden, self.grad_weight, self.grad_bias
+
+
+TORCH_BACKEND = ChunkedBackend("torch", TorchEpilogue(), cpu_workspace_bytes=4 << 20, gpu_workspace_bytes=256 << 20)

@@ -1,0 +1,116 @@
+"""Validates the GRPO front ends' per-token arguments and turns them into flat `[N]` tensors.
+
+Padded layout: completion_ids / completion_mask / old / ref / is_weights are [B, T], advantages and
+is_weights may be [B]. Packed layout (`cu_seqlens` [B+1] given): the same arguments are [N],
+advantages and is_weights may be [B].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import checks
+from .config import GRPOLossConfig
+from .layout import TokenLayout, packed_layout, padded_layout
+from .token_math import TokenInputs, entropy_weights, reduction_weights
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    layout: TokenLayout
+    targets: torch.Tensor  # [N] int64, padding positions clamped into the vocabulary
+    inputs: TokenInputs
+
+
+def prepare_batch(
+    *,
+    completion_ids,
+    completion_mask,
+    advantages,
+    old_logprobs,
+    ref_logprobs,
+    is_weights,
+    num_items_in_batch,
+    cu_seqlens,
+    config: GRPOLossConfig,
+    vocab: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> PreparedBatch:
+    """Check the per-token arguments and flatten them to [N] tensors of `dtype` (the accumulation dtype)."""
+    if not isinstance(config, GRPOLossConfig):
+        raise TypeError(f"config: expected a GRPOLossConfig, got {type(config).__name__}")
+    ids = checks.require_tensor("completion_ids", completion_ids)
+    checks.require_integer("completion_ids", ids)
+    checks.require_device("completion_ids", ids, device)
+    mask = checks.require_tensor("completion_mask", completion_mask)
+    checks.require_device("completion_mask", mask, device)
+    if cu_seqlens is None:
+        if ids.dim() != 2:
+            raise ValueError(f"completion_ids: expected shape [B, T] (padded layout), got {list(ids.shape)}")
+        checks.require_shape("completion_mask", mask, ids.shape, "[B, T] like completion_ids")
+        if mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError("completion_mask: expected values in {0, 1}")
+        layout = padded_layout(mask != 0, dtype)
+    else:
+        cu = checks.require_tensor("cu_seqlens", cu_seqlens)
+        checks.require_integer("cu_seqlens", cu)
+        if ids.dim() != 1:
+            raise ValueError(
+                f"completion_ids: expected shape [N] (packed layout with cu_seqlens), got {list(ids.shape)}"
+            )
+        checks.require_shape("completion_mask", mask, ids.shape, "[N] like completion_ids")
+        if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != ids.numel():
+            raise ValueError(f"cu_seqlens: expected [B+1] offsets from 0 to N={ids.numel()}, got {cu.tolist()}")
+        if bool((cu[1:] < cu[:-1]).any()):
+            raise ValueError("cu_seqlens: expected non-decreasing offsets")
+        layout = packed_layout(mask != 0, cu.to(device), dtype)
+
+    active = layout.mask.bool()
+    flat_ids = ids.reshape(-1)
+    checks.require_token_ids("completion_ids", flat_ids, vocab, active)
+    targets = torch.where(active, flat_ids, torch.zeros_like(flat_ids)).to(torch.int64)
+
+    def per_token(name, value, allow_per_seq):
+        if value is None:
+            return None
+        value = checks.require_tensor(name, value)
+        checks.require_floating(name, value)
+        checks.require_device(name, value, device)
+        if (
+            allow_per_seq
+            and value.dim() == 1
+            and value.numel() == layout.num_seqs
+            and (cu_seqlens is None or value.numel() != layout.num_tokens)
+        ):
+            flat = value.to(dtype)[layout.seq_index]
+        elif value.numel() == layout.num_tokens and tuple(value.shape) == tuple(ids.shape):
+            flat = value.reshape(-1).to(dtype)
+        else:
+            per_seq = f"[B]={layout.num_seqs} or " if allow_per_seq else ""
+            raise ValueError(
+                f"{name}: expected shape {per_seq}{list(ids.shape)} like completion_ids, got {list(value.shape)}"
+            )
+        checks.require_finite(name, flat, active)
+        return torch.where(active, flat, torch.zeros_like(flat))
+
+    advantages_flat = per_token("advantages", advantages, allow_per_seq=True)
+    if advantages_flat is None:
+        raise ValueError("advantages: required ([B] or per-token)")
+    if config.beta != 0.0 and ref_logprobs is None:
+        raise ValueError(f"ref_logprobs: required when beta > 0 (beta={config.beta})")
+    if num_items_in_batch is not None:
+        count = torch.as_tensor(num_items_in_batch)
+        if count.numel() != 1 or not bool(torch.isfinite(count.float()).all()) or float(count) <= 0:
+            raise ValueError(f"num_items_in_batch: expected a positive count, got {num_items_in_batch!r}")
+    inputs = TokenInputs(
+        old_logprobs=per_token("old_logprobs", old_logprobs, allow_per_seq=False),
+        ref_logprobs=per_token("ref_logprobs", ref_logprobs, allow_per_seq=False) if config.beta != 0.0 else None,
+        advantages=advantages_flat,
+        is_weights=per_token("is_weights", is_weights, allow_per_seq=True),
+        loss_weights=reduction_weights(layout, config, num_items_in_batch),
+        entropy_weights=entropy_weights(layout),
+    )
+    return PreparedBatch(layout, targets, inputs)

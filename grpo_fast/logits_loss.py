@@ -1,0 +1,109 @@
+"""`logits_grpo_loss`: the GRPO loss for callers that already hold the logits `[B, T, V]`.
+
+One memory-bound pass over the logits computes the per-token statistics (row chunks upcast to
+fp32), layer 2 gives (gℓ, gH), and backward streams over the logits once more to write
+∂L/∂logits = dz / τ — into the logits buffer itself with `inplace_backward=True`, so no second
+`[B, T, V]` tensor is allocated. That is safe only when nothing else needs the logits' values
+after this loss (e.g. they come straight from an lm_head matmul, whose backward does not read
+its output); the buffer then holds the gradient, not the logits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import checks
+from .backends.chunked import TorchEpilogue, accumulation_dtype
+from .config import GRPOLossConfig
+from .inputs import PreparedBatch, prepare_batch
+from .token_math import finalize_metrics, grpo_token_loss
+
+_EPILOGUE = TorchEpilogue()
+
+
+def _row_chunks(num_rows: int, vocab: int, workspace_bytes: int | None) -> list[slice]:
+    step = max(1, (workspace_bytes or (64 << 20)) // (4 * vocab))
+    return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
+
+
+class _LogitsGRPOLoss(torch.autograd.Function):
+    """logits [N, V] -> (loss [], metric sums [K]); backward writes ∂L/∂logits chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, logits, batch: PreparedBatch, config: GRPOLossConfig, inplace_backward: bool):
+        inv_temperature = 1.0 / config.temperature
+        chunks = _row_chunks(logits.shape[0], logits.shape[1], config.workspace_bytes)
+        stats = torch.empty(3, logits.shape[0], dtype=accumulation_dtype(logits.dtype), device=logits.device)
+        for rows in chunks:
+            z = logits[rows].to(stats.dtype, copy=True).mul_(inv_temperature)
+            for dst, value in zip(stats[:, rows], _EPILOGUE.stats(z, batch.targets[rows]), strict=True):
+                dst.copy_(value)
+        logp, entropy, lse = stats.unbind(0)
+        out = grpo_token_loss(logp, entropy, batch.inputs, batch.layout, config)
+        ctx.chunks, ctx.inv_temperature, ctx.inplace_backward = chunks, inv_temperature, inplace_backward
+        extra = (out.grad_entropy,) if out.grad_entropy is not None else ()
+        ctx.save_for_backward(logits, batch.targets, lse, entropy, out.grad_logprobs, *extra)
+        ctx.mark_non_differentiable(out.sums)
+        return out.sums[0].clone(), out.sums
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_sums):
+        logits, targets, lse, entropy, grad_logp, *rest = ctx.saved_tensors
+        grad_logp = grad_logp * grad_loss
+        grad_entropy = rest[0] * grad_loss if rest else None
+        grad_logits = logits if ctx.inplace_backward else torch.empty_like(logits)
+        for rows in ctx.chunks:
+            z = logits[rows].to(lse.dtype, copy=True).mul_(ctx.inv_temperature)
+            g_h = None if grad_entropy is None else grad_entropy[rows]
+            _EPILOGUE.grad_(z, targets[rows], lse[rows], entropy[rows], grad_logp[rows], g_h)
+            grad_logits[rows].copy_(z.mul_(ctx.inv_temperature))
+        return grad_logits, None, None, None
+
+
+def logits_grpo_loss(
+    logits: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    num_items_in_batch: int | float | torch.Tensor | None = None,
+    config: GRPOLossConfig = GRPOLossConfig(),
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    inplace_backward: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`grpo_loss` from logits [B, T, V] (or packed [N, V] with cu_seqlens); same options and metrics.
+
+    inplace_backward=True writes ∂L/∂logits into `logits` during backward (see module docstring).
+    """
+    logits = checks.require_tensor("logits", logits)
+    checks.require_floating("logits", logits)
+    if logits.dim() != (2 if cu_seqlens is not None else 3):
+        expected = "[N, V] (packed, cu_seqlens given)" if cu_seqlens is not None else "[B, T, V] (padded)"
+        raise ValueError(f"logits: expected shape {expected}, got {list(logits.shape)}")
+    if isinstance(completion_ids, torch.Tensor) and tuple(completion_ids.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"completion_ids: expected shape {list(logits.shape[:-1])} (logits' leading dimensions), "
+            f"got {list(completion_ids.shape)}"
+        )
+    if inplace_backward and not logits.is_contiguous():
+        raise ValueError("logits: inplace_backward=True needs a contiguous logits tensor")
+    batch = prepare_batch(
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        advantages=advantages,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        is_weights=is_weights,
+        num_items_in_batch=num_items_in_batch,
+        cu_seqlens=cu_seqlens,
+        config=config,
+        vocab=logits.shape[-1],
+        device=logits.device,
+        dtype=accumulation_dtype(logits.dtype),
+    )
+    flat_logits = logits.view(-1, logits.shape[-1]) if logits.is_contiguous() else logits.reshape(-1, logits.shape[-1])
+    loss, sums = _LogitsGRPOLoss.apply(flat_logits, batch, config, inplace_backward)
+    return loss, finalize_metrics(sums.detach(), batch.layout, config, is_weights is not None)

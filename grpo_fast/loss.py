@@ -1,0 +1,235 @@
+"""`grpo_loss` / `GRPOLoss`: the GRPO-family policy loss from last hidden states and the lm_head
+weight, without materialising logits. Layer 1 (a backend of grpo_fast.backends) gives per-token
+logprobs and entropies; layer 2 (grpo_fast.token_math, or the backend's own kernel) gives the loss,
+metrics and the per-token upstream gradients (gℓ, gH) that layer 1 turns into dh, dW, db.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .backends import LogprobStats, get_backend
+from .backends.chunked import accumulation_dtype
+from .config import GRPOLossConfig
+from .inputs import PreparedBatch, prepare_batch
+from .logprobs import check_linear_inputs
+from .token_math import finalize_metrics, grpo_token_loss
+
+
+def _sequence_aligned_chunks(layout, rows_per_chunk: int) -> list[slice] | None:
+    """Row chunks made of whole sequences, each at most rows_per_chunk rows; None if a sequence is longer."""
+    starts = layout.seq_starts.tolist()
+    chunks, begin = [], 0
+    for start, stop in zip(starts[:-1], starts[1:], strict=True):
+        if stop - start > rows_per_chunk:
+            return None
+        if stop - begin > rows_per_chunk:
+            chunks.append(slice(begin, start))
+            begin = start
+    if starts[-1] > begin:
+        chunks.append(slice(begin, starts[-1]))
+    return chunks
+
+
+class _GRPOLossFunction(torch.autograd.Function):
+    """(hidden [N, H], weight [V, H], bias [V] | None) -> (loss [], metric sums [K]).
+
+    Chunked backends form the gradient during the forward pass when each chunk's (gℓ, gH) depend on
+    its own rows only (token-level ratios, or whole sequences per chunk): backward then only scales.
+    Otherwise forward keeps O(N) state and backward recomputes the logits tiles.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, batch: PreparedBatch, config, backend):
+        needs_grad = any(ctx.needs_input_grad[:3])
+        token_loss = getattr(backend, "token_loss", grpo_token_loss)
+        inv_temperature = 1.0 / config.temperature
+        ctx.inv_temperature, ctx.backend, ctx.workspace_bytes = (
+            inv_temperature,
+            backend,
+            config.workspace_bytes,
+        )
+        ctx.weight_dtype = weight.dtype
+
+        chunks = None
+        if hasattr(backend, "forward_backward"):
+            rows = backend.rows_per_chunk(weight.shape[0], hidden.device, config.workspace_bytes)
+            if config.importance_sampling_level == "token":
+                chunks = backend.row_chunks(hidden.shape[0], weight.shape[0], hidden.device, config.workspace_bytes)
+            else:
+                chunks = _sequence_aligned_chunks(batch.layout, rows)
+
+        if chunks is not None:
+            partial_sums = []
+
+            def token_grads(rows, logp, entropy):
+                out = token_loss(logp, entropy, batch.inputs, batch.layout, config, rows)
+                partial_sums.append(out.sums)
+                return out.grad_logprobs, out.grad_entropy
+
+            _, grads = backend.forward_backward(
+                hidden,
+                weight,
+                bias,
+                batch.targets,
+                inv_temperature,
+                token_grads,
+                chunks,
+                need_grads=needs_grad,
+            )
+            sums = torch.stack(partial_sums).sum(0)
+            ctx.mode = "precomputed"
+            ctx.save_for_backward(*(grads if grads is not None else ()))
+        else:
+            stats = backend.forward(hidden, weight, bias, batch.targets, inv_temperature, config.workspace_bytes)
+            out = token_loss(stats.logprobs, stats.entropy, batch.inputs, batch.layout, config)
+            sums = out.sums
+            ctx.mode = "recompute"
+            grad_entropy = out.grad_entropy
+            extra = (grad_entropy,) if grad_entropy is not None else ()
+            ctx.save_for_backward(
+                hidden, weight, bias, batch.targets, stats.lse, stats.entropy, out.grad_logprobs, *extra
+            )
+        ctx.mark_non_differentiable(sums)
+        return sums[0].clone(), sums
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_sums):
+        if ctx.mode == "precomputed":
+            if not ctx.saved_tensors:
+                return None, None, None, None, None, None
+            grad_h, grad_w, grad_b = ctx.saved_tensors
+            grad_h = grad_h * grad_loss.to(grad_h.dtype)
+            grad_w = grad_w * grad_loss
+            grad_b = None if grad_b is None else grad_b * grad_loss
+        else:
+            hidden, weight, bias, targets, lse, entropy, grad_logp, *rest = ctx.saved_tensors
+            grad_entropy = rest[0] * grad_loss if rest else None
+            grad_h, grad_w, grad_b = ctx.backend.backward(
+                hidden,
+                weight,
+                bias,
+                targets,
+                ctx.inv_temperature,
+                LogprobStats(None, entropy, lse),
+                grad_logp * grad_loss,
+                grad_entropy,
+                ctx.workspace_bytes,
+            )
+        dtype = ctx.weight_dtype
+        return grad_h, grad_w.to(dtype), None if grad_b is None else grad_b.to(dtype), None, None, None
+
+
+def grpo_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    num_items_in_batch: int | float | torch.Tensor | None = None,
+    config: GRPOLossConfig = GRPOLossConfig(),
+    *,
+    bias: torch.Tensor | None = None,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO-family policy loss (TRL semantics, see GRPOLossConfig) and its metrics.
+
+    Padded layout: hidden [B, T, H] (position t predicts completion_ids[:, t]), completion_ids,
+    completion_mask [B, T]; advantages [B] or [B, T]; old_logprobs, ref_logprobs [B, T];
+    is_weights [B] or [B, T]. Packed layout (cu_seqlens [B+1] given): hidden [N, H] and the
+    per-token arguments [N]. weight [V, H] and bias [V] share hidden's dtype and device.
+
+    old_logprobs=None is on-policy (ratio 1, gradient of the ratio kept). num_items_in_batch is the
+    dapo/cispo normaliser (active tokens of the whole accumulated batch; divide by the data-parallel
+    world size if your optimizer averages gradients across ranks, as TRL does).
+
+    Returns (loss [] fp32, metrics: dict of detached 0-dim fp32 tensors — kl (beta > 0),
+    clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, entropy, logprob_mean,
+    is_weight_mean (is_weights given)).
+    """
+    flat_hidden, leading = check_linear_inputs(hidden, weight, bias)
+    expected_dims = 1 if cu_seqlens is not None else 2
+    if len(leading) != expected_dims:
+        layout_name = "[N, H] (packed, cu_seqlens given)" if cu_seqlens is not None else "[B, T, H] (padded)"
+        raise ValueError(f"hidden: expected shape {layout_name}, got {list(hidden.shape)}")
+    if isinstance(completion_ids, torch.Tensor) and tuple(completion_ids.shape) != leading:
+        raise ValueError(
+            f"completion_ids: expected shape {list(leading)} (hidden's leading dimensions), "
+            f"got {list(completion_ids.shape)}"
+        )
+    batch = prepare_batch(
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        advantages=advantages,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        is_weights=is_weights,
+        num_items_in_batch=num_items_in_batch,
+        cu_seqlens=cu_seqlens,
+        config=config,
+        vocab=weight.shape[0],
+        device=flat_hidden.device,
+        dtype=accumulation_dtype(flat_hidden.dtype),
+    )
+    backend = get_backend(config.backend, flat_hidden.device)
+    loss, sums = _GRPOLossFunction.apply(
+        flat_hidden, weight.contiguous(), None if bias is None else bias.contiguous(), batch, config, backend
+    )
+    return loss, finalize_metrics(sums.detach(), batch.layout, config, is_weights is not None)
+
+
+class GRPOLoss(nn.Module):
+    """`grpo_loss` with its config fixed at construction; a drop-in for Liger-Kernel's
+    `LigerFusedLinearGRPOLoss`:
+
+        Liger: LigerFusedLinearGRPOLoss(beta, loss_type, epsilon_low, epsilon_high, temperature, ...)
+               loss, metrics = liger(_input, lin_weight, selected_token_ids, attention_mask, advantages,
+                                     bias, ref_per_token_logps, old_per_token_logps, ...)
+        ours:  GRPOLoss(GRPOLossConfig(beta=..., loss_type=..., epsilon_low=..., epsilon_high=..., temperature=...))
+               loss, metrics = ours(_input, lin_weight, selected_token_ids, attention_mask, advantages,
+                                    bias=bias, ref_logprobs=ref_per_token_logps, old_logprobs=old_per_token_logps)
+
+    Liger returns metrics as a list; ours is a dict keyed by TRL's metric names.
+    """
+
+    def __init__(self, config: GRPOLossConfig | None = None, **options):
+        super().__init__()
+        if config is not None and options:
+            raise ValueError("GRPOLoss: give either config or keyword options, not both")
+        self.config = config if config is not None else GRPOLossConfig(**options)
+
+    def forward(
+        self,
+        hidden,
+        weight,
+        completion_ids,
+        completion_mask,
+        advantages,
+        bias=None,
+        ref_logprobs=None,
+        old_logprobs=None,
+        is_weights=None,
+        num_items_in_batch=None,
+        cu_seqlens=None,
+    ):
+        return grpo_loss(
+            hidden,
+            weight,
+            completion_ids,
+            completion_mask,
+            advantages,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            is_weights=is_weights,
+            num_items_in_batch=num_items_in_batch,
+            config=self.config,
+            bias=bias,
+            cu_seqlens=cu_seqlens,
+        )
+
+    def extra_repr(self) -> str:
+        return repr(self.config)
