@@ -1,0 +1,79 @@
+"""Length rewards: DAPO's soft overlong punishment and a plain length penalty.
+
+Length unit: tokens when the trainer passes `completion_ids` (TRL does) or the caller passes
+`completion_lengths` or a `tokenizer` (anything with `encode(text) -> list`), else characters of the
+completion text. Limits must be given in the same unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from grpo_fast.rewards.text import completion_texts
+
+
+def completion_lengths_of(
+    completions: Sequence[Any],
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    completion_lengths: Sequence[int] | None = None,
+    tokenizer: Any = None,
+) -> list[int]:
+    """Length of each completion: given lengths, else token-id counts, else tokenizer tokens, else characters."""
+    n = len(completions)
+    if completion_lengths is not None:
+        lengths = [int(x) for x in completion_lengths]
+    elif completion_ids is not None:
+        lengths = [len(ids) for ids in completion_ids]
+    elif tokenizer is not None:
+        lengths = [len(tokenizer.encode(t)) for t in completion_texts(completions)]
+    else:
+        lengths = [len(t) for t in completion_texts(completions)]
+    if len(lengths) != n:
+        raise ValueError(f"completion lengths: {len(lengths)} values for {n} completions")
+    return lengths
+
+
+def overlong_penalty(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    *,
+    max_completion_length: int,
+    overlong_buffer: int,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    completion_lengths: Sequence[int] | None = None,
+    tokenizer: Any = None,
+    penalty_factor: float = 1.0,
+    **_: Any,
+) -> list[float]:
+    """DAPO soft overlong punishment: 0 up to `max_completion_length - overlong_buffer`, then falling
+    linearly to `-penalty_factor` at `max_completion_length`, and `-penalty_factor` beyond.
+
+    Bind the limits with functools.partial (the trainer calls `fn(prompts, completions, **columns)`).
+    """
+    if max_completion_length <= 0:
+        raise ValueError(f"max_completion_length: must be > 0, got {max_completion_length}")
+    if not 0 < overlong_buffer <= max_completion_length:
+        raise ValueError(f"overlong_buffer: must lie in (0, max_completion_length], got {overlong_buffer}")
+    start = max_completion_length - overlong_buffer
+    lengths = completion_lengths_of(completions, completion_ids, completion_lengths, tokenizer)
+    return [-penalty_factor * min(max(length - start, 0) / overlong_buffer, 1.0) for length in lengths]
+
+
+def length_penalty(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    *,
+    target_length: int,
+    scale: float = 1.0,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    completion_lengths: Sequence[int] | None = None,
+    tokenizer: Any = None,
+    **_: Any,
+) -> list[float]:
+    """Plain length penalty: `-scale * max(0, length - target_length) / target_length`, unbounded below
+    (scale it to the other rewards)."""
+    if target_length <= 0:
+        raise ValueError(f"target_length: must be > 0, got {target_length}")
+    lengths = completion_lengths_of(completions, completion_ids, completion_lengths, tokenizer)
+    return [-scale * max(0, length - target_length) / target_length for length in lengths]

@@ -1,0 +1,148 @@
+"""Math accuracy: the completion's final answer against the reference, compared with `math-verify`.
+
+Extraction: the last answer slot (`\\boxed{...}`, `<answer>...</answer>`, or matches of `pattern`,
+see `extract.py`) is the final answer. Its whole content is the answer: it is parsed as if it were
+`\\boxed{content}`, so text around a number ("5 and also 7") does not reduce to its first number.
+Plain scientific notation (`1.5e3`) is rewritten to `1.5\\times10^{3}` first, since LaTeX would
+read `e` as Euler's number.
+
+Comparison: `math_verify.verify(reference, answer)`, symbolic and numeric (0.5 = 1/2, 10% = 0.1,
+intervals, sets, units stripped, `x = 5` against 5).
+
+Rewards: 1.0 equivalent, 0.0 not (or no answer), None when the reference cannot be parsed (the sample
+is skipped by the trainer rather than pushing the policy either way).
+
+Guards against gaming: with `require_slot` (default) an answer outside any slot earns nothing; more
+than `max_distinct_answers` different slot contents earn nothing (listing candidates); an empty slot
+or one longer than `max_answer_chars` earns nothing; a slot that lists several values parses as a set
+and does not equal a single reference value.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from grpo_fast.rewards.extract import answer_slots, normalize_slot
+from grpo_fast.rewards.text import broadcast_column, completion_texts
+
+log = logging.getLogger(__name__)
+
+_CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
+_SCIENTIFIC = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+))\s*[eE]\s*([-+]?\d+)\s*$")
+_MATH_TIMEOUT_S = 5
+
+
+def math_accuracy(
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    answer: Sequence[Any],
+    *,
+    pattern: str | None = None,
+    require_slot: bool = True,
+    max_distinct_answers: int = 3,
+    max_answer_chars: int = 1000,
+    **_: Any,
+) -> list[float | None]:
+    """1.0 / 0.0 per completion for its final answer against `answer` (dataset column: one reference
+    per completion, a string like "0.5", "\\frac{1}{2}", "[1, 2)" or a number); None where the
+    reference does not parse.
+
+    pattern: an extra regex for answer slots (group 1 is the answer), e.g. r"Answer:\\s*(.+)$".
+    require_slot: without a slot, reward 0 (True) or fall back to math-verify's own search of the
+        whole completion (False).
+    max_distinct_answers: more different slot contents than this earns 0.
+    max_answer_chars: a final answer longer than this earns 0 (keeps sympy off huge inputs).
+    """
+    texts = completion_texts(completions)
+    references = broadcast_column("answer", answer, len(texts))
+    return [
+        score_answer(
+            text,
+            ref,
+            pattern=pattern,
+            require_slot=require_slot,
+            max_distinct_answers=max_distinct_answers,
+            max_answer_chars=max_answer_chars,
+        )
+        for text, ref in zip(texts, references, strict=True)
+    ]
+
+
+def score_answer(
+    text: str,
+    reference: Any,
+    *,
+    pattern: str | None = None,
+    require_slot: bool = True,
+    max_distinct_answers: int = 3,
+    max_answer_chars: int = 1000,
+) -> float | None:
+    """Reward of one completion text against one reference (see `math_accuracy`)."""
+    gold = parse_reference(reference)
+    if gold is None:
+        log.debug("math_accuracy: reference %r does not parse; reward skipped", reference)
+        return None
+    slots = answer_slots(text, pattern)
+    if not slots:
+        if require_slot:
+            return 0.0
+        return float(_verify(gold, _parse(text[-max_answer_chars:])))
+    if len({normalize_slot(s.content) for s in slots}) > max_distinct_answers:
+        return 0.0
+    final = slots[-1].content.strip().strip("$").strip().rstrip(".")
+    if not final or len(final) > max_answer_chars:
+        return 0.0
+    return float(_verify(gold, _parse_slot(final)))
+
+
+@lru_cache(maxsize=4096)
+def _parse_reference_str(reference: str) -> tuple | None:
+    text = reference.strip().strip("$").strip()
+    if not text:
+        return None
+    parsed = _parse_slot(text)
+    # math-verify falls back to the raw string when nothing parses; such a "reference" would match any
+    # completion that copies the same broken text, so it counts as unparseable.
+    if not any(not isinstance(p, str) for p in parsed):
+        return None
+    return tuple(parsed)
+
+
+def parse_reference(reference: Any) -> list | None:
+    """math-verify's parse of a reference answer (a string or a number); None when it yields no
+    expression (empty, malformed LaTeX)."""
+    if reference is None or isinstance(reference, bool):
+        return None
+    if isinstance(reference, (int, float)):
+        reference = repr(reference)
+    if not isinstance(reference, str):
+        raise TypeError(f"answer: expected a string or a number, got {type(reference).__name__}")
+    parsed = _parse_reference_str(reference)
+    return list(parsed) if parsed else None
+
+
+def _parse_slot(content: str) -> list:
+    m = _SCIENTIFIC.match(content)
+    if m:
+        content = f"{m.group(1)}\\times10^{{{m.group(2)}}}"
+    return _parse(f"\\boxed{{{content}}}")
+
+
+def _timeout() -> int | None:
+    # math-verify enforces its timeouts with SIGALRM, which only the main thread may use.
+    return _MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+def _parse(text: str) -> list:
+    return parse(text, extraction_config=_CONFIG, parsing_timeout=_timeout())
+
+
+def _verify(gold: list, answer: list) -> bool:
+    return bool(answer) and verify(gold, answer, timeout_seconds=_timeout())

@@ -1,0 +1,218 @@
+"""Reward execution in a process pool, with a per-completion timeout.
+
+A verifier that hangs, raises, or kills its process (segfault, os.abort, OOM) costs the reward of
+the one completion it was scoring: the pool logs the failure, records it in `Scores.failures`, gives
+that completion `failure_reward` (default None: skipped by the trainer, neither rewarded nor punished),
+kills and replaces the worker if needed, and carries on with the rest of the batch.
+
+Work unit: one (reward function, completion) pair, called as `fn([prompt], [completion], **columns)`
+with the row's column values, so a timeout measures one completion. Workers receive items in chunks
+and answer item by item; the timeout clock of an item starts when the previous answer arrived.
+Reward functions (and functools.partial of them) must be picklable: workers are started with
+"spawn" by default, which never forks a parent holding CUDA or threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import pickle
+import time
+import traceback
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from grpo_fast.rewards.columns import RewardFunc, call_reward, reward_name, select_columns
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One verifier failure: which function, which completion, "timeout" | "crash" | "error", details."""
+
+    reward: str
+    index: int
+    kind: str
+    message: str
+
+
+@dataclass
+class Scores:
+    """Rewards `[num_funcs][num_completions]` (float or None) and the failures met on the way."""
+
+    rewards: list[list[float | None]]
+    failures: list[Failure] = field(default_factory=list)
+
+
+def _worker_main(conn: Connection) -> None:
+    funcs: list[RewardFunc] = []
+    batch = -1
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        batch_id, blob, items = message
+        if batch_id != batch:
+            funcs, batch = pickle.loads(blob), batch_id
+        for task, f, prompt, completion, row in items:
+            try:
+                value = call_reward(funcs[f], [prompt], [completion], {k: [v] for k, v in row.items()})[0]
+                conn.send((task, "ok", value))
+            except Exception:
+                conn.send((task, "error", traceback.format_exc(limit=5)))
+
+
+class _Worker:
+    def __init__(self, ctx: mp.context.BaseContext) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc.start()
+        child.close()
+        self.batch = -1
+        self.pending: deque[int] = deque()
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+class RewardPool:
+    """A pool of verifier processes; reuse one across training steps (start-up costs ~1 s per worker).
+
+    workers: processes (default: 2). timeout: seconds one completion may take in one reward function.
+    failure_reward: reward of a completion whose verifier failed (None = skipped, or e.g. 0.0).
+    mp_context: multiprocessing start method ("spawn", "forkserver", "fork").
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        timeout: float = 30.0,
+        failure_reward: float | None = None,
+        mp_context: str = "spawn",
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"workers: must be >= 1, got {workers}")
+        if timeout <= 0:
+            raise ValueError(f"timeout: must be > 0, got {timeout}")
+        self.timeout = timeout
+        self.failure_reward = failure_reward
+        self._ctx = mp.get_context(mp_context)
+        self._workers = [_Worker(self._ctx) for _ in range(workers)]
+        self._batch = 0
+
+    def score(
+        self,
+        reward_funcs: Sequence[RewardFunc],
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+    ) -> Scores:
+        """Every reward function on every completion. Columns are checked first: a function needing a
+        column that is absent raises KeyError naming it, before any work starts."""
+        columns = dict(columns or {})
+        n = len(completions)
+        if len(prompts) != n:
+            raise ValueError(f"prompts: {len(prompts)} prompts for {n} completions")
+        for name, values in columns.items():
+            if len(values) != n:
+                raise ValueError(f"column {name!r}: {len(values)} values for {n} completions")
+        per_func = [select_columns(fn, columns) for fn in reward_funcs]
+        self._batch += 1
+        blob = pickle.dumps(list(reward_funcs))
+        items = deque(
+            (f * n + i, f, prompts[i], completions[i], {k: v[i] for k, v in per_func[f].items()})
+            for f in range(len(reward_funcs))
+            for i in range(n)
+        )
+        scores = Scores([[None] * n for _ in reward_funcs])
+        names = [reward_name(fn) for fn in reward_funcs]
+        by_task = {item[0]: item for item in items}
+
+        def fail(task: int, kind: str, message: str) -> None:
+            f, i = divmod(task, n)
+            scores.rewards[f][i] = self.failure_reward
+            scores.failures.append(Failure(names[f], i, kind, message))
+            log.warning("reward %s failed on completion %d (%s): %s", names[f], i, kind, message.strip()[-500:])
+
+        while items or any(w.pending for w in self._workers):
+            for w in self._workers:
+                if items and not w.pending:
+                    chunk = [items.popleft() for _ in range(min(_CHUNK, len(items)))]
+                    w.conn.send((self._batch, blob if w.batch != self._batch else None, chunk))
+                    w.batch = self._batch
+                    w.pending.extend(item[0] for item in chunk)
+                    w.deadline = time.monotonic() + self.timeout
+            busy = [w for w in self._workers if w.pending]
+            ready = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - time.monotonic()))
+            for w in busy:
+                if w.conn in ready:
+                    try:
+                        task, status, value = w.conn.recv()
+                    except (EOFError, OSError):
+                        w.proc.join(1.0)
+                        fail(w.pending.popleft(), "crash", f"worker died (exit code {w.proc.exitcode})")
+                        self._replace(w, items, by_task)
+                        continue
+                    w.pending.popleft()
+                    w.deadline = time.monotonic() + self.timeout
+                    if status == "ok":
+                        scores.rewards[task // n][task % n] = value
+                    else:
+                        fail(task, "error", value)
+                elif time.monotonic() >= w.deadline:
+                    fail(w.pending.popleft(), "timeout", f"no result within {self.timeout} s")
+                    self._replace(w, items, by_task)
+        return scores
+
+    def _replace(self, worker: _Worker, items: deque, by_task: dict) -> None:
+        """Kill `worker`, put its unfinished items back in front of the queue, start a fresh worker."""
+        worker.kill()
+        items.extendleft(by_task[t] for t in reversed(worker.pending))
+        self._workers[self._workers.index(worker)] = _Worker(self._ctx)
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        for w in self._workers:
+            if w.proc.is_alive():
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+                w.proc.join(1.0)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+        self._workers = []
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def score_completions(
+    reward_funcs: Sequence[RewardFunc],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    timeout: float = 30.0,
+    workers: int = 2,
+    failure_reward: float | None = None,
+) -> Scores:
+    """One-off scoring with a temporary `RewardPool` (a trainer should keep one pool instead)."""
+    with RewardPool(workers=workers, timeout=timeout, failure_reward=failure_reward) as pool:
+        return pool.score(reward_funcs, prompts, completions, columns)

@@ -1,0 +1,65 @@
+"""The reward pool: hanging or crashing verifiers cost one reward each, never the batch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rewards_verifiers import constant, hang_on_hang, needs_difficulty, segfault_on_crash
+
+from grpo_fast.rewards import RewardPool, math_accuracy, score_completions
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RewardPool(workers=2, timeout=2.0) as p:
+        yield p
+
+
+def test_hanging_verifier_costs_one_reward(pool):
+    completions = ["a", "hang", "b", "c"]
+    start = time.monotonic()
+    scores = pool.score([hang_on_hang, constant], ["p"] * 4, completions)
+    assert time.monotonic() - start < 10
+    assert scores.rewards == [[1.0, None, 1.0, 1.0], [1.0] * 4]
+    assert [(f.reward, f.index, f.kind) for f in scores.failures] == [("hang_on_hang", 1, "timeout")]
+
+
+@pytest.mark.parametrize("poison", ["crash", "abort"])
+def test_crashing_verifier_costs_one_reward(pool, poison):
+    completions = ["ok", poison, "ok", "ok", poison]
+    scores = pool.score([segfault_on_crash], ["p"] * 5, completions)
+    assert scores.rewards == [[0.5, None, 0.5, 0.5, None]]
+    assert [(f.index, f.kind) for f in scores.failures] == [(1, "crash"), (4, "crash")]
+
+
+def test_raising_verifier_is_reported_and_pool_keeps_working(pool):
+    scores = pool.score([segfault_on_crash], ["p"] * 2, ["raise", "ok"])
+    assert scores.rewards == [[None, 0.5]]
+    assert scores.failures[0].kind == "error" and "verifier bug" in scores.failures[0].message
+    assert pool.score([constant], ["p"], ["x"]).rewards == [[1.0]]
+
+
+def test_failure_reward_is_configurable():
+    scores = score_completions([segfault_on_crash], ["p"], ["crash"], workers=1, failure_reward=0.0)
+    assert scores.rewards == [[0.0]]
+
+
+def test_columns_reach_functions_by_name(pool):
+    scores = pool.score(
+        [needs_difficulty, math_accuracy],
+        ["p"] * 2,
+        ["\\boxed{3}", "\\boxed{4}"],
+        {"difficulty": [1, 2], "answer": ["3", "5"]},
+    )
+    assert scores.rewards == [[1.0, 2.0], [1.0, 0.0]]
+
+
+def test_missing_column_names_it(pool):
+    with pytest.raises(KeyError, match="difficulty"):
+        pool.score([needs_difficulty], ["p"], ["x"], {"answer": ["1"]})
+
+
+def test_column_length_mismatch_names_it(pool):
+    with pytest.raises(ValueError, match="answer"):
+        pool.score([math_accuracy], ["p"] * 2, ["x", "y"], {"answer": ["1"]})
