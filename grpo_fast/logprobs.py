@@ -66,8 +66,8 @@ class _FusedLogprobs(torch.autograd.Function):
             targets,
             ctx.inv_temperature,
             stats,
-            grad_logp.float().contiguous(),
-            None if grad_entropy is None else grad_entropy.float().contiguous(),
+            grad_logp.to(lse.dtype).contiguous(),
+            None if grad_entropy is None else grad_entropy.to(lse.dtype).contiguous(),
             ctx.workspace_bytes,
         )
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)

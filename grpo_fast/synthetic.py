@@ -1,0 +1,68 @@
+"""Random GRPO loss batches, shared by the tests and the benchmarks (same setup, same shapes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .logprobs import fused_logprobs
+
+
+@dataclass
+class LossBatch:
+    """hidden [B, T, H], weight [V, H], completion_ids / completion_mask / old / ref / is_weights [B, T],
+    advantages [B]; all on one device, hidden and weight in `dtype`, the rest fp32 (fp64 for fp64)."""
+
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    is_weights: torch.Tensor
+
+
+def make_loss_batch(
+    batch: int,
+    length: int,
+    hidden_size: int,
+    vocab: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    logit_scale: float = 1.0,
+    active_fraction: float = 0.8,
+    drift: float = 0.3,
+) -> LossBatch:
+    """A batch whose hidden/weight give logits of standard deviation ~logit_scale, a completion mask
+    with ragged right padding (about `active_fraction` active), and old/ref logprobs that differ from
+    the current ones by noise of scale `drift` (so clipping and KL are exercised)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    aux = torch.float64 if dtype == torch.float64 else torch.float32
+    hidden = torch.randn(batch, length, hidden_size, generator=gen) * (logit_scale / hidden_size**0.5) ** 0.5
+    weight = torch.randn(vocab, hidden_size, generator=gen) * (logit_scale / hidden_size**0.5) ** 0.5
+    ids = torch.randint(0, vocab, (batch, length), generator=gen)
+    lengths = (length * (1 - (1 - active_fraction) * 2 * torch.rand(batch, generator=gen))).long().clamp(1, length)
+    mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
+    with torch.no_grad():
+        current = fused_logprobs(hidden.to(aux), weight.to(aux), ids, backend="torch")
+    old = current + drift * torch.randn(batch, length, generator=gen, dtype=aux)
+    ref = current + drift * torch.randn(batch, length, generator=gen, dtype=aux)
+    is_weights = (1 + 0.2 * torch.randn(batch, length, generator=gen)).clamp(0.5, 2.0)
+    advantages = torch.randn(batch, generator=gen)
+
+    def to(x, kind):
+        return x.to(device=device, dtype=kind)
+
+    return LossBatch(
+        hidden=to(hidden, dtype),
+        weight=to(weight, dtype),
+        completion_ids=ids.to(device),
+        completion_mask=mask.to(device),
+        advantages=to(advantages, aux),
+        old_logprobs=to(old, aux),
+        ref_logprobs=to(ref, aux),
+        is_weights=to(is_weights, aux),
+    )
