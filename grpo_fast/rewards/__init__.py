@@ -5,6 +5,7 @@ None where it cannot judge, per completion. Run them through `RewardPool` / `sco
 hanging or crashing verifier costs one reward, not the run. See docs/rewards.md.
 """
 
+from grpo_fast.rewards.code import SandboxLimits, code_tests
 from grpo_fast.rewards.columns import call_reward, required_columns
 from grpo_fast.rewards.format import think_format
 from grpo_fast.rewards.length import length_penalty, overlong_penalty
@@ -16,7 +17,9 @@ __all__ = [
     "Failure",
     "RewardPool",
     "Scores",
+    "SandboxLimits",
     "call_reward",
+    "code_tests",
     "completion_text",
     "length_penalty",
     "math_accuracy",

@@ -7,7 +7,8 @@ kills and replaces the worker if needed, and carries on with the rest of the bat
 
 Work unit: one (reward function, completion) pair, called as `fn([prompt], [completion], **columns)`
 with the row's column values, so a timeout measures one completion. Workers receive items in chunks
-and answer item by item; the timeout clock of an item starts when the previous answer arrived.
+and answer item by item; the timeout clock of an item starts when the previous answer arrived. A
+worker's start-up (imports) does not count: items go only to workers that said they are ready.
 Reward functions (and functools.partial of them) must be picklable: workers are started with
 "spawn" by default, which never forks a parent holding CUDA or threads.
 """
@@ -30,6 +31,7 @@ from grpo_fast.rewards.columns import RewardFunc, call_reward, reward_name, sele
 log = logging.getLogger(__name__)
 
 _CHUNK = 16
+_STARTUP_S = 300.0  # a fresh worker imports the reward modules (seconds on a loaded machine)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class Scores:
 def _worker_main(conn: Connection) -> None:
     funcs: list[RewardFunc] = []
     batch = -1
+    conn.send("ready")
     while True:
         try:
             message = conn.recv()
@@ -79,7 +82,8 @@ class _Worker:
         child.close()
         self.batch = -1
         self.pending: deque[int] = deque()
-        self.deadline = 0.0
+        self.ready = False
+        self.deadline = time.monotonic() + _STARTUP_S
 
     def kill(self) -> None:
         self.proc.kill()
@@ -148,23 +152,32 @@ class RewardPool:
 
         while items or any(w.pending for w in self._workers):
             for w in self._workers:
-                if items and not w.pending:
+                if w.ready and items and not w.pending:
                     chunk = [items.popleft() for _ in range(min(_CHUNK, len(items)))]
                     w.conn.send((self._batch, blob if w.batch != self._batch else None, chunk))
                     w.batch = self._batch
                     w.pending.extend(item[0] for item in chunk)
                     w.deadline = time.monotonic() + self.timeout
-            busy = [w for w in self._workers if w.pending]
-            ready = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - time.monotonic()))
+            busy = [w for w in self._workers if w.pending or not w.ready]
+            left = min(w.deadline for w in busy) - time.monotonic()
+            ready = wait([w.conn for w in busy], timeout=max(0.0, left))
             for w in busy:
                 if w.conn in ready:
                     try:
-                        task, status, value = w.conn.recv()
+                        message = w.conn.recv()
                     except (EOFError, OSError):
                         w.proc.join(1.0)
+                        if not w.ready:
+                            raise RuntimeError(
+                                f"reward worker died at start-up (exit code {w.proc.exitcode})"
+                            ) from None
                         fail(w.pending.popleft(), "crash", f"worker died (exit code {w.proc.exitcode})")
                         self._replace(w, items, by_task)
                         continue
+                    if message == "ready":
+                        w.ready = True
+                        continue
+                    task, status, value = message
                     w.pending.popleft()
                     w.deadline = time.monotonic() + self.timeout
                     if status == "ok":
@@ -172,6 +185,8 @@ class RewardPool:
                     else:
                         fail(task, "error", value)
                 elif time.monotonic() >= w.deadline:
+                    if not w.ready:
+                        raise RuntimeError(f"reward worker not ready after {_STARTUP_S} s")
                     fail(w.pending.popleft(), "timeout", f"no result within {self.timeout} s")
                     self._replace(w, items, by_task)
         return scores

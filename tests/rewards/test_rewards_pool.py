@@ -25,9 +25,8 @@ def test_hanging_verifier_costs_one_reward(pool):
     assert [(f.reward, f.index, f.kind) for f in scores.failures] == [("hang_on_hang", 1, "timeout")]
 
 
-@pytest.mark.parametrize("poison", ["crash", "abort"])
-def test_crashing_verifier_costs_one_reward(pool, poison):
-    completions = ["ok", poison, "ok", "ok", poison]
+def test_crashing_verifier_costs_one_reward(pool):
+    completions = ["ok", "crash", "ok", "ok", "abort"]  # a NULL dereference (SIGSEGV) and os.abort (SIGABRT)
     scores = pool.score([segfault_on_crash], ["p"] * 5, completions)
     assert scores.rewards == [[0.5, None, 0.5, 0.5, None]]
     assert [(f.index, f.kind) for f in scores.failures] == [(1, "crash"), (4, "crash")]
