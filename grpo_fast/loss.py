@@ -176,6 +176,9 @@ def grpo_loss(
         dtype=accumulation_dtype(flat_hidden.dtype),
     )
     backend = get_backend(config.backend, flat_hidden.device)
+    if config.deterministic:
+        # Backends with a distinct atomic-free mode (triton) expose it as `deterministic_variant`.
+        backend = getattr(backend, "deterministic_variant", backend)
     loss, sums = _GRPOLossFunction.apply(
         flat_hidden, weight.contiguous(), None if bias is None else bias.contiguous(), batch, config, backend
     )

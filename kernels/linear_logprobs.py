@@ -1,0 +1,700 @@
+"""Layer 1 in Triton: fused linear logprobs, forward and backward, without `[N, V]` logits.
+
+Shapes: hidden h [N, H], weight W [V, H], bias b [V] (optional), targets y [N] int64, τ⁻¹ a runtime
+float. Tempered logits z = (h Wᵀ + b) τ⁻¹ exist only as `[BLOCK_N, BLOCK_V]` register tiles,
+accumulated in fp32 by `tl.dot` over `BLOCK_H` slices of H.
+
+Forward (per row): lse = LSE(z), logp = z_y − lse, entropy = lse − Σ_v softmax(z)_v z_v.
+Backward, given gℓ = ∂L/∂logp and gH = ∂L/∂entropy per row (p = softmax(z)):
+    dz = gℓ (onehot(y) − p) − gH p (log p + entropy)
+    dh = dz W τ⁻¹,   dW = dzᵀ h τ⁻¹,   db = Σ_rows dz τ⁻¹.
+
+Launch rules (the habits of ARCHITECTURE.md): only feature flags and block sizes are constexpr;
+N, V, H, strides, τ⁻¹ and split sizes are runtime scalars, so new lengths or temperatures never
+recompile (the row count is also exempt from Triton's integer specialisation,
+`do_not_specialize`, so N % 16 never picks a new binary). Every grid is one-dimensional (axis 0
+allows 2³¹ − 1 programs; no 65535 limit) and row / column indices are int64 before they multiply
+a stride (N·H and V·H may exceed 2³¹).
+
+Two interpreter quirks handled by the launchers: `tl.dot` on bf16 tiles is wrong under
+TRITON_INTERPRET=1 (triton 3.9), so tiles are upcast to fp32 there (`DOT_UPCAST`; bf16 × bf16
+products are exact in fp32, so only the accumulation order differs); fp32 inputs use IEEE dots
+(`input_precision="ieee"`), never TF32, to match PyTorch's fp32 matmul.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_FLOAT_TYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Tile sizes and launch options of one kernel (all constexpr / launch-time)."""
+
+    block_n: int
+    block_v: int
+    block_h: int
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+# H100 / H200 choices: 128 x 128 fp32 logits tiles (64 registers per thread at 8 warps), K-slices of
+# 64 (bf16: 16 KiB per operand per stage, 3 stages fit shared memory with room to spare).
+GPU_FORWARD_BLOCKS = BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)
+GPU_BACKWARD_BLOCKS = BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)
+GPU_DETERMINISTIC_BLOCKS = BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)
+# Interpreter (CPU tests): few, wide tiles keep numpy busy and Python overhead low; odd test shapes
+# (N=37, H=48, V=1000) still leave row, K and vocabulary tails.
+INTERPRETER_BLOCKS = BlockConfig(block_n=16, block_v=128, block_h=32, num_warps=4, num_stages=1)
+# Programs the forward aims to launch: the vocabulary is split when N alone gives fewer.
+_TARGET_PROGRAMS_PER_SM = 4
+
+
+def interpreter_active() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def default_blocks(kind: str) -> BlockConfig:
+    if interpreter_active():
+        return INTERPRETER_BLOCKS
+    return {"forward": GPU_FORWARD_BLOCKS, "backward": GPU_BACKWARD_BLOCKS, "deterministic": GPU_DETERMINISTIC_BLOCKS}[
+        kind
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared tile helpers (inlined into the kernels).
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _logits_tile(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    rows64,
+    row_mask,
+    cols64,
+    col_mask,
+    H,
+    stride_hn,
+    stride_wv,
+    inv_temperature,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """z [BLOCK_N, BLOCK_V] fp32 = (h[rows] W[cols]ᵀ + b[cols]) τ⁻¹, accumulated over H in BLOCK_H slices.
+
+    Rows / columns outside the masks read zeros; the caller masks their z."""
+    acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_H)
+    for k0 in range(0, H, BLOCK_H):
+        k = k0 + ks
+        k_mask = k < H
+        h = tl.load(
+            h_ptr + rows64[:, None] * stride_hn + k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0
+        )
+        # W tile read transposed: [BLOCK_H, BLOCK_V], so the dot needs no register transpose.
+        wt = tl.load(
+            w_ptr + cols64[None, :] * stride_wv + k[:, None], mask=col_mask[None, :] & k_mask[:, None], other=0.0
+        )
+        if DOT_UPCAST:
+            h = h.to(tl.float32)
+            wt = wt.to(tl.float32)
+        acc = tl.dot(h, wt, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols64, mask=col_mask, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+    return acc * inv_temperature
+
+
+@triton.jit
+def _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY: tl.constexpr):
+    """dz [BLOCK_N, BLOCK_V] fp32 = gℓ (onehot(y) − p) − gH p (log p + H), zero outside `valid`.
+
+    z: the tile's tempered logits; lse, entropy, gℓ, gH: [BLOCK_N] per-row values."""
+    log_p = z - lse[:, None]
+    p = tl.where(valid, tl.exp(log_p), 0.0)
+    if HAS_GRAD_ENTROPY:
+        coef = grad_logp[:, None] + grad_entropy[:, None] * (log_p + entropy[:, None])
+    else:
+        coef = grad_logp[:, None] + tl.zeros_like(log_p)
+    hit = (cols64[None, :] == targets[:, None]) & valid
+    return tl.where(hit, grad_logp[:, None], 0.0) - tl.where(valid, p * coef, 0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["N", "split_stride", "num_n_blocks"])
+def _linear_logprobs_fwd_kernel(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    part_ptr,
+    zy_ptr,
+    N,
+    V,
+    H,
+    stride_hn,
+    stride_wv,
+    inv_temperature,
+    split_size,
+    split_stride,
+    num_n_blocks,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax statistics of one row block over one vocabulary split.
+
+    Grid: num_n_blocks × S programs (row block fastest, so programs reading the same W tiles run
+    together and share them in L2). Program (i, s) covers rows [i·BLOCK_N, +BLOCK_N) and columns
+    [s·split_size, min((s+1)·split_size, V)) (split_size a multiple of BLOCK_V, every split non-empty).
+
+    For z = (h Wᵀ + b) τ⁻¹ over its columns it keeps, per row, the running max m, the shifted sums
+    s = Σ e^{z−m} and t = Σ e^{z−m} (z − m) (shifted so entropy keeps its precision when |z| is
+    large), updated per vocabulary block with a = e^{m−m'}:  s' = a s + Σ e^{z−m'},
+    t' = a (t + s (m − m')) + Σ e^{z−m'} (z − m').
+
+    Writes part [3, S, N] fp32 (m, s, t of this split; split_stride = S·N) and zy [N] = z_y for the
+    rows whose target lies in this split (exactly one split per row). The host combines splits: M = max m,
+    S = Σ s e^{m−M}, T = Σ e^{m−M} (t + s (m − M)); lse = M + log S, entropy = log S − T / S,
+    logp = z_y − lse. Gradient: see `_linear_logprobs_bwd_kernel`.
+    """
+    pid = tl.program_id(0)
+    pid_n = pid % num_n_blocks
+    pid_s = pid // num_n_blocks
+    rows64 = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    row_mask = rows64 < N
+    targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
+    v_start = pid_s.to(tl.int64) * split_size
+    v_end = tl.minimum(v_start + split_size, V)
+
+    m = tl.full([BLOCK_N], -1.0e38, dtype=tl.float32)
+    s = tl.zeros([BLOCK_N], dtype=tl.float32)
+    t = tl.zeros([BLOCK_N], dtype=tl.float32)
+    zy = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for v0 in range(v_start, v_end, BLOCK_V):
+        cols64 = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+        col_mask = cols64 < v_end
+        z = _logits_tile(
+            h_ptr,
+            w_ptr,
+            b_ptr,
+            rows64,
+            row_mask,
+            cols64,
+            col_mask,
+            H,
+            stride_hn,
+            stride_wv,
+            inv_temperature,
+            HAS_BIAS,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_H,
+            DOT_UPCAST,
+            DOT_PRECISION,
+        )
+        z_masked = tl.where(col_mask[None, :], z, float("-inf"))
+        m_new = tl.maximum(m, tl.max(z_masked, axis=1))
+        alpha = tl.exp(m - m_new)
+        shifted = z - m_new[:, None]
+        e = tl.where(col_mask[None, :], tl.exp(shifted), 0.0)
+        t = alpha * (t + s * (m - m_new)) + tl.sum(tl.where(col_mask[None, :], e * shifted, 0.0), axis=1)
+        s = alpha * s + tl.sum(e, axis=1)
+        m = m_new
+        hit = (cols64[None, :] == targets[:, None]) & col_mask[None, :]
+        zy += tl.sum(tl.where(hit, z, 0.0), axis=1)
+
+    part = part_ptr + pid_s.to(tl.int64) * N + rows64
+    tl.store(part, m, mask=row_mask)
+    tl.store(part + split_stride, s, mask=row_mask)
+    tl.store(part + split_stride + split_stride, t, mask=row_mask)
+    owner = row_mask & (targets >= v_start) & (targets < v_end)
+    tl.store(zy_ptr + rows64, zy, mask=owner)
+
+
+# --------------------------------------------------------------------------------------------------
+# Backward
+# --------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["N", "num_n_blocks"])
+def _linear_logprobs_bwd_kernel(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    lse_ptr,
+    ent_ptr,
+    gl_ptr,
+    gh_ptr,
+    dh_ptr,
+    dw_ptr,
+    db_ptr,
+    N,
+    V,
+    H,
+    stride_hn,
+    stride_wv,
+    inv_temperature,
+    num_n_blocks,
+    num_v_blocks,
+    HAS_BIAS: tl.constexpr,
+    HAS_GRAD_ENTROPY: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Backward of one [BLOCK_N, BLOCK_V] logits tile with fp32 atomics (the default, fastest mode).
+
+    Grid: num_n_blocks × num_v_blocks programs, swizzled in groups of GROUP_N row blocks (the
+    matmul tutorial's L2 grouping). Inputs: h [N, H], W [V, H], b [V], y [N], lse, entropy, gℓ [N],
+    gH [N] (fp32; gH optional). Recomputes z = (h Wᵀ + b) τ⁻¹ for the tile, forms
+        dz = gℓ (onehot(y) − p) − gH p (log p + entropy),  p = e^{z − lse},
+    scales it by τ⁻¹, casts it to the input dtype and, slice by slice of H, atomically adds
+        dh[rows] += dz W[cols] τ⁻¹  (dh [N, H] fp32),   dW[cols] += dzᵀ h[rows] τ⁻¹  (dW [V, H] fp32),
+    and db[cols] += Σ_rows dz τ⁻¹ (db [V] fp32). Summation order depends on scheduling: results
+    are reproducible only to rounding; use the deterministic kernels for bitwise reproducibility.
+    """
+    pid = tl.program_id(0)
+    tiles_per_group = GROUP_N * num_v_blocks
+    group = pid // tiles_per_group
+    first_n = group * GROUP_N
+    group_size = tl.minimum(num_n_blocks - first_n, GROUP_N)
+    pid_n = first_n + (pid % tiles_per_group) % group_size
+    pid_v = (pid % tiles_per_group) // group_size
+
+    rows64 = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    row_mask = rows64 < N
+    cols64 = pid_v.to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V).to(tl.int64)
+    col_mask = cols64 < V
+    valid = row_mask[:, None] & col_mask[None, :]
+
+    z = _logits_tile(
+        h_ptr,
+        w_ptr,
+        b_ptr,
+        rows64,
+        row_mask,
+        cols64,
+        col_mask,
+        H,
+        stride_hn,
+        stride_wv,
+        inv_temperature,
+        HAS_BIAS,
+        BLOCK_N,
+        BLOCK_V,
+        BLOCK_H,
+        DOT_UPCAST,
+        DOT_PRECISION,
+    )
+    targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
+    lse = tl.load(lse_ptr + rows64, mask=row_mask, other=0.0)
+    entropy = tl.load(ent_ptr + rows64, mask=row_mask, other=0.0)
+    grad_logp = tl.load(gl_ptr + rows64, mask=row_mask, other=0.0)
+    grad_entropy = grad_logp
+    if HAS_GRAD_ENTROPY:
+        grad_entropy = tl.load(gh_ptr + rows64, mask=row_mask, other=0.0)
+    dz = _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY)
+    dz = dz * inv_temperature
+    if HAS_BIAS:
+        tl.atomic_add(db_ptr + cols64, tl.sum(dz, axis=0), mask=col_mask)
+    dz_in = dz.to(h_ptr.dtype.element_ty)
+    if DOT_UPCAST:
+        dz_in = dz_in.to(tl.float32)
+
+    ks = tl.arange(0, BLOCK_H)
+    for k0 in range(0, H, BLOCK_H):
+        k = k0 + ks
+        k_mask = k < H
+        w = tl.load(
+            w_ptr + cols64[:, None] * stride_wv + k[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0
+        )
+        h = tl.load(
+            h_ptr + rows64[:, None] * stride_hn + k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0
+        )
+        if DOT_UPCAST:
+            w = w.to(tl.float32)
+            h = h.to(tl.float32)
+        dh = tl.dot(dz_in, w, input_precision=DOT_PRECISION)
+        tl.atomic_add(dh_ptr + rows64[:, None] * H + k[None, :], dh, mask=row_mask[:, None] & k_mask[None, :])
+        dw = tl.dot(tl.trans(dz_in), h, input_precision=DOT_PRECISION)
+        tl.atomic_add(dw_ptr + cols64[:, None] * H + k[None, :], dw, mask=col_mask[:, None] & k_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["N"])
+def _linear_logprobs_bwd_dh_kernel(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    lse_ptr,
+    ent_ptr,
+    gl_ptr,
+    gh_ptr,
+    dh_ptr,
+    N,
+    V,
+    H,
+    stride_hn,
+    stride_wv,
+    inv_temperature,
+    HAS_BIAS: tl.constexpr,
+    HAS_GRAD_ENTROPY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Deterministic dh: one program per row block owns dh[rows] and walks the vocabulary in order.
+
+    Grid: num_n_blocks. For each vocabulary block it recomputes z, forms
+    dz = gℓ (onehot(y) − p) − gH p (log p + entropy) τ⁻¹ (cast to the input dtype), and adds
+    dz W[cols] into dh[rows] (dh [N, H] fp32, zero-initialised) by a plain read-modify-write: no other
+    program touches these rows and the order over vocabulary blocks is fixed, so the result is
+    bitwise reproducible.
+    """
+    pid_n = tl.program_id(0)
+    rows64 = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    row_mask = rows64 < N
+    targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
+    lse = tl.load(lse_ptr + rows64, mask=row_mask, other=0.0)
+    entropy = tl.load(ent_ptr + rows64, mask=row_mask, other=0.0)
+    grad_logp = tl.load(gl_ptr + rows64, mask=row_mask, other=0.0)
+    grad_entropy = grad_logp
+    if HAS_GRAD_ENTROPY:
+        grad_entropy = tl.load(gh_ptr + rows64, mask=row_mask, other=0.0)
+    ks = tl.arange(0, BLOCK_H)
+    for v0 in range(0, V, BLOCK_V):
+        cols64 = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
+        col_mask = cols64 < V
+        valid = row_mask[:, None] & col_mask[None, :]
+        z = _logits_tile(
+            h_ptr,
+            w_ptr,
+            b_ptr,
+            rows64,
+            row_mask,
+            cols64,
+            col_mask,
+            H,
+            stride_hn,
+            stride_wv,
+            inv_temperature,
+            HAS_BIAS,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_H,
+            DOT_UPCAST,
+            DOT_PRECISION,
+        )
+        dz = _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY)
+        dz_in = (dz * inv_temperature).to(h_ptr.dtype.element_ty)
+        if DOT_UPCAST:
+            dz_in = dz_in.to(tl.float32)
+        for k0 in range(0, H, BLOCK_H):
+            k = k0 + ks
+            k_mask = k < H
+            w = tl.load(
+                w_ptr + cols64[:, None] * stride_wv + k[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0
+            )
+            if DOT_UPCAST:
+                w = w.to(tl.float32)
+            out = dh_ptr + rows64[:, None] * H + k[None, :]
+            out_mask = row_mask[:, None] & k_mask[None, :]
+            acc = tl.load(out, mask=out_mask, other=0.0)
+            acc = tl.dot(dz_in, w, acc, input_precision=DOT_PRECISION)
+            tl.store(out, acc, mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["N"])
+def _linear_logprobs_bwd_dw_kernel(
+    h_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    lse_ptr,
+    ent_ptr,
+    gl_ptr,
+    gh_ptr,
+    dw_ptr,
+    db_ptr,
+    N,
+    V,
+    H,
+    stride_hn,
+    stride_wv,
+    inv_temperature,
+    HAS_BIAS: tl.constexpr,
+    HAS_GRAD_ENTROPY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Deterministic dW, db: one program per vocabulary block owns dW[cols], db[cols] and walks the rows in order.
+
+    Grid: num_v_blocks. For each row block it recomputes z, forms dz τ⁻¹ as in the dh kernel, adds
+    dzᵀ h[rows] into dW[cols] (dW [V, H] fp32, zero-initialised) by a plain read-modify-write and
+    Σ_rows dz τ⁻¹ into a register db accumulator (db [V] fp32, written once). Fixed order, no float
+    atomics: bitwise reproducible.
+    """
+    pid_v = tl.program_id(0)
+    cols64 = pid_v.to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V).to(tl.int64)
+    col_mask = cols64 < V
+    db = tl.zeros([BLOCK_V], dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_H)
+    for n0 in range(0, N, BLOCK_N):
+        rows64 = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
+        row_mask = rows64 < N
+        valid = row_mask[:, None] & col_mask[None, :]
+        targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
+        lse = tl.load(lse_ptr + rows64, mask=row_mask, other=0.0)
+        entropy = tl.load(ent_ptr + rows64, mask=row_mask, other=0.0)
+        grad_logp = tl.load(gl_ptr + rows64, mask=row_mask, other=0.0)
+        grad_entropy = grad_logp
+        if HAS_GRAD_ENTROPY:
+            grad_entropy = tl.load(gh_ptr + rows64, mask=row_mask, other=0.0)
+        z = _logits_tile(
+            h_ptr,
+            w_ptr,
+            b_ptr,
+            rows64,
+            row_mask,
+            cols64,
+            col_mask,
+            H,
+            stride_hn,
+            stride_wv,
+            inv_temperature,
+            HAS_BIAS,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_H,
+            DOT_UPCAST,
+            DOT_PRECISION,
+        )
+        dz = _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY)
+        dz = dz * inv_temperature
+        db += tl.sum(dz, axis=0)
+        dz_t = tl.trans(dz.to(h_ptr.dtype.element_ty))
+        if DOT_UPCAST:
+            dz_t = dz_t.to(tl.float32)
+        for k0 in range(0, H, BLOCK_H):
+            k = k0 + ks
+            k_mask = k < H
+            h = tl.load(
+                h_ptr + rows64[:, None] * stride_hn + k[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0
+            )
+            if DOT_UPCAST:
+                h = h.to(tl.float32)
+            out = dw_ptr + cols64[:, None] * H + k[None, :]
+            out_mask = col_mask[:, None] & k_mask[None, :]
+            acc = tl.load(out, mask=out_mask, other=0.0)
+            acc = tl.dot(dz_t, h, acc, input_precision=DOT_PRECISION)
+            tl.store(out, acc, mask=out_mask)
+    if HAS_BIAS:
+        tl.store(db_ptr + cols64, db, mask=col_mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# Launchers
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_inputs(hidden, weight, bias, targets):
+    if hidden.dtype not in _FLOAT_TYPES:
+        raise TypeError(
+            f"hidden: the Triton kernels take float32, bfloat16 or float16, got {hidden.dtype} "
+            "(use backend='torch' for float64)"
+        )
+    if weight.dtype != hidden.dtype or (bias is not None and bias.dtype != hidden.dtype):
+        raise TypeError(f"weight/bias: expected dtype {hidden.dtype} (the dtype of hidden)")
+    if hidden.dim() != 2 or weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
+        raise ValueError(f"hidden [N, H] / weight [V, H]: got {list(hidden.shape)} and {list(weight.shape)}")
+    if targets.shape != (hidden.shape[0],) or targets.dtype != torch.int64:
+        raise ValueError(f"targets: expected [N={hidden.shape[0]}] int64, got {list(targets.shape)} {targets.dtype}")
+
+
+def _dot_options(dtype: torch.dtype) -> dict:
+    return {
+        "DOT_UPCAST": interpreter_active() and dtype == torch.bfloat16,
+        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+    }
+
+
+def _contiguous_rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def vocab_splits(num_n_blocks: int, num_v_blocks: int, device: torch.device) -> int:
+    """How many vocabulary splits give the forward about 4 programs per SM (1 when N alone does)."""
+    target = _TARGET_PROGRAMS_PER_SM * _num_sms(device)
+    return max(1, min(num_v_blocks, triton.cdiv(target, max(num_n_blocks, 1))))
+
+
+def linear_logprobs_forward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    inv_temperature: float,
+    blocks: BlockConfig | None = None,
+    splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hidden [N, H], weight [V, H], bias [V] | None, targets [N] int64 -> (logp, entropy, lse), each [N] fp32.
+
+    `splits` vocabulary splits (default: enough programs to fill the GPU) are combined on the host
+    with an O(S·N) log-sum-exp merge."""
+    _check_inputs(hidden, weight, bias, targets)
+    blocks = blocks or default_blocks("forward")
+    hidden, weight = _contiguous_rows(hidden), _contiguous_rows(weight)
+    num_rows, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    if num_rows == 0:
+        empty = torch.empty(0, dtype=torch.float32, device=device)
+        return empty, empty.clone(), empty.clone()
+    num_n_blocks = triton.cdiv(num_rows, blocks.block_n)
+    num_v_blocks = triton.cdiv(vocab, blocks.block_v)
+    splits = vocab_splits(num_n_blocks, num_v_blocks, device) if splits is None else max(1, min(splits, num_v_blocks))
+    split_size = triton.cdiv(num_v_blocks, splits) * blocks.block_v
+    splits = triton.cdiv(vocab, split_size)  # every split non-empty
+    part = torch.empty(3, splits, num_rows, dtype=torch.float32, device=device)
+    zy = torch.empty(num_rows, dtype=torch.float32, device=device)
+    grid = (num_n_blocks * splits,)
+    _linear_logprobs_fwd_kernel[grid](
+        hidden,
+        weight,
+        bias if bias is not None else hidden,
+        targets,
+        part,
+        zy,
+        num_rows,
+        vocab,
+        hidden_size,
+        hidden.stride(0),
+        weight.stride(0),
+        float(inv_temperature),
+        split_size,
+        splits * num_rows,
+        num_n_blocks,
+        HAS_BIAS=bias is not None,
+        BLOCK_N=blocks.block_n,
+        BLOCK_V=blocks.block_v,
+        BLOCK_H=blocks.block_h,
+        num_warps=blocks.num_warps,
+        num_stages=blocks.num_stages,
+        **_dot_options(hidden.dtype),
+    )
+    m, s, t = part.unbind(0)
+    if splits == 1:
+        m_all, s_all, t_all = m[0], s[0], t[0]
+    else:
+        m_all = m.amax(dim=0)
+        scale = torch.exp(m - m_all)
+        s_all = (s * scale).sum(dim=0)
+        t_all = (scale * (t + s * (m - m_all))).sum(dim=0)
+    log_s = torch.log(s_all)
+    lse = m_all + log_s
+    entropy = log_s - t_all / s_all
+    return zy - lse, entropy, lse
+
+
+def linear_logprobs_backward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    inv_temperature: float,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+    deterministic: bool = False,
+    blocks: BlockConfig | None = None,
+    group_n: int = 16,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Recompute-mode backward -> (dh [N, H] in hidden's dtype, dW [V, H] fp32, db [V] fp32 | None).
+
+    lse, entropy, grad_logp, grad_entropy: [N] fp32 (grad_entropy None = 0). deterministic=True uses
+    the two atomic-free kernels (one more recompute of the logits, bitwise reproducible)."""
+    _check_inputs(hidden, weight, bias, targets)
+    blocks = blocks or default_blocks("deterministic" if deterministic else "backward")
+    hidden, weight = _contiguous_rows(hidden), _contiguous_rows(weight)
+    num_rows, hidden_size = hidden.shape
+    vocab = weight.shape[0]
+    device = hidden.device
+    lse, entropy = lse.float().contiguous(), entropy.float().contiguous()
+    grad_logp = grad_logp.float().contiguous()
+    has_gh = grad_entropy is not None
+    grad_entropy = grad_entropy.float().contiguous() if has_gh else grad_logp
+    grad_hidden = torch.zeros(num_rows, hidden_size, dtype=torch.float32, device=device)
+    grad_weight = torch.zeros(vocab, hidden_size, dtype=torch.float32, device=device)
+    grad_bias = torch.zeros(vocab, dtype=torch.float32, device=device) if bias is not None else None
+    if num_rows == 0:
+        return grad_hidden.to(hidden.dtype), grad_weight, grad_bias
+    num_n_blocks = triton.cdiv(num_rows, blocks.block_n)
+    num_v_blocks = triton.cdiv(vocab, blocks.block_v)
+    common = dict(
+        HAS_BIAS=bias is not None,
+        HAS_GRAD_ENTROPY=has_gh,
+        BLOCK_N=blocks.block_n,
+        BLOCK_V=blocks.block_v,
+        BLOCK_H=blocks.block_h,
+        num_warps=blocks.num_warps,
+        num_stages=blocks.num_stages,
+        **_dot_options(hidden.dtype),
+    )
+    bias_arg = bias if bias is not None else hidden
+    db_arg = grad_bias if grad_bias is not None else grad_weight
+    inputs = (hidden, weight, bias_arg, targets, lse, entropy, grad_logp, grad_entropy)
+    scalars = (num_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), float(inv_temperature))
+    if deterministic:
+        _linear_logprobs_bwd_dh_kernel[(num_n_blocks,)](*inputs, grad_hidden, *scalars, **common)
+        _linear_logprobs_bwd_dw_kernel[(num_v_blocks,)](*inputs, grad_weight, db_arg, *scalars, **common)
+    else:
+        _linear_logprobs_bwd_kernel[(num_n_blocks * num_v_blocks,)](
+            *inputs,
+            grad_hidden,
+            grad_weight,
+            db_arg,
+            *scalars,
+            num_n_blocks,
+            num_v_blocks,
+            GROUP_N=group_n,
+            **common,
+        )
+    return grad_hidden.to(hidden.dtype), grad_weight, grad_bias
