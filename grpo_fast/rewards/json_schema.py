@@ -1,0 +1,52 @@
+"""JSON-schema reward for instruction-following data: the completion's JSON must validate.
+
+The JSON is the last ```json fenced block of the completion, else the whole completion (stripped).
+Reward 1.0 when it parses and validates against the row's `schema` (a dict, or its JSON text), 0.0
+when it does not, None when the schema itself is invalid (the row cannot be judged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jsonschema
+
+from grpo_fast.rewards.text import broadcast_column, completion_texts
+
+log = logging.getLogger(__name__)
+
+_JSON_FENCE = re.compile(r"```json[^\n]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def extract_json_text(text: str) -> str:
+    """The JSON part of a completion (see module doc)."""
+    blocks = _JSON_FENCE.findall(text)
+    return blocks[-1].strip() if blocks else text.strip()
+
+
+def json_schema(
+    prompts: Sequence[Any], completions: Sequence[Any], schema: Sequence[Any], **_: Any
+) -> list[float | None]:
+    """1.0 / 0.0 per completion for whether its JSON validates against `schema` (dataset column)."""
+    texts = completion_texts(completions)
+    schemas = broadcast_column("schema", schema, len(texts))
+    return [_score(text, s) for text, s in zip(texts, schemas, strict=True)]
+
+
+def _score(text: str, schema: Any) -> float | None:
+    try:
+        schema = json.loads(schema) if isinstance(schema, str) else schema
+        validator = jsonschema.validators.validator_for(schema)
+        validator.check_schema(schema)
+    except (ValueError, jsonschema.SchemaError) as exc:
+        log.debug("json_schema: invalid schema %r: %s", schema, exc)
+        return None
+    try:
+        value = json.loads(extract_json_text(text))
+    except ValueError:
+        return 0.0
+    return 1.0 if validator(schema).is_valid(value) else 0.0

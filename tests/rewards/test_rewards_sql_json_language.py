@@ -1,0 +1,128 @@
+"""SQL execution, JSON schema and language-consistency rewards."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from grpo_fast.rewards import json_schema, language_consistency, sql_execution
+from grpo_fast.rewards.language import language_share
+
+DDL = """
+CREATE TABLE people (id INTEGER PRIMARY KEY, name TEXT, age INTEGER);
+INSERT INTO people VALUES (1, 'ann', 31), (2, 'bob', 25), (3, 'cid', 40);
+"""
+
+
+@pytest.fixture
+def db_file(tmp_path):
+    path = tmp_path / "people.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(DDL)
+    conn.close()
+    return str(path)
+
+
+def _sql(completion, reference, db=DDL, **kw):
+    return sql_execution(["q"], [completion], [db], [reference], **kw)[0]
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "reward"),
+    [
+        ("SELECT name FROM people WHERE age > 30", "SELECT name FROM people WHERE age > 30", 1.0),
+        (
+            "```sql\nSELECT name AS n FROM people WHERE age >= 31 ORDER BY age DESC;\n```",
+            "SELECT name FROM people WHERE age > 30",
+            1.0,
+        ),
+        (
+            "SELECT name FROM people WHERE age > 30 ORDER BY age DESC",
+            "SELECT name FROM people WHERE age > 30 ORDER BY age",
+            0.0,
+        ),
+        ("SELECT name FROM people ORDER BY age", "SELECT name FROM people ORDER BY age", 1.0),
+        ("SELECT name FROM people", "SELECT name FROM people WHERE age > 30", 0.0),
+        ("SELECT name, age FROM people WHERE age > 30", "SELECT name FROM people WHERE age > 30", 0.0),
+        ("SELECT nme FROM people", "SELECT name FROM people", 0.0),
+        ("", "SELECT name FROM people", 0.0),
+    ],
+)
+def test_sql_result_sets(completion, reference, reward):
+    assert _sql(completion, reference) == reward
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "DELETE FROM people",
+        "UPDATE people SET age = 0",
+        "DROP TABLE people",
+        "INSERT INTO people VALUES (4, 'eve', 1)",
+        "ATTACH DATABASE '/tmp/x.db' AS x",
+        "PRAGMA query_only = OFF",
+        "SELECT name FROM people; DELETE FROM people",
+        "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r",
+    ],
+)
+def test_sql_writes_attach_and_slow_queries_get_zero(db_file, attack):
+    before = sqlite3.connect(db_file).execute("SELECT * FROM people").fetchall()
+    assert _sql(attack, "SELECT count(*) FROM people", db=db_file, timeout_s=0.5) == 0.0
+    assert sqlite3.connect(db_file).execute("SELECT * FROM people").fetchall() == before
+
+
+def test_sql_file_database_and_broken_reference(db_file):
+    assert _sql("SELECT age FROM people WHERE name = 'bob'", "SELECT 25", db=db_file) == 1.0
+    assert _sql("SELECT 1", "SELECT nothing FROM nowhere", db=db_file) is None
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}, "required": ["name"]}
+
+
+@pytest.mark.parametrize(
+    ("completion", "reward"),
+    [
+        ('{"name": "x", "n": 3}', 1.0),
+        ('Sure:\n```json\n{"name": "x"}\n```', 1.0),
+        ('{"n": 3}', 0.0),
+        ('{"name": 5}', 0.0),
+        ('{"name": "x",}', 0.0),
+        ("not json", 0.0),
+    ],
+)
+def test_json_schema(completion, reward):
+    assert json_schema(["q"], [completion], [SCHEMA]) == [reward]
+    assert json_schema(["q"], [completion], [json.dumps(SCHEMA)]) == [reward]
+
+
+def test_json_schema_invalid_schema_is_skipped():
+    assert json_schema(["q"], ['{"a": 1}'], [{"type": "no-such-type"}]) == [None]
+
+
+@pytest.mark.parametrize(
+    ("text", "language", "share"),
+    [
+        ("<think>Let me think about this carefully.</think> 答案是 4", "en", 1.0),
+        ("<think>我们来计算一下</think>", "zh", 1.0),
+        ("<think>abcd我们</think>", "zh", 2 / 6),
+        ("<think>日本語のテキスト</think>", "ja", 1.0),
+        ("<think>한국어 텍스트</think>", "ko", 1.0),
+        ("<think>Привет, мир</think>", "ru", 1.0),
+        ("<think>Привет world</think>", "ru", 6 / 11),
+        ("<think>مرحبا</think>", "ar", 1.0),
+        ("<think>我们用 $\\frac{a}{b}$ 和 \\sqrt{x} 计算</think>", "zh", 1.0),
+        ("no think tags, plain English", "en", 1.0),
+        ("no think tags, plain English", "zh", 0.0),
+    ],
+)
+def test_language_share(text, language, share):
+    assert language_share(text, language) == pytest.approx(share)
+
+
+def test_language_consistency_column_and_errors():
+    assert language_consistency(["q"] * 2, ["hello", "你好"], language=["en", "zh"]) == [1.0, 1.0]
+    assert language_consistency(["q"], ["<think>1 + 1 = 2</think>"]) == [None]
+    with pytest.raises(ValueError, match="language"):
+        language_consistency(["q"], ["x"], language="xx")
