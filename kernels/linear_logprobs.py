@@ -46,15 +46,20 @@ class BlockConfig:
 
 
 # H100 / H200 choices: 128 x 128 fp32 logits tiles (64 registers per thread at 8 warps), K-slices of
-# 64 (bf16: 16 KiB per operand per stage, 3 stages fit shared memory with room to spare).
+# 64 (bf16: 16 KiB per operand per stage, 3 stages fit shared memory with room to spare). The
+# deterministic kernels take 64-row blocks: twice the row blocks for the dh kernel's grid, and half
+# the registers for the RMW of fp32 dh / dW tiles next to the logits tile. Unswept: first GPU guesses.
 GPU_FORWARD_BLOCKS = BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)
 GPU_BACKWARD_BLOCKS = BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)
-GPU_DETERMINISTIC_BLOCKS = BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)
+GPU_DETERMINISTIC_BLOCKS = BlockConfig(block_n=64, block_v=128, block_h=64, num_warps=8, num_stages=3)
 # Interpreter (CPU tests): few, wide tiles keep numpy busy and Python overhead low; odd test shapes
 # (N=37, H=48, V=1000) still leave row, K and vocabulary tails.
 INTERPRETER_BLOCKS = BlockConfig(block_n=16, block_v=128, block_h=32, num_warps=4, num_stages=1)
-# Programs the forward aims to launch: the vocabulary is split when N alone gives fewer.
+# Programs the forward and the deterministic backward aim to launch (per SM): the vocabulary (or, for
+# dW, the rows) is split when the other axis alone gives fewer.
 _TARGET_PROGRAMS_PER_SM = 4
+# Most memory the deterministic backward spends on fp32 partial sums of dh or dW.
+_DETERMINISTIC_PARTIAL_BYTES = 1 << 30
 
 
 def interpreter_active() -> bool:
@@ -346,7 +351,7 @@ def _linear_logprobs_bwd_kernel(
         tl.atomic_add(dw_ptr + cols64[:, None] * H + k[None, :], dw, mask=col_mask[:, None] & k_mask[None, :])
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "num_n_blocks"])
 def _linear_logprobs_bwd_dh_kernel(
     h_ptr,
     w_ptr,
@@ -363,6 +368,8 @@ def _linear_logprobs_bwd_dh_kernel(
     stride_hn,
     stride_wv,
     inv_temperature,
+    split_size,
+    num_n_blocks,
     HAS_BIAS: tl.constexpr,
     HAS_GRAD_ENTROPY: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -371,15 +378,22 @@ def _linear_logprobs_bwd_dh_kernel(
     DOT_UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Deterministic dh: one program per row block owns dh[rows] and walks the vocabulary in order.
+    """Deterministic dh: program (i, s) owns dh_part[s, rows of block i] and walks its vocabulary split in order.
 
-    Grid: num_n_blocks. For each vocabulary block it recomputes z, forms
+    Grid: num_n_blocks × S (row block fastest); split s covers columns [s·split_size,
+    min((s+1)·split_size, V)). For each vocabulary block it recomputes z, forms
     dz = gℓ (onehot(y) − p) − gH p (log p + entropy) τ⁻¹ (cast to the input dtype), and adds
-    dz W[cols] into dh[rows] (dh [N, H] fp32, zero-initialised) by a plain read-modify-write: no other
-    program touches these rows and the order over vocabulary blocks is fixed, so the result is
-    bitwise reproducible.
+    dz W[cols] into dh_part[s, rows] (dh_part [S, N, H] fp32, zero-initialised) by a plain
+    read-modify-write: no other program touches these elements and the order is fixed. The host sums
+    the S partials in a fixed order, so the result is bitwise reproducible (S > 1 only when N alone
+    gives too few programs to fill the GPU).
     """
-    pid_n = tl.program_id(0)
+    pid = tl.program_id(0)
+    pid_n = pid % num_n_blocks
+    pid_s = pid // num_n_blocks
+    v_start = pid_s.to(tl.int64) * split_size
+    v_end = tl.minimum(v_start + split_size, V)
+    dh_ptr += pid_s.to(tl.int64) * N * H
     rows64 = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     row_mask = rows64 < N
     targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
@@ -390,9 +404,9 @@ def _linear_logprobs_bwd_dh_kernel(
     if HAS_GRAD_ENTROPY:
         grad_entropy = tl.load(gh_ptr + rows64, mask=row_mask, other=0.0)
     ks = tl.arange(0, BLOCK_H)
-    for v0 in range(0, V, BLOCK_V):
+    for v0 in range(v_start, v_end, BLOCK_V):
         cols64 = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
-        col_mask = cols64 < V
+        col_mask = cols64 < v_end
         valid = row_mask[:, None] & col_mask[None, :]
         z = _logits_tile(
             h_ptr,
@@ -432,7 +446,7 @@ def _linear_logprobs_bwd_dh_kernel(
             tl.store(out, acc, mask=out_mask)
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "split_size"])
 def _linear_logprobs_bwd_dw_kernel(
     h_ptr,
     w_ptr,
@@ -450,6 +464,8 @@ def _linear_logprobs_bwd_dw_kernel(
     stride_hn,
     stride_wv,
     inv_temperature,
+    split_size,
+    num_v_blocks,
     HAS_BIAS: tl.constexpr,
     HAS_GRAD_ENTROPY: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -458,21 +474,29 @@ def _linear_logprobs_bwd_dw_kernel(
     DOT_UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Deterministic dW, db: one program per vocabulary block owns dW[cols], db[cols] and walks the rows in order.
+    """Deterministic dW, db: program (j, s) owns dW_part[s, cols of block j] and walks its row split in order.
 
-    Grid: num_v_blocks. For each row block it recomputes z, forms dz τ⁻¹ as in the dh kernel, adds
-    dzᵀ h[rows] into dW[cols] (dW [V, H] fp32, zero-initialised) by a plain read-modify-write and
-    Σ_rows dz τ⁻¹ into a register db accumulator (db [V] fp32, written once). Fixed order, no float
-    atomics: bitwise reproducible.
+    Grid: num_v_blocks × S (vocabulary block fastest); split s covers rows [s·split_size,
+    min((s+1)·split_size, N)). For each row block it recomputes z, forms dz τ⁻¹ as in the dh kernel,
+    adds dzᵀ h[rows] into dW_part[s, cols] (dW_part [S, V, H] fp32, zero-initialised) by a plain
+    read-modify-write and Σ_rows dz τ⁻¹ into a register accumulator written once to db_part[s, cols]
+    (db_part [S, V] fp32). Fixed order, no float atomics; the host sums the S partials in a fixed
+    order (S > 1 only for small vocabularies, where V alone gives too few programs).
     """
-    pid_v = tl.program_id(0)
+    pid = tl.program_id(0)
+    pid_v = pid % num_v_blocks
+    pid_s = pid // num_v_blocks
+    n_start = pid_s.to(tl.int64) * split_size
+    n_end = tl.minimum(n_start + split_size, N)
+    dw_ptr += pid_s.to(tl.int64) * V * H
+    db_ptr += pid_s.to(tl.int64) * V
     cols64 = pid_v.to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V).to(tl.int64)
     col_mask = cols64 < V
     db = tl.zeros([BLOCK_V], dtype=tl.float32)
     ks = tl.arange(0, BLOCK_H)
-    for n0 in range(0, N, BLOCK_N):
+    for n0 in range(n_start, n_end, BLOCK_N):
         rows64 = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
-        row_mask = rows64 < N
+        row_mask = rows64 < n_end
         valid = row_mask[:, None] & col_mask[None, :]
         targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
         lse = tl.load(lse_ptr + rows64, mask=row_mask, other=0.0)
@@ -551,6 +575,22 @@ def _dot_options(dtype: torch.dtype) -> dict:
 
 def _contiguous_rows(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _partials(out: torch.Tensor, splits: int) -> torch.Tensor:
+    """[splits, *out.shape] zeroed partial sums; `out` itself (viewed [1, ...]) when there is one split."""
+    if splits == 1:
+        return out.unsqueeze(0)
+    return torch.zeros((splits, *out.shape), dtype=out.dtype, device=out.device)
+
+
+def _sum_partials(out: torch.Tensor, partials: torch.Tensor) -> None:
+    """out = Σ_s partials[s], added in order s = 0, 1, ... (bitwise reproducible)."""
+    if partials.shape[0] == 1 and partials.data_ptr() == out.data_ptr():
+        return
+    out.copy_(partials[0])
+    for part in partials[1:]:
+        out.add_(part)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -683,8 +723,29 @@ def linear_logprobs_backward(
     inputs = (hidden, weight, bias_arg, targets, lse, entropy, grad_logp, grad_entropy)
     scalars = (num_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), float(inv_temperature))
     if deterministic:
-        _linear_logprobs_bwd_dh_kernel[(num_n_blocks,)](*inputs, grad_hidden, *scalars, **common)
-        _linear_logprobs_bwd_dw_kernel[(num_v_blocks,)](*inputs, grad_weight, db_arg, *scalars, **common)
+        # Split the vocabulary (for dh) / the rows (for dW) only when the other axis alone gives too
+        # few programs, and only as far as a partial-sum budget allows; partials are summed in order.
+        target = _TARGET_PROGRAMS_PER_SM * _num_sms(device)
+        budget = _DETERMINISTIC_PARTIAL_BYTES // (4 * hidden_size)
+        dh_splits = min(num_v_blocks, triton.cdiv(target, num_n_blocks), max(1, budget // num_rows))
+        dh_split = triton.cdiv(num_v_blocks, dh_splits) * blocks.block_v
+        dh_splits = triton.cdiv(vocab, dh_split)
+        dw_splits = min(num_n_blocks, triton.cdiv(target, num_v_blocks), max(1, budget // vocab))
+        dw_split = triton.cdiv(num_n_blocks, dw_splits) * blocks.block_n
+        dw_splits = triton.cdiv(num_rows, dw_split)
+        dh_part = _partials(grad_hidden, dh_splits)
+        dw_part = _partials(grad_weight, dw_splits)
+        db_part = _partials(grad_bias, dw_splits) if grad_bias is not None else dw_part
+        _linear_logprobs_bwd_dh_kernel[(num_n_blocks * dh_splits,)](
+            *inputs, dh_part, *scalars, dh_split, num_n_blocks, **common
+        )
+        _linear_logprobs_bwd_dw_kernel[(num_v_blocks * dw_splits,)](
+            *inputs, dw_part, db_part, *scalars, dw_split, num_v_blocks, **common
+        )
+        _sum_partials(grad_hidden, dh_part)
+        _sum_partials(grad_weight, dw_part)
+        if grad_bias is not None:
+            _sum_partials(grad_bias, db_part)
     else:
         _linear_logprobs_bwd_kernel[(num_n_blocks * num_v_blocks,)](
             *inputs,
