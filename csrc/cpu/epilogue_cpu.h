@@ -1,0 +1,162 @@
+// CPU epilogue kernels of the chunked layer 1 (no torch dependency: plain pointers, one row per call).
+//
+// A row is one token's tempered logits z [V] (fp32 or fp64, contiguous). With p = softmax(z):
+//   stats:  lse = log Σ_v e^{z_v},  entropy H = lse − Σ_v p_v z_v,  target logit z_y        (one read of z)
+//   grad:   z ← dz = gℓ (onehot(y) − p) − gH p (log p + H)                           (one read + one write)
+//
+// stats streams over the row in L1-sized blocks: the block max is taken first (the block stays in
+// L1), then the block's Σ e^{z−m} and Σ e^{z−m}(z−m) are added with the running max m; when m grows
+// the running sums are rescaled:  s ← a s,  t ← a (t + s (m_old − m_new)),  a = e^{m_old − m_new}.
+// Keeping t relative to m gives H = log s − t / s without the cancellation of lse − Σ p z at |z| ~ 1e4.
+//
+// The fp32 inner loops are written for the compiler's vectoriser (`omp simd`, a branch-free exp) and
+// compiled once per x86-64 level (target_clones: AVX-512, AVX2+FMA, baseline SSE2) with the clone
+// chosen at load time from the running CPU, so the build never assumes the build machine's CPU.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define GRPO_FAST_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define GRPO_FAST_CLONES
+#endif
+
+#if defined(__GNUC__)
+#define GRPO_FAST_INLINE inline __attribute__((always_inline))
+#else
+#define GRPO_FAST_INLINE inline
+#endif
+
+namespace grpo_fast {
+namespace cpu {
+
+// Below this, e^x is under the smallest normal fp32: the exp returns 0 and products use this value.
+constexpr float kMinLogF = -87.33654f;
+constexpr int64_t kBlock = 1024;  // 4 KiB of fp32: the block max pass and the exp pass share L1.
+
+// e^x for x <= 88 (exp of (z − max) or log p, so x <= ~0): Cephes' degree-6 polynomial on
+// r = x − n ln2, n = round(x / ln2), then r's result times 2^n built in the exponent bits.
+// Max error ~2 ulp; 0 below kMinLogF; NaN in, NaN out (through the arithmetic). Branch-free so loops around it vectorise.
+GRPO_FAST_INLINE float exp_f32(float x) {
+  const float xc = std::min(std::max(x, kMinLogF), 88.3762626647949f);
+  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+  const float n = (xc * 1.44269504088896341f + magic) - magic;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  // 2^n in the exponent bits, or +0 below kMinLogF (an integer select: nothing for the vectoriser to guard).
+  const uint32_t bits = x < kMinLogF ? 0u : static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// Per-row results of stats, in the row's precision.
+template <typename T>
+struct RowStats {
+  T lse;
+  T entropy;
+};
+
+// ---- fp32: vectorised, multi-versioned -------------------------------------------------------
+
+GRPO_FAST_CLONES
+inline RowStats<float> row_stats_f32(const float* z, int64_t vocab) {
+  float m = -std::numeric_limits<float>::infinity();
+  float s = 0.0f, t = 0.0f;
+  for (int64_t begin = 0; begin < vocab; begin += kBlock) {
+    const float* zb = z + begin;
+    const int64_t len = std::min(kBlock, vocab - begin);
+    float block_max = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : block_max)
+    for (int64_t i = 0; i < len; ++i) block_max = std::max(block_max, zb[i]);
+    if (block_max > m) {
+      if (s > 0.0f) {
+        const float shift = m - block_max;
+        const float a = std::exp(shift);
+        t = a * (t + s * shift);
+        s *= a;
+      }
+      m = block_max;
+    }
+    if (m == -std::numeric_limits<float>::infinity()) continue;  // only −inf so far
+    float bs = 0.0f, bt = 0.0f;
+#pragma omp simd reduction(+ : bs, bt)
+    for (int64_t i = 0; i < len; ++i) {
+      const float d = zb[i] - m;
+      const float e = exp_f32(d);
+      bs += e;
+      bt += e * std::max(d, kMinLogF);  // e == 0 there: keeps −inf logits from making 0·∞
+    }
+    s += bs;
+    t += bt;
+  }
+  const float log_s = std::log(s);
+  return {m + log_s, log_s - t / s};
+}
+
+GRPO_FAST_CLONES
+inline void row_grad_f32(float* z, int64_t vocab, float lse, float entropy, float grad_logp, float grad_entropy) {
+  if (grad_logp == 0.0f && grad_entropy == 0.0f) {  // masked token: dz = 0, no exp needed
+    std::memset(z, 0, sizeof(float) * vocab);
+    return;
+  }
+  const float c = grad_logp + grad_entropy * entropy;
+#pragma omp simd
+  for (int64_t i = 0; i < vocab; ++i) {
+    const float log_p = z[i] - lse;
+    const float p = exp_f32(log_p);
+    z[i] = -p * (c + grad_entropy * std::max(log_p, kMinLogF));
+  }
+}
+
+// ---- fp64: plain loops (fp64 inputs are for gradcheck-style checks, not speed) -------------
+
+inline RowStats<double> row_stats_f64(const double* z, int64_t vocab) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < vocab; ++i) m = std::max(m, z[i]);
+  double s = 0.0, t = 0.0;
+  if (m != -std::numeric_limits<double>::infinity()) {
+    for (int64_t i = 0; i < vocab; ++i) {
+      const double d = z[i] - m;
+      const double e = std::exp(d);
+      s += e;
+      t += e == 0.0 ? 0.0 : e * d;
+    }
+  }
+  const double log_s = std::log(s);
+  return {m + log_s, log_s - t / s};
+}
+
+inline void row_grad_f64(double* z, int64_t vocab, double lse, double entropy, double grad_logp,
+                         double grad_entropy) {
+  const double c = grad_logp + grad_entropy * entropy;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const double log_p = z[i] - lse;
+    const double p = std::exp(log_p);
+    z[i] = p == 0.0 ? 0.0 : -p * (c + grad_entropy * log_p);
+  }
+}
+
+GRPO_FAST_INLINE RowStats<float> row_stats(const float* z, int64_t vocab) { return row_stats_f32(z, vocab); }
+GRPO_FAST_INLINE RowStats<double> row_stats(const double* z, int64_t vocab) { return row_stats_f64(z, vocab); }
+GRPO_FAST_INLINE void row_grad(float* z, int64_t vocab, float lse, float entropy, float gl, float gh) {
+  row_grad_f32(z, vocab, lse, entropy, gl, gh);
+}
+GRPO_FAST_INLINE void row_grad(double* z, int64_t vocab, double lse, double entropy, double gl, double gh) {
+  row_grad_f64(z, vocab, lse, entropy, gl, gh);
+}
+
+}  // namespace cpu
+}  // namespace grpo_fast

@@ -1,0 +1,136 @@
+// grpo_fast._C: the epilogue ops of the chunked layer-1 backends "cpu" and "cuda" (the one binding file).
+//
+// Registered as torch.library custom ops (schemas below; fake implementations live in
+// grpo_fast/backends/native.py so torch.compile traces through them):
+//
+//   grpo_fast::logprob_stats(logits [R, V], targets [R] int64) -> (logp [R], entropy [R], lse [R])
+//       lse = log Σ_v e^{z_v}, entropy = lse − Σ_v softmax(z)_v z_v, logp = z_y − lse; logits left intact.
+//   grpo_fast::logprob_grad_(logits [R, V] mutated, targets, lse, entropy, grad_logp [R], grad_entropy [R]?) -> ()
+//       logits ← dz = gℓ (onehot(y) − p) − gH p (log p + entropy),  p = e^{z − lse}  (gH absent = 0).
+//
+// logits is the tempered tile z = (h Wᵀ + b) / τ written by the caller's GEMM. Statistics and
+// upstream gradients are fp32 (fp64 for fp64 tiles). The CPU kernels are in cpu/epilogue_cpu.h
+// (OpenMP over rows through at::parallel_for, one pass per op); the CUDA ones in cuda/.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+#include <torch/extension.h>
+
+#include "cpu/epilogue_cpu.h"
+#include "ops.h"
+
+namespace grpo_fast {
+namespace {
+
+constexpr const char* kStatsOp = "grpo_fast.logprob_stats";
+constexpr const char* kGradOp = "grpo_fast.logprob_grad_";
+
+void check_cpu_tile(const char* op, const at::Tensor& logits) {
+  TORCH_CHECK(logits.device().is_cpu(), op, ": logits: expected a CPU tensor for the cpu kernels, got device ",
+              logits.device());
+  TORCH_CHECK_TYPE(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kDouble, op,
+                   ": logits: expected dtype torch.float32 or torch.float64 (the fp32 GEMM output tile), got ",
+                   logits.scalar_type());
+}
+
+// Rows per parallel task: about 64 Ki elements, so short vocabularies still amortise the task.
+int64_t grain_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 16) / vocab); }
+
+void check_target(int64_t y, int64_t vocab, int64_t row, const char* op) {
+  TORCH_CHECK_VALUE(y >= 0 && y < vocab, op, ": targets: expected token ids in [0, ", vocab, "), got ", y,
+                    " at row ", row);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cpu(const at::Tensor& logits,
+                                                                 const at::Tensor& targets) {
+  check_tile(kStatsOp, logits, targets);
+  check_cpu_tile(kStatsOp, logits);
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  auto logp = at::empty({rows}, logits.options());
+  auto entropy = at::empty({rows}, logits.options());
+  auto lse = at::empty({rows}, logits.options());
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "logprob_stats_cpu", [&] {
+    const scalar_t* z = logits.const_data_ptr<scalar_t>();
+    const int64_t* y = targets.const_data_ptr<int64_t>();
+    scalar_t* out_logp = logp.mutable_data_ptr<scalar_t>();
+    scalar_t* out_entropy = entropy.mutable_data_ptr<scalar_t>();
+    scalar_t* out_lse = lse.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, grain_rows(vocab), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        check_target(y[r], vocab, r, kStatsOp);
+        const scalar_t* row = z + r * vocab;
+        const auto st = cpu::row_stats(row, vocab);
+        out_lse[r] = st.lse;
+        out_entropy[r] = st.entropy;
+        out_logp[r] = row[y[r]] - st.lse;
+      }
+    });
+  });
+  return {logp, entropy, lse};
+}
+
+void logprob_grad_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
+                      const at::Tensor& entropy, const at::Tensor& grad_logp,
+                      const std::optional<at::Tensor>& grad_entropy) {
+  check_grad_inputs(kGradOp, logits, targets, lse, entropy, grad_logp, grad_entropy);
+  check_cpu_tile(kGradOp, logits);
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "logprob_grad_cpu", [&] {
+    scalar_t* z = logits.mutable_data_ptr<scalar_t>();
+    const int64_t* y = targets.const_data_ptr<int64_t>();
+    const scalar_t* lse_p = lse.const_data_ptr<scalar_t>();
+    const scalar_t* ent_p = entropy.const_data_ptr<scalar_t>();
+    const scalar_t* gl_p = grad_logp.const_data_ptr<scalar_t>();
+    const scalar_t* gh_p = grad_entropy.has_value() ? grad_entropy->const_data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, rows, grain_rows(vocab), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        check_target(y[r], vocab, r, kGradOp);
+        scalar_t* row = z + r * vocab;
+        cpu::row_grad(row, vocab, lse_p[r], ent_p[r], gl_p[r], gh_p ? gh_p[r] : scalar_t(0));
+        row[y[r]] += gl_p[r];
+      }
+    });
+  });
+}
+
+bool built_with_cuda() {
+#ifdef GRPO_FAST_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Which vector-ISA clone of the fp32 CPU kernels the running CPU gets (see cpu/epilogue_cpu.h).
+std::string cpu_kernel_isa() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 (AVX-512)";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 (AVX2+FMA)";
+  return "x86-64 baseline (SSE2)";
+#else
+  return "compiler default";
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(grpo_fast, m) {
+  m.def("logprob_stats(Tensor logits, Tensor targets) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "logprob_grad_(Tensor(a!) logits, Tensor targets, Tensor lse, Tensor entropy, Tensor grad_logp, "
+      "Tensor? grad_entropy) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(grpo_fast, CPU, m) {
+  m.impl("logprob_stats", &logprob_stats_cpu);
+  m.impl("logprob_grad_", &logprob_grad_cpu);
+}
+
+}  // namespace grpo_fast
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "grpo_fast C++/CUDA epilogue ops (registered under torch.ops.grpo_fast)";
+  m.def("built_with_cuda", &grpo_fast::built_with_cuda, "whether the CUDA kernels were compiled in");
+  m.def("cpu_kernel_isa", &grpo_fast::cpu_kernel_isa, "the vector ISA of the CPU kernels on this machine");
+}

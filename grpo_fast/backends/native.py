@@ -1,0 +1,90 @@
+"""Backends "cpu" and "cuda": the chunked layer 1 of grpo_fast.backends.chunked with the epilogue
+kernels of the C++/CUDA extension grpo_fast._C (csrc/).
+
+Per row chunk: a vendor GEMM (ATen/MKL on CPU, cuBLAS on GPU) writes the tempered logits tile
+z [R, V] into the workspace; `torch.ops.grpo_fast.logprob_stats` reduces it in one pass (online
+max / Σe^{z−m} / Σe^{z−m}(z−m) and the target gather) and `torch.ops.grpo_fast.logprob_grad_`
+rewrites it in place into dz = gℓ (onehot(y) − p) − gH p (log p + H) in one read + write; two
+more GEMMs give dh and dW. Both ops are torch.library custom ops with fake implementations
+(registered below), so torch.compile traces through them.
+
+Importing this module raises ImportError when the extension is not built (backend "auto" then
+falls back to "torch"); build it with `pip install --no-build-isolation -e .` from the repository.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .chunked import ChunkedBackend
+
+try:
+    from grpo_fast import _C
+except ImportError as err:
+    raise ImportError(
+        "the C++/CUDA extension grpo_fast._C is not built "
+        f"({err}); build it with `pip install --no-build-isolation -e .` in the grpo_fast repository "
+        "(GRPO_FAST_SKIP_EXT=1 skips it; torch, ninja and a C++ compiler with OpenMP are needed)"
+    ) from err
+
+__all__ = ["CPU_BACKEND", "CUDA_BACKEND", "NativeEpilogue", "cpu_kernel_isa", "built_with_cuda"]
+
+
+def _stats_dtype(logits: torch.Tensor) -> torch.dtype:
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32
+
+
+@torch.library.register_fake("grpo_fast::logprob_stats")
+def _logprob_stats_fake(logits, targets):
+    torch._check(logits.dim() == 2, lambda: f"logits: expected a 2-d tile [R, V], got {list(logits.shape)}")
+    torch._check(
+        targets.device == logits.device,
+        lambda: f"targets: expected device {logits.device}, got {targets.device}",
+    )
+    rows = logits.shape[0]
+    dtype = _stats_dtype(logits)
+    return tuple(logits.new_empty((rows,), dtype=dtype) for _ in range(3))
+
+
+@torch.library.register_fake("grpo_fast::logprob_grad_")
+def _logprob_grad_fake(logits, targets, lse, entropy, grad_logp, grad_entropy):
+    for name, t in (("targets", targets), ("lse", lse), ("entropy", entropy), ("grad_logp", grad_logp)):
+        message = f"{name}: expected device {logits.device}, got {t.device}"
+        torch._check(t.device == logits.device, lambda message=message: message)
+    return None
+
+
+class NativeEpilogue:
+    """The grpo_fast._C epilogue ops behind the `Epilogue` protocol of grpo_fast.backends.chunked."""
+
+    def stats(self, z, targets):
+        """z [R, V] fp32 (left intact), targets [R] int64 -> (logp, entropy, lse), each [R] fp32."""
+        return torch.ops.grpo_fast.logprob_stats(z, targets)
+
+    def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy):
+        """Overwrite z [R, V] with dz = gℓ (onehot − p) − gH p (log p + H) (gH None = 0)."""
+        dtype = _stats_dtype(z)
+        torch.ops.grpo_fast.logprob_grad_(
+            z,
+            targets,
+            lse.to(dtype).contiguous(),
+            entropy.to(dtype).contiguous(),
+            grad_logp.to(dtype).contiguous(),
+            None if grad_entropy is None else grad_entropy.to(dtype).contiguous(),
+        )
+
+
+def built_with_cuda() -> bool:
+    """Whether the CUDA epilogue kernels were compiled into grpo_fast._C."""
+    return bool(_C.built_with_cuda())
+
+
+def cpu_kernel_isa() -> str:
+    """The vector ISA clone of the fp32 CPU kernels that this machine runs."""
+    return str(_C.cpu_kernel_isa())
+
+
+# Workspace budgets of one fp32 tile. CPU: see benchmarks/NOTES.md ("C++/CUDA backend") for the
+# measured trade-off between GEMM efficiency (rows per chunk) and extra memory.
+CPU_BACKEND = ChunkedBackend("cpu", NativeEpilogue(), cpu_workspace_bytes=32 << 20, gpu_workspace_bytes=256 << 20)
+CUDA_BACKEND = ChunkedBackend("cuda", NativeEpilogue(), cpu_workspace_bytes=32 << 20, gpu_workspace_bytes=256 << 20)
