@@ -327,7 +327,7 @@ def _linear_logprobs_bwd_kernel(
     dz = _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY)
     dz = dz * inv_temperature
     if HAS_BIAS:
-        tl.atomic_add(db_ptr + cols64, tl.sum(dz, axis=0), mask=col_mask)
+        tl.atomic_add(db_ptr + cols64, tl.sum(dz, axis=0), mask=col_mask, sem="relaxed")
     dz_in = dz.to(h_ptr.dtype.element_ty)
     if DOT_UPCAST:
         dz_in = dz_in.to(tl.float32)
@@ -346,9 +346,13 @@ def _linear_logprobs_bwd_kernel(
             w = w.to(tl.float32)
             h = h.to(tl.float32)
         dh = tl.dot(dz_in, w, input_precision=DOT_PRECISION)
-        tl.atomic_add(dh_ptr + rows64[:, None] * H + k[None, :], dh, mask=row_mask[:, None] & k_mask[None, :])
+        tl.atomic_add(
+            dh_ptr + rows64[:, None] * H + k[None, :], dh, mask=row_mask[:, None] & k_mask[None, :], sem="relaxed"
+        )
         dw = tl.dot(tl.trans(dz_in), h, input_precision=DOT_PRECISION)
-        tl.atomic_add(dw_ptr + cols64[:, None] * H + k[None, :], dw, mask=col_mask[:, None] & k_mask[None, :])
+        tl.atomic_add(
+            dw_ptr + cols64[:, None] * H + k[None, :], dw, mask=col_mask[:, None] & k_mask[None, :], sem="relaxed"
+        )
 
 
 @triton.jit(do_not_specialize=["N", "num_n_blocks"])
