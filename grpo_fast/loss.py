@@ -100,9 +100,11 @@ class _GRPOLossFunction(torch.autograd.Function):
             if not ctx.saved_tensors:
                 return None, None, None, None, None, None
             grad_h, grad_w, grad_b = ctx.saved_tensors
-            grad_h = grad_h * grad_loss.to(grad_h.dtype)
-            grad_w = grad_w * grad_loss
-            grad_b = None if grad_b is None else grad_b * grad_loss
+            # loss.backward() passes 1: hand the buffers over as they are, so autograd can adopt them as
+            # .grad without a copy (the saved references are released before the gradient is accumulated).
+            if not bool(grad_loss == 1):
+                grad_h, grad_w = grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss
+                grad_b = None if grad_b is None else grad_b * grad_loss
         else:
             hidden, weight, bias, targets, lse, entropy, grad_logp, *rest = ctx.saved_tensors
             grad_entropy = rest[0] * grad_loss if rest else None

@@ -57,28 +57,43 @@ class Epilogue(Protocol):
 
 
 class TorchEpilogue:
-    """The epilogue in plain PyTorch ops: a few passes over the tile, fp32 throughout."""
+    """The epilogue in plain PyTorch ops, fp32 throughout. Rows go in blocks so that the one
+    temporary (the exponentials) stays within `temp_bytes` whatever the tile size."""
+
+    def __init__(self, temp_bytes: int = 4 << 20):
+        self.temp_bytes = temp_bytes
+
+    def _blocks(self, z):
+        step = max(1, self.temp_bytes // (z.shape[1] * z.element_size()))
+        return [slice(start, min(start + step, z.shape[0])) for start in range(0, z.shape[0], step)]
 
     def stats(self, z, targets):
-        row_max = z.amax(dim=1, keepdim=True)
-        exp = torch.exp(z - row_max)
-        sum_exp = exp.sum(dim=1)
-        # Σ_v e^{z_v − m} z_v as a batched dot product, without another [R, V] temporary.
-        sum_exp_z = torch.bmm(exp.unsqueeze(1), z.unsqueeze(2)).view(-1)
-        lse = row_max.view(-1) + torch.log(sum_exp)
-        entropy = lse - sum_exp_z / sum_exp
-        logp = z.gather(1, targets.view(-1, 1)).view(-1) - lse
-        return logp, entropy, lse
+        out = torch.empty(3, z.shape[0], dtype=z.dtype, device=z.device)
+        for rows in self._blocks(z):
+            block = z[rows]
+            row_max = block.amax(dim=1, keepdim=True)
+            exp = torch.sub(block, row_max).exp_()
+            sum_exp = exp.sum(dim=1)
+            # Σ_v e^{z_v − m} z_v as a batched dot product, without another temporary.
+            sum_exp_z = torch.bmm(exp.unsqueeze(1), block.unsqueeze(2)).view(-1)
+            lse = row_max.view(-1) + torch.log(sum_exp)
+            out[2, rows] = lse
+            out[1, rows] = lse - sum_exp_z / sum_exp
+            out[0, rows] = block.gather(1, targets[rows].view(-1, 1)).view(-1) - lse
+        return out[0], out[1], out[2]
 
     def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy):
-        log_p = z.sub_(lse.view(-1, 1))
-        if grad_entropy is None:
-            dz = log_p.exp_().mul_(-grad_logp.view(-1, 1))
-        else:
-            p = torch.exp(log_p)
-            dz = log_p.add_(entropy.view(-1, 1)).mul_(p).mul_(-grad_entropy.view(-1, 1))
-            dz.addcmul_(p, grad_logp.view(-1, 1), value=-1.0)
-        dz.scatter_add_(1, targets.view(-1, 1), grad_logp.view(-1, 1))
+        for rows in self._blocks(z):
+            block, g_logp, row_lse = z[rows], grad_logp[rows].view(-1, 1), lse[rows].view(-1, 1)
+            if grad_entropy is None:  # dz = gℓ (onehot − p)
+                block.sub_(row_lse).exp_().mul_(-g_logp)
+            else:
+                # dz = p (a log p + b) + gℓ onehot with a = −gH, b = −gH H − gℓ, and log p = z − lse.
+                p = torch.sub(block, row_lse).exp_()
+                a = -grad_entropy[rows].view(-1, 1)
+                b = a * entropy[rows].view(-1, 1) - g_logp
+                block.mul_(a).add_(b - a * row_lse).mul_(p)
+            block.scatter_add_(1, targets[rows].view(-1, 1), g_logp)
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -231,4 +246,4 @@ class _GradAccumulator:
         return self.grad_hidden, self.grad_weight, self.grad_bias
 
 
-TORCH_BACKEND = ChunkedBackend("torch", TorchEpilogue(), cpu_workspace_bytes=4 << 20, gpu_workspace_bytes=256 << 20)
+TORCH_BACKEND = ChunkedBackend("torch", TorchEpilogue(), cpu_workspace_bytes=16 << 20, gpu_workspace_bytes=512 << 20)

@@ -1,0 +1,1 @@
+"""Benchmark library behind the scripts in benchmarks/ and `grpo-fast bench-*`."""

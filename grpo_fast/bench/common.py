@@ -1,0 +1,108 @@
+"""Timing, memory and environment stamps shared by the benchmarks."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], object], device: torch.device, warmup: int = 1, repeats: int = 5) -> dict:
+    """Wall time of fn() in seconds: median, p20, p80 over `repeats` runs after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        samples.append(time.perf_counter() - start)
+    samples.sort()
+    pick = lambda q: samples[min(len(samples) - 1, round(q * (len(samples) - 1)))]  # noqa: E731
+    return {"median_s": statistics.median(samples), "p20_s": pick(0.2), "p80_s": pick(0.8), "samples_s": samples}
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's high-water mark of this process's resident set (Linux: clear_refs 5)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def rss_bytes(field: str = "VmRSS") -> int:
+    """VmRSS (current) or VmHWM (peak since the last reset) of this process, in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def run_json_subprocess(args: list[str], env: dict[str, str] | None = None, timeout: float = 1800) -> dict:
+    """Run `python -m <args>` in a fresh interpreter (extra `env` variables) and parse the JSON object
+    on its last stdout line."""
+    out = subprocess.run(
+        [sys.executable, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=REPO_ROOT,
+        env=os.environ | (env or {}),
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"subprocess {args} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def environment_stamp(device: torch.device) -> dict:
+    """Hardware, versions, date and commit, for every JSON result."""
+    stamp = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    for name in ("triton", "transformers", "vllm", "liger_kernel"):
+        try:
+            stamp[name] = __import__(name).__version__
+        except Exception:  # noqa: BLE001 - optional packages: absent or broken both mean "not available"
+            stamp[name] = None
+    if device.type == "cuda":
+        stamp["gpu"] = torch.cuda.get_device_name(device)
+        stamp["cuda"] = torch.version.cuda
+    return stamp
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
