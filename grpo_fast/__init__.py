@@ -1,12 +1,31 @@
 """grpo_fast: kernel-accelerated GRPO / RLVR post-training.
 
-from grpo_fast import fused_logprobs, grpo_loss, GRPOLossConfig, GRPOLoss, logits_grpo_loss
+    from grpo_fast import fused_logprobs, grpo_loss, GRPOLossConfig, GRPOLoss, logits_grpo_loss
+
+The names load on first use, so `import grpo_fast.rewards` (e.g. in reward worker processes)
+does not pay for importing torch.
 """
 
-from .config import GRPOLossConfig
-from .logits_loss import logits_grpo_loss
-from .logprobs import fused_logprobs
-from .loss import GRPOLoss, grpo_loss
+import importlib
 
-__all__ = ["GRPOLoss", "GRPOLossConfig", "fused_logprobs", "grpo_loss", "logits_grpo_loss"]
+_EXPORTS = {
+    "GRPOLossConfig": "config",
+    "fused_logprobs": "logprobs",
+    "grpo_loss": "loss",
+    "GRPOLoss": "loss",
+    "logits_grpo_loss": "logits_loss",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'grpo_fast' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
