@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from . import checks
-from .backends import get_backend
+from .backends import LogprobStats, get_backend
+from .backends.chunked import accumulation_dtype
 
 
 def check_linear_inputs(hidden, weight, bias, targets_shape_name: str = "targets"):
@@ -39,39 +40,102 @@ def check_temperature(temperature) -> float:
     return float(temperature)
 
 
-class _FusedLogprobs(torch.autograd.Function):
-    """(hidden [N, H], weight [V, H], bias [V] | None, targets [N]) -> (logp [N], entropy [N]) fp32.
+@torch.compiler.assume_constant_result
+def _backend_name(backend: str, device_type: str) -> str:
+    """The concrete backend that `backend` ("auto" or a name) resolves to on this device type."""
+    return get_backend(backend, torch.device(device_type)).name
 
-    Backward recomputes the logits tiles (layer 1's recompute mode, 4 GEMMs in all)."""
 
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, inv_temperature, backend, workspace_bytes):
-        stats = backend.forward(hidden, weight, bias, targets, inv_temperature, workspace_bytes)
-        ctx.save_for_backward(hidden, weight, bias, targets, stats.lse, stats.entropy)
-        ctx.inv_temperature, ctx.backend, ctx.workspace_bytes = inv_temperature, backend, workspace_bytes
-        return stats.logprobs, stats.entropy
+def _resolve(backend: str, device: torch.device, deterministic: bool):
+    impl = get_backend(backend, device)
+    return getattr(impl, "deterministic_variant", impl) if deterministic else impl
 
-    @staticmethod
-    def backward(ctx, grad_logp, grad_entropy):
-        from .backends import LogprobStats
 
-        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
-        if grad_logp is None:
-            grad_logp = torch.zeros_like(lse)
-        stats = LogprobStats(None, entropy, lse)
-        grad_h, grad_w, grad_b = ctx.backend.backward(
-            hidden,
-            weight,
-            bias,
-            targets,
-            ctx.inv_temperature,
-            stats,
-            grad_logp.to(lse.dtype).contiguous(),
-            None if grad_entropy is None else grad_entropy.to(lse.dtype).contiguous(),
-            ctx.workspace_bytes,
-        )
-        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w.to(weight.dtype), grad_b, None, None, None, None
+# Layer 1 as torch.library custom ops with fake implementations and a registered autograd formula,
+# so torch.compile(fullgraph=True) traces through fused_logprobs. Backward recomputes the logits
+# tiles (layer 1's recompute mode, 4 GEMMs in all).
+@torch.library.custom_op("grpo_fast::linear_logprobs", mutates_args=())
+def _linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    inv_temperature: float,
+    backend: str,
+    deterministic: bool,
+    workspace_bytes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hidden [N, H], weight [V, H], bias [V] | None, targets [N]) -> (logp, entropy, lse) [N]."""
+    impl = _resolve(backend, hidden.device, deterministic)
+    stats = impl.forward(hidden, weight, bias, targets, inv_temperature, workspace_bytes or None)
+    return stats.logprobs, stats.entropy, stats.lse
+
+
+@_linear_logprobs.register_fake
+def _(hidden, weight, bias, targets, inv_temperature, backend, deterministic, workspace_bytes):
+    dtype = accumulation_dtype(hidden.dtype)
+    return tuple(hidden.new_empty(hidden.shape[0], dtype=dtype) for _ in range(3))
+
+
+@torch.library.custom_op("grpo_fast::linear_logprobs_backward", mutates_args=())
+def _linear_logprobs_backward(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    inv_temperature: float,
+    backend: str,
+    deterministic: bool,
+    workspace_bytes: int,
+    lse: torch.Tensor,
+    entropy: torch.Tensor,
+    grad_logp: torch.Tensor,
+    grad_entropy: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dh [N, H] like hidden, dW [V, H] like weight, db [V] like bias; empty when bias is None)."""
+    impl = _resolve(backend, hidden.device, deterministic)
+    stats = LogprobStats(None, entropy, lse)
+    grad_h, grad_w, grad_b = impl.backward(
+        hidden, weight, bias, targets, inv_temperature, stats, grad_logp, grad_entropy, workspace_bytes or None
+    )
+    grad_b = hidden.new_empty(0) if grad_b is None else grad_b.to(bias.dtype)
+    return grad_h, grad_w.to(weight.dtype), grad_b
+
+
+@_linear_logprobs_backward.register_fake
+def _(hidden, weight, bias, targets, inv_temperature, backend, deterministic, workspace_bytes, *grads):
+    return (
+        torch.empty_like(hidden),
+        torch.empty_like(weight),
+        hidden.new_empty(0) if bias is None else torch.empty_like(bias),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    hidden, weight, bias, targets, inv_temperature, backend, deterministic, workspace_bytes = inputs
+    ctx.save_for_backward(hidden, weight, bias, targets, output[2], output[1])
+    ctx.options = (inv_temperature, backend, deterministic, workspace_bytes)
+
+
+def _backward(ctx, grad_logp, grad_entropy, _grad_lse):
+    hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+    if grad_logp is None:
+        grad_logp = torch.zeros_like(lse)
+    grad_h, grad_w, grad_b = _linear_logprobs_backward(
+        hidden,
+        weight,
+        bias,
+        targets,
+        *ctx.options,
+        lse,
+        entropy,
+        grad_logp.to(lse.dtype).contiguous(),
+        None if grad_entropy is None else grad_entropy.to(lse.dtype).contiguous(),
+    )
+    return grad_h, grad_w, None if bias is None else grad_b, None, None, None, None, None
+
+
+_linear_logprobs.register_autograd(_backward, setup_context=_setup_context)
 
 
 def fused_logprobs(
@@ -83,29 +147,33 @@ def fused_logprobs(
     return_entropy: bool = False,
     bias: torch.Tensor | None = None,
     workspace_bytes: int | None = None,
+    deterministic: bool = False,
 ):
     """log softmax((h Wᵀ + b) / τ)[y] per token, and optionally the entropy of that softmax.
 
     hidden [N, H] or [B, T, H]; weight [V, H] (same dtype); targets [N] or [B, T] int64 in [0, V).
     Returns fp32 `logp` shaped like targets, or `(logp, entropy)` when return_entropy. Differentiable
-    w.r.t. hidden, weight and bias, through either output.
+    w.r.t. hidden, weight and bias, through either output; traceable by torch.compile(fullgraph=True).
+    deterministic: the Triton backward without float atomics.
     """
     flat_hidden, leading = check_linear_inputs(hidden, weight, bias)
     targets = checks.require_tensor("targets", targets)
     checks.require_integer("targets", targets)
     checks.require_shape("targets", targets, leading, "the leading dimensions of hidden")
     checks.require_device("targets", targets, flat_hidden.device)
-    checks.require_token_ids("targets", targets, weight.shape[0])
+    if not torch.compiler.is_compiling():  # a value check would break the graph
+        checks.require_token_ids("targets", targets, weight.shape[0])
     inv_temperature = 1.0 / check_temperature(temperature)
-    impl = get_backend(backend, flat_hidden.device)
-    logp, entropy = _FusedLogprobs.apply(
+    name = _backend_name(backend, flat_hidden.device.type)  # resolve "auto" (and fail early) outside the op
+    logp, entropy, _ = _linear_logprobs(
         flat_hidden,
         weight.contiguous(),
         None if bias is None else bias.contiguous(),
         targets.reshape(-1).to(torch.int64).contiguous(),
         inv_temperature,
-        impl,
-        workspace_bytes,
+        name,
+        deterministic,
+        workspace_bytes or 0,
     )
     logp = logp.view(leading)
     return (logp, entropy.view(leading)) if return_entropy else logp

@@ -276,3 +276,21 @@ def test_low_precision_error_within_twice_pytorch_own(dtype):
         err_theirs = float((t - e).abs().max())
         err_ours = float((o - e).abs().max())
         assert err_ours <= 2 * err_theirs + atol, (name, err_ours, err_theirs)
+
+
+def test_fused_logprobs_traces_under_torch_compile_fullgraph():
+    """The custom ops (with fake implementations and an autograd formula) let dynamo trace the call whole."""
+    batch = make_loss_batch(**SHAPE, seed=29)
+
+    def logprob_sum(h, w):
+        logp, entropy = fused_logprobs(h, w, batch.completion_ids, 0.8, backend="torch", return_entropy=True)
+        return logp.sum() + 0.1 * entropy.sum()
+
+    compiled = torch.compile(logprob_sum, fullgraph=True, backend="aot_eager")
+    h, w, _ = _leaves(batch)
+    h2, w2, _ = _leaves(batch)
+    eager = logprob_sum(h, w)
+    traced = compiled(h2, w2)
+    torch.testing.assert_close(traced, eager)
+    for got, want in zip(torch.autograd.grad(traced, (h2, w2)), torch.autograd.grad(eager, (h, w)), strict=True):
+        torch.testing.assert_close(got, want)

@@ -144,14 +144,14 @@ class ChunkedBackend:
     def forward(self, hidden, weight, bias, targets, inv_temperature, workspace_bytes=None) -> LogprobStats:
         """hidden [N, H], weight [V, H], bias [V] | None, targets [N] -> LogprobStats ([N] fp32 each)."""
         num_rows, vocab = hidden.shape[0], weight.shape[0]
-        out = torch.empty(3, num_rows, dtype=accumulation_dtype(hidden.dtype), device=hidden.device)
+        out = self._stats_buffers(hidden)
         chunks = self.row_chunks(num_rows, vocab, hidden.device, workspace_bytes)
         workspace = self._workspace(chunks, vocab, hidden)
         for rows in chunks:
             z = self._logits(hidden[rows], weight, bias, inv_temperature, workspace[: rows.stop - rows.start])
-            for dst, value in zip(out[:, rows], self.epilogue.stats(z, targets[rows]), strict=True):
-                dst.copy_(value)
-        return LogprobStats(out[0], out[1], out[2])
+            for dst, value in zip(out, self.epilogue.stats(z, targets[rows]), strict=True):
+                dst[rows].copy_(value)
+        return LogprobStats(*out)
 
     def backward(
         self,
@@ -192,22 +192,28 @@ class ChunkedBackend:
         token_grads(rows, logp, entropy) -> (gℓ [R], gH [R] | None) is called once per chunk in order.
         Returns (LogprobStats, (dh, dW, db) or None when not need_grads).
         """
-        num_rows, vocab = hidden.shape[0], weight.shape[0]
-        out = torch.empty(3, num_rows, dtype=accumulation_dtype(hidden.dtype), device=hidden.device)
+        vocab = weight.shape[0]
+        out = self._stats_buffers(hidden)
         chunks = list(chunks)
         workspace = self._workspace(chunks, vocab, hidden)
         grads = _GradAccumulator(hidden, weight, bias, inv_temperature) if need_grads else None
         for rows in chunks:
             z = self._logits(hidden[rows], weight, bias, inv_temperature, workspace[: rows.stop - rows.start])
             logp, entropy, lse = self.epilogue.stats(z, targets[rows])
-            for dst, value in zip(out[:, rows], (logp, entropy, lse), strict=True):
-                dst.copy_(value)
+            for dst, value in zip(out, (logp, entropy, lse), strict=True):
+                dst[rows].copy_(value)
             grad_logp, grad_entropy = token_grads(rows, logp, entropy)
             if grads is not None:
                 self.epilogue.grad_(z, targets[rows], lse, entropy, grad_logp, grad_entropy)
                 grads.add(rows, z)
-        stats = LogprobStats(out[0], out[1], out[2])
-        return stats, (grads.result() if grads is not None else None)
+        return LogprobStats(*out), (grads.result() if grads is not None else None)
+
+    @staticmethod
+    def _stats_buffers(hidden):
+        """Separate [N] buffers for logp, entropy, lse (outputs of custom ops must not alias)."""
+        return [
+            torch.empty(hidden.shape[0], dtype=accumulation_dtype(hidden.dtype), device=hidden.device) for _ in range(3)
+        ]
 
     @staticmethod
     def _workspace(chunks, vocab, hidden):
