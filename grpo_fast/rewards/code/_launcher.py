@@ -84,7 +84,10 @@ def build_root(job):
     os.makedirs(root + "/sandbox")
     _mount("tmpfs", root + "/sandbox", "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits['disk_bytes']},mode=700")
     os.chown(root + "/sandbox", job["uid"], job["uid"])
-    os.symlink("/sandbox", root + "/tmp")
+    if not os.path.lexists(root + "/tmp"):
+        # /tmp -> /sandbox; when a bound host path lives under /tmp (a checkout or venv there), /tmp is
+        # already a read-only directory of the root and TMPDIR alone points programs at /sandbox.
+        os.symlink("/sandbox", root + "/tmp")
     _mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chroot(root)
     os.chdir("/sandbox")
