@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMAND_MODULES = ("benchmarks_cli",)
+COMMAND_MODULES = ("benchmarks_cli", "train_cli")
 
 
 def build_parser() -> argparse.ArgumentParser:

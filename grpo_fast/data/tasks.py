@@ -1,0 +1,138 @@
+"""Synthetic verifiable tasks with exact rewards.
+
+Each task builds rows `{"prompt": str, "answer": str, ...}` deterministically from a seed; its reward
+function follows TRL's convention `fn(prompts, completions, **columns) -> list[float | None]`.
+
+- modular arithmetic: "(37+85)%10=" -> "2". The answer depends on the operands modulo m, so held-out
+  prompts (different operands) test the rule, not memorised strings.
+- countdown: "3,5,7>22=" -> any expression using each number exactly once that evaluates to the target,
+  e.g. "3*5+7". Rows keep the reference solution in "answer".
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import random
+from collections import Counter
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def modular_arithmetic_dataset(
+    n: int,
+    seed: int = 0,
+    modulus: int = 10,
+    max_operand: int = 100,
+    ops: str = "+",
+    exclude: set[str] | None = None,
+    fixed_b: int | None = None,
+) -> list[dict]:
+    """`n` rows of "(a op b)%m=" with answer str((a op b) mod m); a, b uniform in [0, max_operand) (b fixed to
+    `fixed_b` when given). Prompts in `exclude` are skipped (keeps held-out prompts out of training)."""
+    rng = random.Random(seed)
+    rows, seen = [], set(exclude or ())
+    attempts = 0
+    while len(rows) < n:
+        attempts += 1
+        if attempts > 100 * n + 1000:
+            raise ValueError("modular_arithmetic_dataset: prompt space too small for n distinct prompts")
+        a, b, op = rng.randrange(max_operand), rng.randrange(max_operand), rng.choice(ops)
+        b = b if fixed_b is None else fixed_b
+        prompt = f"({a}{op}{b})%{modulus}="
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        rows.append({"prompt": prompt, "answer": str(_OPS[op](a, b) % modulus)})
+    return rows
+
+
+def exact_match_reward(prompts, completions, answer, **_) -> list[float]:
+    """1.0 when the stripped completion equals the answer, else 0.0."""
+    return [float(_text(c).strip() == str(a).strip()) for c, a in zip(completions, answer, strict=True)]
+
+
+def countdown_dataset(n: int, seed: int = 0, num_numbers: int = 3, max_number: int = 9) -> list[dict]:
+    """`n` solvable countdown rows "n1,n2,n3>target=" built from a random expression over the numbers."""
+    rng = random.Random(seed)
+    rows = []
+    while len(rows) < n:
+        nums = [rng.randint(1, max_number) for _ in range(num_numbers)]
+        order = nums[:]
+        rng.shuffle(order)
+        expr = str(order[0])
+        for x in order[1:]:
+            expr = f"{expr}{rng.choice('+-*')}{x}"
+        target = _safe_eval(expr)
+        if target is None or target < 0:
+            continue
+        rows.append(
+            {
+                "prompt": f"{','.join(map(str, nums))}>{target}=",
+                "answer": expr,
+                "numbers": nums,
+                "target": target,
+            }
+        )
+    return rows
+
+
+def countdown_reward(prompts, completions, numbers, target, **_) -> list[float]:
+    """1.0 when the completion is an arithmetic expression (+ - * and parentheses) that uses exactly the
+    given numbers, each once, and evaluates to the target; else 0.0."""
+    out = []
+    for c, nums, tgt in zip(completions, numbers, target, strict=True):
+        expr = _text(c).strip()
+        used = _numbers_in(expr)
+        ok = used is not None and Counter(used) == Counter(int(x) for x in nums)
+        out.append(float(ok and _safe_eval(expr) == int(tgt)))
+    return out
+
+
+def _text(completion) -> str:
+    # Conversational completions are [{"role": "assistant", "content": ...}] (TRL's convention).
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion)
+    return completion
+
+
+def _numbers_in(expr: str) -> list[int] | None:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    return [int(node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant)]
+
+
+def _safe_eval(expr: str) -> int | None:
+    """Integer value of an expression of non-negative int literals, + - * and parentheses; else None."""
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    if len(expr) > 64:
+        return None
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value >= 0:
+            return node.value
+        if isinstance(node, ast.BinOp):
+            op = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}.get(type(node.op))
+            if op is not None:
+                return op(ev(node.left), ev(node.right))
+        raise ValueError("unsupported expression")
+
+    try:
+        return ev(tree)
+    except ValueError:
+        return None
+
+
+TASKS = {
+    "modular_arithmetic": (modular_arithmetic_dataset, [exact_match_reward]),
+    "countdown": (countdown_dataset, [countdown_reward]),
+}
+
+__all__ = ["TASKS", "countdown_dataset", "countdown_reward", "exact_match_reward", "modular_arithmetic_dataset"]

@@ -1,0 +1,79 @@
+"""Fallback rollout engine on transformers `generate`, for environments without vLLM.
+
+It generates with the trainer's own model object (shared, so `load_weights` has nothing to copy), in
+eval mode under `no_grad`. Sampling logprobs come from the processed scores (after temperature / top-p /
+top-k), like vLLM's `processed_logprobs`. Seeding is per call (`sampling.seed`), not per request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+
+from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+
+
+class HFEngine(RolloutEngine):
+    name = "hf"
+
+    def __init__(self, model, tokenizer, batch_size: int = 256) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    @torch.no_grad()
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingSpec) -> list[list[Completion]]:
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        was_training = self.model.training
+        self.model.eval()
+        device = next(self.model.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        eos = {self.tokenizer.eos_token_id, *sampling.stop_token_ids} - {None}
+        greedy = sampling.temperature == 0
+        flat: list[Completion] = []
+        rows = [ids for ids in prompt_token_ids for _ in range(sampling.n)]
+        for start in range(0, len(rows), self.batch_size):
+            chunk = rows[start : start + self.batch_size]
+            width = max(len(r) for r in chunk)
+            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            attn = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, r in enumerate(chunk):  # left padding
+                input_ids[i, width - len(r) :] = torch.tensor(r)
+                attn[i, width - len(r) :] = 1
+            out = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attn.to(device),
+                max_new_tokens=sampling.max_tokens,
+                do_sample=not greedy,
+                temperature=None if greedy else sampling.temperature,
+                top_p=None if greedy else sampling.top_p,
+                top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
+                eos_token_id=sorted(eos),
+                pad_token_id=pad,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            gen = out.sequences[:, width:].cpu()
+            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1).cpu()  # [b, steps, V]
+            for i in range(len(chunk)):
+                ids, lps, reason = [], [], "length"
+                for t in range(gen.shape[1]):
+                    tok = int(gen[i, t])
+                    ids.append(tok)
+                    lps.append(0.0 if greedy else float(scores[i, t, tok]))
+                    if tok in eos:
+                        reason = "stop"
+                        break
+                text = self.tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=True)
+                flat.append(Completion(ids, lps, text, reason))
+        if was_training:
+            self.model.train()
+        return [flat[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompt_token_ids))]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+        # The engine generates with the trainer's model itself: nothing to copy.
+        t0 = time.perf_counter()
+        return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": 0.0, "sync/buckets": 0.0}

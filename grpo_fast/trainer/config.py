@@ -1,0 +1,299 @@
+"""The training configuration: a typed dataclass tree, loaded from YAML and `--set key=value` overrides,
+validated with errors that name the offending key."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grpo_fast.config import GRPOLossConfig
+
+
+@dataclass
+class ModelConfig:
+    """path: HF directory or hub name of the policy. dtype: training parameter dtype ("float32" keeps fp32
+    master weights; bf16 autocast on GPU is `run.bf16`)."""
+
+    path: str = ""
+    dtype: str = "float32"
+    gradient_checkpointing: bool = False
+    attn_implementation: str | None = None
+
+
+@dataclass
+class DataConfig:
+    """source: "task:modular_arithmetic" / "task:countdown" (built-in), a local .jsonl/.parquet/.csv, or a hub
+    name. task_kwargs go to the built-in task builder. eval_*: the held-out set (same forms).
+    use_chat_template: "auto" = when the tokenizer has one."""
+
+    source: str = "task:modular_arithmetic"
+    task_kwargs: dict = field(default_factory=dict)
+    eval_source: str | None = None
+    eval_task_kwargs: dict = field(default_factory=dict)
+    prompt_column: str = "prompt"
+    use_chat_template: str = "auto"
+    system_prompt: str | None = None
+
+
+@dataclass
+class RewardConfig:
+    """funcs: built-in names ("exact_match", "countdown") or "package.module:function"; weights: one per
+    function (default all 1)."""
+
+    funcs: list = field(default_factory=lambda: ["exact_match"])
+    weights: list | None = None
+
+
+@dataclass
+class RolloutConfig:
+    """engine: "vllm" | "hf" | "auto". kv_cache_memory_bytes: vLLM KV cache size (set it on CPU).
+    sleep_level: vLLM sleep level between generations on GPU (0 disables)."""
+
+    engine: str = "auto"
+    num_generations: int = 8
+    max_completion_length: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop: list = field(default_factory=list)
+    dtype: str = "auto"
+    max_model_len: int = 512
+    gpu_memory_utilization: float = 0.3
+    kv_cache_memory_bytes: int | None = None
+    sleep_level: int = 1
+    sync_bucket_mb: int = 256
+
+
+@dataclass
+class GRPOConfig:
+    """The algorithm. Loss options follow TRL (see grpo_fast.config.GRPOLossConfig).
+
+    scale_rewards: "group" | "batch" | "none" (Dr. GRPO). num_iterations: policy updates per generation (μ).
+    dynamic_sampling: DAPO's filter of groups whose rewards are all equal, refilling the batch from new
+    prompts for at most max_resample_rounds extra generations. mask_truncated_completions: truncated
+    completions get no loss. overlong_buffer: DAPO's soft overlong penalty over the last `overlong_buffer`
+    tokens before max_completion_length (0 disables), up to -overlong_penalty_factor.
+    is_correction: importance weights trainer/rollout from the engine's logprobs, "none" | "token" |
+    "sequence", truncated at is_cap.
+    """
+
+    loss_type: str = "dapo"
+    epsilon_low: float = 0.2
+    epsilon_high: float | None = 0.28
+    delta: float | None = None
+    beta: float = 0.0
+    entropy_coef: float = 0.0
+    importance_sampling_level: str = "token"
+    loss_backend: str = "auto"
+    scale_rewards: str = "group"
+    num_iterations: int = 1
+    dynamic_sampling: bool = False
+    max_resample_rounds: int = 2
+    mask_truncated_completions: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty_factor: float = 1.0
+    is_correction: str = "none"
+    is_cap: float = 2.0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.99
+    eps: float = 1e-8
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class RunConfig:
+    """prompts_per_step x num_generations completions per step; micro_batch_size sequences per forward.
+    offload_optimizer / offload_params: trainer state to pinned CPU memory during generation (GPU only).
+    bf16: "auto" = autocast on GPU, off on CPU."""
+
+    output_dir: str = "runs/train"
+    max_steps: int = 100
+    prompts_per_step: int = 16
+    micro_batch_size: int = 64
+    seed: int = 0
+    eval_every: int = 10
+    eval_max_prompts: int | None = None
+    log_every: int = 1
+    save_every: int = 0
+    save_final: bool = True
+    resume: bool = False
+    offload_optimizer: bool = True
+    offload_params: bool = False
+    bf16: str = "auto"
+    tensorboard: bool = True
+    progress: bool = True
+    plots: bool = True
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def loss_config(self) -> GRPOLossConfig:
+        g = self.grpo
+        return GRPOLossConfig(
+            loss_type=g.loss_type,
+            epsilon_low=g.epsilon_low,
+            epsilon_high=g.epsilon_high,
+            delta=g.delta,
+            beta=g.beta,
+            temperature=self.rollout.temperature if self.rollout.temperature > 0 else 1.0,
+            entropy_coef=g.entropy_coef,
+            importance_sampling_level=g.importance_sampling_level,
+            max_completion_length=self.rollout.max_completion_length,
+            backend=g.loss_backend,
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+_CHOICES = {
+    "rollout.engine": ("vllm", "hf", "auto"),
+    "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "grpo.scale_rewards": ("group", "batch", "none"),
+    "grpo.is_correction": ("none", "token", "sequence"),
+    "optim.lr_scheduler": ("constant", "linear", "cosine"),
+    "run.bf16": ("auto", "true", "false"),
+    "data.use_chat_template": ("auto", "true", "false"),
+}
+_POSITIVE = (
+    "rollout.num_generations",
+    "rollout.max_completion_length",
+    "rollout.max_model_len",
+    "rollout.sync_bucket_mb",
+    "grpo.num_iterations",
+    "run.max_steps",
+    "run.prompts_per_step",
+    "run.micro_batch_size",
+    "optim.lr",
+)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raises ValueError naming the key for a bad value (types are checked by `from_dict`)."""
+    for key, choices in _CHOICES.items():
+        value = _get(cfg, key)
+        if str(value).lower() not in choices:
+            raise ValueError(f"{key}: expected one of {choices}, got {value!r}")
+    for key in _POSITIVE:
+        if not _get(cfg, key) > 0:
+            raise ValueError(f"{key}: expected a positive value, got {_get(cfg, key)!r}")
+    if cfg.rollout.num_generations < 2:
+        raise ValueError("rollout.num_generations: GRPO needs at least 2 completions per prompt")
+    if cfg.rollout.sleep_level not in (0, 1, 2):
+        raise ValueError(f"rollout.sleep_level: expected 0, 1 or 2, got {cfg.rollout.sleep_level!r}")
+    if not 0 <= cfg.rollout.temperature:
+        raise ValueError("rollout.temperature: expected >= 0")
+    if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.funcs):
+        raise ValueError(
+            f"reward.weights: {len(cfg.reward.weights)} weights for {len(cfg.reward.funcs)} reward functions"
+        )
+    if cfg.grpo.overlong_buffer < 0 or cfg.grpo.overlong_buffer >= cfg.rollout.max_completion_length:
+        raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
+    if cfg.grpo.is_cap <= 0:
+        raise ValueError("grpo.is_cap: expected > 0")
+    cfg.loss_config()  # the loss options' own checks (loss_type, epsilons, beta ...)
+
+
+def _get(cfg, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def from_dict(data: dict, cls: type = TrainConfig, prefix: str = ""):
+    """Builds `cls` from a nested dict; unknown keys and wrongly typed values raise ValueError."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{prefix or 'config'}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else key
+        kwargs[key] = _coerce(value, hints[key], path)
+    try:
+        return cls(**kwargs)
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _coerce(value: Any, hint: Any, path: str):
+    if dataclasses.is_dataclass(hint):
+        return from_dict(value or {}, hint, path)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, path)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError(errors[0])
+    target = origin or hint
+    if target is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if target is str and isinstance(value, bool):
+        return str(value).lower()  # YAML turns `true` into a bool; choice fields take "true"/"false"
+    if target in (list, dict, str, int, float, bool):
+        if not isinstance(value, target) or (target is int and isinstance(value, bool)):
+            raise ValueError(f"{path}: expected {target.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """`key.sub=value` strings (value parsed as YAML) merged into the nested dict `data`."""
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected key=value")
+        key, raw = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {key}: {part!r} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    data: dict = {}
+    if path is not None:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    return from_dict(apply_overrides(data, overrides or []))

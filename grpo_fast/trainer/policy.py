@@ -1,0 +1,105 @@
+"""Policy forward for training: backbone without the lm_head -> the hidden states that predict the
+completion tokens. The full [tokens x vocab] logits are never formed; `grpo_loss` / `fused_logprobs`
+consume (hidden, lm_head weight) directly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class SequenceBatch:
+    """Prompt (left-padded to P) + completion (right-padded to T), one row per sequence.
+
+    input_ids, attention_mask, position_ids: [B, P + T]; completion_ids, completion_mask: [B, T].
+    position_ids count real tokens only, so a left-padded row sees the same positions as in the engine.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    prompt_width: int
+
+    def to(self, device) -> SequenceBatch:
+        return SequenceBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.position_ids.to(device),
+            self.completion_ids.to(device),
+            self.completion_mask.to(device),
+            self.prompt_width,
+        )
+
+    def rows(self, index) -> SequenceBatch:
+        return SequenceBatch(
+            self.input_ids[index],
+            self.attention_mask[index],
+            self.position_ids[index],
+            self.completion_ids[index],
+            self.completion_mask[index],
+            self.prompt_width,
+        )
+
+
+def build_sequence_batch(
+    prompts: list[list[int]], completions: list[list[int]], pad_id: int, min_completion_width: int = 1
+) -> SequenceBatch:
+    if len(prompts) != len(completions):
+        raise ValueError("one prompt per completion expected")
+    b = len(prompts)
+    p = max(len(x) for x in prompts)
+    t = max(min_completion_width, max(len(x) for x in completions))
+    input_ids = torch.full((b, p + t), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p + t), dtype=torch.long)
+    comp_ids = torch.full((b, t), pad_id, dtype=torch.long)
+    comp_mask = torch.zeros((b, t), dtype=torch.bool)
+    for i, (pr, co) in enumerate(zip(prompts, completions, strict=True)):
+        input_ids[i, p - len(pr) : p] = torch.tensor(pr, dtype=torch.long)
+        attn[i, p - len(pr) : p] = 1
+        if co:
+            input_ids[i, p : p + len(co)] = torch.tensor(co, dtype=torch.long)
+            attn[i, p : p + len(co)] = 1
+            comp_ids[i, : len(co)] = torch.tensor(co, dtype=torch.long)
+            comp_mask[i, : len(co)] = True
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    return SequenceBatch(input_ids, attn, position_ids, comp_ids, comp_mask, p)
+
+
+def backbone(model: nn.Module) -> nn.Module:
+    """The decoder stack without the lm_head (`model.model` for Llama/Qwen-style CausalLMs)."""
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    if base is None or base is model:
+        raise ValueError(f"cannot find the backbone of {type(model).__name__} (expected .{model.base_model_prefix})")
+    return base
+
+
+def lm_head_params(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    head = model.get_output_embeddings()
+    return head.weight, getattr(head, "bias", None)
+
+
+def completion_hidden(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
+    """[B, T, H] last hidden states at the positions that predict completion_ids[:, t]."""
+    out = backbone(model)(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    p, t = batch.prompt_width, batch.completion_ids.shape[1]
+    return hidden[:, p - 1 : p - 1 + t]
+
+
+def completion_logprobs(model: nn.Module, batch: SequenceBatch, temperature: float = 1.0, backend: str = "auto"):
+    """Per-token logprobs [B, T] (fp32) of the completion tokens under `model`, via `fused_logprobs`."""
+    from grpo_fast import fused_logprobs
+
+    hidden = completion_hidden(model, batch)
+    weight, bias = lm_head_params(model)
+    return fused_logprobs(hidden, weight, batch.completion_ids, temperature=temperature, backend=backend, bias=bias)
