@@ -60,7 +60,8 @@ def _noisy_teacher(rows: list[dict], fraction: float, modulus: int, seed: int) -
     return pairs
 
 
-def run_demo(cfg: DemoConfig | None = None) -> dict:
+def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
+    """Runs the demo; `engine` reuses an existing rollout engine of the same tiny architecture (tests)."""
     from grpo_fast.trainer.config import (
         GRPOConfig,
         ModelConfig,
@@ -129,9 +130,16 @@ def run_demo(cfg: DemoConfig | None = None) -> dict:
         ),
     )
     trainer = GRPOTrainer(
-        model, [exact_match_reward], train_rows, config=config, eval_dataset=eval_rows, tokenizer=tokenizer
+        model,
+        [exact_match_reward],
+        train_rows,
+        config=config,
+        eval_dataset=eval_rows,
+        tokenizer=tokenizer,
+        engine=engine,
     )
     trainer._ensure_engine()
+    trainer.sync_weights()
     before = trainer.evaluate()
     t_rl = time.perf_counter()
     trainer.train()
@@ -163,7 +171,8 @@ def run_demo(cfg: DemoConfig | None = None) -> dict:
         "plots_dir": str(out / "plots"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    trainer.engine.close()
+    if engine is None:
+        trainer.engine.close()
     return summary
 
 
