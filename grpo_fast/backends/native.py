@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunked import ChunkedBackend
+from .chunked import ChunkedBackend, TorchEpilogue
 
 try:
     from grpo_fast import _C
@@ -57,12 +57,18 @@ def _logprob_grad_fake(logits, targets, lse, entropy, grad_logp, grad_entropy):
 class NativeEpilogue:
     """The grpo_fast._C epilogue ops behind the `Epilogue` protocol of grpo_fast.backends.chunked."""
 
+    _fp64_cuda = TorchEpilogue()  # the CUDA kernels are fp32-math only; fp64 tiles on GPU (gradcheck) use torch ops
+
     def stats(self, z, targets):
         """z [R, V] fp32 (left intact), targets [R] int64 -> (logp, entropy, lse), each [R] fp32."""
+        if z.is_cuda and z.dtype == torch.float64:
+            return self._fp64_cuda.stats(z, targets)
         return torch.ops.grpo_fast.logprob_stats(z, targets)
 
     def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy):
         """Overwrite z [R, V] with dz = gℓ (onehot − p) − gH p (log p + H) (gH None = 0)."""
+        if z.is_cuda and z.dtype == torch.float64:
+            return self._fp64_cuda.grad_(z, targets, lse, entropy, grad_logp, grad_entropy)
         dtype = _stats_dtype(z)
         torch.ops.grpo_fast.logprob_grad_(
             z,

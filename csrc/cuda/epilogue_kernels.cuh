@@ -1,0 +1,227 @@
+// CUDA epilogue kernels of the chunked layer 1 (backend "cuda"): plain pointers, no torch headers, so
+// CI compile-checks them with nvcc alone (tests/test_cuda_compile.py).
+//
+// A tile z [R, V] (T = float | __half | __nv_bfloat16, row-major, written by the cuBLAS GEMM) holds the
+// tempered logits of R tokens. One thread block per row; each thread streams its share of the row with
+// 128-bit loads (4 fp32 / 8 fp16|bf16) when the row is 16-byte aligned, scalar loads otherwise; all math
+// in fp32; per-thread partial results are merged with warp shuffles, then across warps in shared
+// memory. No atomics; any V (vector body + scalar tail), any R (one block per row, grid.x = R).
+//
+//   logprob_stats_kernel:  lse = log Σ e^{z},  entropy = lse − Σ p z,  logp = z_y − lse   (one read of z)
+//     kept as (m, s, t) = (running max, Σ e^{z−m}, Σ e^{z−m}(z−m)); merging (m1,s1,t1) with (m2,s2,t2)
+//     at M = max(m1, m2):  s = Σ a_i s_i,  t = Σ a_i (t_i + s_i (m_i − M)),  a_i = e^{m_i − M};
+//     entropy = log s − t / s (no cancellation at |z| ~ 1e4), lse = M + log s.
+//   logprob_grad_kernel:   z ← dz = gℓ (onehot(y) − p) − gH p (log p + H),  p = e^{z − lse}
+//     (gH = nullptr means 0); masked rows (gℓ = gH = 0) are zero-filled.    (one read + one write)
+//
+// An out-of-range target (outside [0, V)) cannot raise from a kernel: stats writes NaN to its logp and
+// grad adds no one-hot term; the Python front ends validate token ids before any launch.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace grpo_fast {
+namespace cuda {
+
+constexpr int kThreads = 256;  // 8 warps per row
+constexpr float kMinLogF = -87.33654f;
+
+template <typename T>
+struct Convert;
+template <>
+struct Convert<float> {
+  __device__ static float to_float(float x) { return x; }
+  __device__ static float from_float(float x) { return x; }
+};
+template <>
+struct Convert<__half> {
+  __device__ static float to_float(__half x) { return __half2float(x); }
+  __device__ static __half from_float(float x) { return __float2half_rn(x); }
+};
+template <>
+struct Convert<__nv_bfloat16> {
+  __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+// 16 bytes of T: the unit of a vectorised load / store.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+// Running (max, Σ e^{z−m}, Σ e^{z−m}(z−m)) of a set of logits.
+struct Online {
+  float m, s, t;
+};
+
+__device__ __forceinline__ void online_add(Online& a, float x) {
+  if (x == -INFINITY) return;  // a banned token: contributes nothing (and −inf − −inf would be NaN)
+  if (x > a.m) {  // new max: rescale what we have (a.s == 0 on the first finite value)
+    const float shift = a.m - x;
+    const float f = a.s > 0.0f ? __expf(shift) : 0.0f;
+    a.t = f * (a.t + a.s * shift);
+    a.s = f * a.s;
+    a.m = x;
+  }
+  const float d = x - a.m;
+  const float e = d < kMinLogF ? 0.0f : __expf(d);
+  a.s += e;
+  a.t += e == 0.0f ? 0.0f : e * d;
+}
+
+__device__ __forceinline__ Online online_merge(const Online& a, const Online& b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return a;
+  const float fa = a.s > 0.0f ? __expf(a.m - m) : 0.0f;
+  const float fb = b.s > 0.0f ? __expf(b.m - m) : 0.0f;
+  Online r;
+  r.m = m;
+  r.s = fa * a.s + fb * b.s;
+  r.t = (a.s > 0.0f ? fa * (a.t + a.s * (a.m - m)) : 0.0f) + (b.s > 0.0f ? fb * (b.t + b.s * (b.m - m)) : 0.0f);
+  return r;
+}
+
+__device__ __forceinline__ Online block_merge(Online v) {
+  __shared__ Online warp_results[kThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Online o;
+    o.m = __shfl_xor_sync(0xffffffffu, v.m, offset);
+    o.s = __shfl_xor_sync(0xffffffffu, v.s, offset);
+    o.t = __shfl_xor_sync(0xffffffffu, v.t, offset);
+    v = online_merge(v, o);
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_results[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < kThreads / 32 ? warp_results[lane] : Online{-INFINITY, 0.0f, 0.0f};
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      Online o;
+      o.m = __shfl_xor_sync(0xffffffffu, v.m, offset);
+      o.s = __shfl_xor_sync(0xffffffffu, v.s, offset);
+      o.t = __shfl_xor_sync(0xffffffffu, v.t, offset);
+      v = online_merge(v, o);
+    }
+  }
+  return v;  // valid in thread 0
+}
+
+// logits [R, V] T; targets [R] int64; logp, entropy, lse [R] fp32. grid = (R), block = (kThreads).
+template <typename T, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    logprob_stats_kernel(const T* __restrict__ logits, const int64_t* __restrict__ targets, float* __restrict__ logp,
+                         float* __restrict__ entropy, float* __restrict__ lse, int64_t vocab) {
+  const int64_t row = blockIdx.x;
+  const T* z = logits + row * vocab;
+  Online acc{-INFINITY, 0.0f, 0.0f};
+  int64_t tail_begin = 0;
+  if (kVector) {
+    constexpr int kPack = Pack<T>::kSize;
+    const int64_t packs = vocab / kPack;
+    const Pack<T>* zp = reinterpret_cast<const Pack<T>*>(z);
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      const Pack<T> p = zp[i];
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) online_add(acc, Convert<T>::to_float(p.v[k]));
+    }
+    tail_begin = packs * kPack;
+  }
+  for (int64_t i = tail_begin + threadIdx.x; i < vocab; i += kThreads) online_add(acc, Convert<T>::to_float(z[i]));
+  acc = block_merge(acc);
+  if (threadIdx.x == 0) {
+    const float log_s = logf(acc.s);
+    const float row_lse = acc.m + log_s;
+    const int64_t y = targets[row];
+    lse[row] = row_lse;
+    entropy[row] = log_s - acc.t / acc.s;
+    logp[row] = (y >= 0 && y < vocab) ? Convert<T>::to_float(z[y]) - row_lse : NAN;
+  }
+}
+
+__device__ __forceinline__ float grad_value(float x, float lse, float c, float gh) {
+  const float log_p = x - lse;
+  const float p = log_p < kMinLogF ? 0.0f : __expf(log_p);
+  return p == 0.0f ? 0.0f : -p * (c + gh * log_p);
+}
+
+// logits [R, V] T (overwritten with dz); targets [R]; lse, entropy, grad_logp [R] fp32; grad_entropy [R]
+// fp32 or nullptr. grid = (R), block = (kThreads).
+template <typename T, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    logprob_grad_kernel(T* __restrict__ logits, const int64_t* __restrict__ targets, const float* __restrict__ lse,
+                        const float* __restrict__ entropy, const float* __restrict__ grad_logp,
+                        const float* __restrict__ grad_entropy, int64_t vocab) {
+  const int64_t row = blockIdx.x;
+  T* z = logits + row * vocab;
+  const float gl = grad_logp[row];
+  const float gh = grad_entropy == nullptr ? 0.0f : grad_entropy[row];
+  const float row_lse = lse[row];
+  const float c = gl + gh * entropy[row];
+  const int64_t y = targets[row];
+  const bool masked = gl == 0.0f && gh == 0.0f;
+  int64_t tail_begin = 0;
+  if (kVector) {
+    constexpr int kPack = Pack<T>::kSize;
+    const int64_t packs = vocab / kPack;
+    Pack<T>* zp = reinterpret_cast<Pack<T>*>(z);
+    for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
+      Pack<T> p = zp[i];
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) {
+        float d = masked ? 0.0f : grad_value(Convert<T>::to_float(p.v[k]), row_lse, c, gh);
+        if (i * kPack + k == y) d += gl;
+        p.v[k] = Convert<T>::from_float(d);
+      }
+      zp[i] = p;
+    }
+    tail_begin = packs * kPack;
+  }
+  for (int64_t i = tail_begin + threadIdx.x; i < vocab; i += kThreads) {
+    float d = masked ? 0.0f : grad_value(Convert<T>::to_float(z[i]), row_lse, c, gh);
+    if (i == y) d += gl;
+    z[i] = Convert<T>::from_float(d);
+  }
+}
+
+// Whether rows of `vocab` elements starting at `base` can use 16-byte loads.
+template <typename T>
+inline bool rows_are_16B_aligned(const void* base, int64_t vocab) {
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && (vocab * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+}
+
+// Host launchers (stream-ordered, no synchronisation). rows >= 1, vocab >= 1; rows <= 2^31 − 1.
+template <typename T>
+inline cudaError_t launch_logprob_stats(const T* logits, const int64_t* targets, float* logp, float* entropy,
+                                        float* lse, int64_t rows, int64_t vocab, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (rows_are_16B_aligned<T>(logits, vocab))
+    logprob_stats_kernel<T, true><<<grid, kThreads, 0, stream>>>(logits, targets, logp, entropy, lse, vocab);
+  else
+    logprob_stats_kernel<T, false><<<grid, kThreads, 0, stream>>>(logits, targets, logp, entropy, lse, vocab);
+  return cudaGetLastError();
+}
+
+template <typename T>
+inline cudaError_t launch_logprob_grad(T* logits, const int64_t* targets, const float* lse, const float* entropy,
+                                       const float* grad_logp, const float* grad_entropy, int64_t rows, int64_t vocab,
+                                       cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (rows_are_16B_aligned<T>(logits, vocab))
+    logprob_grad_kernel<T, true>
+        <<<grid, kThreads, 0, stream>>>(logits, targets, lse, entropy, grad_logp, grad_entropy, vocab);
+  else
+    logprob_grad_kernel<T, false>
+        <<<grid, kThreads, 0, stream>>>(logits, targets, lse, entropy, grad_logp, grad_entropy, vocab);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace grpo_fast

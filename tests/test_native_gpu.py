@@ -1,0 +1,126 @@
+"""The C++/CUDA backend "cuda" on a GPU against the torch backend and the naive reference, at real
+shapes (Qwen2.5-7B's lm_head: H=3584, V=152064, bf16, N=4096 tokens). Skipped without CUDA.
+
+Tolerance rule as in tests/test_native.py: error vs the reference <= 2x the torch backend's error in the
+same precision + atol (bf16: 2e-3 relative to the largest reference value — bf16 inputs, fp32 GEMM
+accumulation; fp32: 1e-5, TF32 off)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-3, torch.float16: 2e-3}
+
+
+@pytest.fixture(scope="module")
+def native():
+    mod = pytest.importorskip("grpo_fast.backends.native")
+    if not mod.built_with_cuda():
+        pytest.skip("grpo_fast._C was built without CUDA kernels")
+    return mod
+
+
+def within_rule(ours, theirs, ref, dtype, what):
+    err = (ours.double() - ref.double()).abs().max().item()
+    base = (theirs.double() - ref.double()).abs().max().item()
+    bound = 2 * base + ATOL[dtype] * max(1.0, ref.double().abs().max().item())
+    assert err <= bound, f"{what}: error {err:.3g} > bound {bound:.3g} (torch backend {base:.3g})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1, 1001, 4096, 152064])  # tail-only, scalar path (odd), vector path, Qwen2
+def test_ops_match_fp64(native, dtype, vocab):
+    torch.manual_seed(0)
+    rows = 33
+    z = (torch.randn(rows, vocab, device="cuda") * 4).to(dtype)
+    y = torch.randint(0, vocab, (rows,), device="cuda")
+    logp, entropy, lse = torch.ops.grpo_fast.logprob_stats(z, y)
+    z64 = z.double()
+    log_p = torch.log_softmax(z64, 1)
+    ref = (log_p.gather(1, y.view(-1, 1)).view(-1), -(log_p.exp() * log_p).sum(1), torch.logsumexp(z64, 1))
+    for a, r in zip((logp, entropy, lse), ref, strict=True):
+        assert (a.double() - r).abs().max().item() < 1e-4 * max(1.0, r.abs().max().item())
+    gl, gh = torch.randn(rows, device="cuda"), torch.randn(rows, device="cuda")
+    gl[0] = gh[0] = 0.0
+    dz = z.clone()
+    torch.ops.grpo_fast.logprob_grad_(dz, y, lse, entropy, gl, gh)
+    z64.requires_grad_(True)
+    lp = torch.log_softmax(z64, 1)
+    loss = (lp.gather(1, y.view(-1, 1)).view(-1) * gl.double()).sum() - ((lp.exp() * lp).sum(1) * gh.double()).sum()
+    (ref_dz,) = torch.autograd.grad(loss, z64)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2 * ref_dz.abs().max().item()
+    assert (dz.double() - ref_dz).abs().max().item() <= tol + 1e-6
+    assert (dz[0] == 0).all()
+
+
+def test_bad_inputs_raise(native):
+    z = torch.randn(4, 10, device="cuda")
+    with pytest.raises(RuntimeError, match="targets: expected device"):
+        torch.ops.grpo_fast.logprob_stats(z, torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(TypeError, match="expected dtype torch.float32, torch.float16 or torch.bfloat16"):
+        torch.ops.grpo_fast.logprob_stats(z.double(), torch.zeros(4, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        torch.ops.grpo_fast.logprob_stats(z.t(), torch.zeros(10, dtype=torch.int64, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_fused_logprobs_real_shape(native, dtype):
+    """N=4096, H=3584, V=152064 bf16: values and gradients vs the naive fp32 logits path."""
+    from grpo_fast import fused_logprobs
+    from grpo_fast.reference import naive_logprobs_and_entropy
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(1)
+    n, h, v = 4096, 3584, 152064
+    hidden = torch.randn(n, h, device="cuda").to(dtype)
+    weight = (torch.randn(v, h, device="cuda") / h**0.5).to(dtype)
+    y = torch.randint(0, v, (n,), device="cuda")
+    g_l, g_h = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+
+    def run(backend):
+        hh, ww = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        if backend == "naive":  # fp32 logits from the bf16 inputs: the reference for both backends
+            logp, ent = naive_logprobs_and_entropy(hh.float()[None], ww.float(), y[None])
+            logp, ent = logp[0], ent[0]
+        else:
+            logp, ent = fused_logprobs(hh, ww, y, backend=backend, return_entropy=True)
+        ((logp * g_l).sum() + (ent * g_h).sum()).backward()
+        out = (logp.detach().float(), ent.detach().float(), hh.grad.float(), ww.grad.float())
+        del hh, ww
+        return out
+
+    ref = run("naive")
+    torch.cuda.empty_cache()
+    ours, theirs = run("cuda"), run("torch")
+    for name, a, b, r in zip(("logp", "entropy", "dh", "dW"), ours, theirs, ref, strict=True):
+        within_rule(a, b, r, dtype, name)
+
+
+def test_grpo_loss_real_shape(native):
+    from grpo_fast import grpo_loss
+    from grpo_fast.config import GRPOLossConfig
+
+    torch.manual_seed(2)
+    b, t, h, v = 4, 1024, 3584, 152064
+    hidden = torch.randn(b, t, h, device="cuda", dtype=torch.bfloat16)
+    weight = (torch.randn(v, h, device="cuda") / h**0.5).to(torch.bfloat16)
+    ids = torch.randint(0, v, (b, t), device="cuda")
+    mask = (torch.rand(b, t, device="cuda") > 0.1).long()
+    adv = torch.randn(b, device="cuda")
+    old = -torch.rand(b, t, device="cuda") * 3
+    results = []
+    for backend in ("cuda", "torch"):
+        hh, ww = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        cfg = GRPOLossConfig(loss_type="dapo", epsilon_high=0.28, entropy_coef=0.01, backend=backend)
+        loss, _ = grpo_loss(hh, ww, ids, mask, adv, old, config=cfg)
+        loss.backward()
+        results.append((loss.detach().float(), hh.grad.float(), ww.grad.float()))
+    for a, b_ in zip(*results, strict=True):
+        scale = max(1.0, b_.abs().max().item())
+        assert (a - b_).abs().max().item() <= 2e-2 * scale
