@@ -101,7 +101,10 @@ def _numbers_in(expr: str) -> list[int] | None:
         tree = ast.parse(expr, mode="eval")
     except (SyntaxError, ValueError):
         return None
-    return [int(node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant)]
+    constants = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)]
+    if any(type(v) is not int for v in constants):
+        return None
+    return constants
 
 
 def _safe_eval(expr: str) -> int | None:

@@ -266,6 +266,11 @@ def _coerce(value: Any, hint: Any, path: str):
     target = origin or hint
     if target is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if target is float and isinstance(value, str):
+        try:  # YAML 1.1 reads "3e-4" (no dot) as a string
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{path}: expected float, got str {value!r}") from None
     if target is str and isinstance(value, bool):
         return str(value).lower()  # YAML turns `true` into a bool; choice fields take "true"/"false"
     if target in (list, dict, str, int, float, bool):

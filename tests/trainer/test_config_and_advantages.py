@@ -1,0 +1,72 @@
+"""Config tree validation, reward/advantage math, synthetic tasks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpo_fast.data.tasks import countdown_dataset, countdown_reward, exact_match_reward, modular_arithmetic_dataset
+from grpo_fast.trainer.advantages import combine_rewards, group_advantages, overlong_penalty
+from grpo_fast.trainer.config import TrainConfig, load_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    assert isinstance(load_config(path), TrainConfig)
+
+
+def test_overrides_and_errors(tmp_path):
+    cfg = load_config(None, ["run.max_steps=7", "grpo.scale_rewards=none", "optim.lr=3e-4"])
+    assert (cfg.run.max_steps, cfg.grpo.scale_rewards, cfg.optim.lr) == (7, "none", 3e-4)
+    bad = {
+        "run.nope=1": "unknown key",
+        "grpo.scale_rewards=mean": "grpo.scale_rewards",
+        "run.max_steps=many": "run.max_steps: expected int",
+        "grpo.loss_type=ppo": "loss_type",
+        "rollout.num_generations=1": "num_generations",
+        "reward.weights=[1.0, 2.0]": "reward.weights",
+    }
+    for override, message in bad.items():
+        with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+            load_config(None, [override])
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("grpo:\n  epsilon_low: 0.1\nmodel: {path: x, colour: red}\n")
+    with pytest.raises(ValueError, match=r"model: unknown key\(s\) \['colour'\]"):
+        load_config(yaml_file)
+
+
+def test_group_advantages_scalings():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    adv, zero_var = group_advantages(r, 4, "none")
+    torch.testing.assert_close(adv, torch.tensor([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0]))
+    assert zero_var.tolist() == [False, True]
+    adv_g, _ = group_advantages(r, 4, "group")
+    torch.testing.assert_close(adv_g[:4], adv[:4] / (r[:4].std() + 1e-4))
+    adv_b, _ = group_advantages(r, 4, "batch")
+    torch.testing.assert_close(adv_b, adv / (r.std() + 1e-4))
+
+
+def test_combined_rewards_and_overlong_penalty():
+    per_func = torch.tensor([[1.0, math.nan], [0.0, 1.0], [math.nan, math.nan]])
+    torch.testing.assert_close(combine_rewards(per_func, [1.0, 0.5]), torch.tensor([1.0, 0.5, 0.0]))
+    pen = overlong_penalty(torch.tensor([10, 12, 14, 16]), max_len=16, buffer=4, factor=1.0)
+    torch.testing.assert_close(pen, torch.tensor([0.0, 0.0, -0.5, -1.0]))
+
+
+def test_synthetic_tasks_are_verifiable():
+    rows = modular_arithmetic_dataset(50, seed=3, ops="+-*")
+    assert exact_match_reward(None, [r["answer"] for r in rows], [r["answer"] for r in rows]) == [1.0] * 50
+    held = modular_arithmetic_dataset(20, seed=4)
+    train = modular_arithmetic_dataset(50, seed=5, exclude={r["prompt"] for r in held})
+    assert not {r["prompt"] for r in held} & {r["prompt"] for r in train}
+    cd = countdown_dataset(20, seed=0)
+    cols = {"numbers": [r["numbers"] for r in cd], "target": [r["target"] for r in cd]}
+    assert countdown_reward(None, [r["answer"] for r in cd], **cols) == [1.0] * 20
+    wrong = ["1+1"] * 20  # uses the wrong numbers
+    assert countdown_reward(None, wrong, **cols) == [0.0] * 20
+    assert countdown_reward(None, ["__import__('os')"], [[1]], [1]) == [0.0]
