@@ -357,7 +357,7 @@ class GRPOTrainer:
                 if weight_rows:
                     loss = loss * (part.input_ids.shape[0] / n_rows)
                 loss.backward()
-                agg["loss"].append(float(loss.detach()) * (1.0 if weight_rows else 1.0))
+                agg["loss"].append(float(loss.detach()))
                 for k, v in m.items():
                     agg[k].append(float(v))
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)))
@@ -409,8 +409,12 @@ class GRPOTrainer:
             "timers": dict(self.timers),
             "config": self.config.to_dict(),
         }
-        self.offloader.reload()
-        return ckpt.save_checkpoint(self.output_dir / "checkpoints", self.step, self.model, self.tokenizer, state)
+        was_offloaded = self.offloader.offloaded
+        self.offloader.reload()  # optimizer state must be on its device to be saved as it will be loaded
+        path = ckpt.save_checkpoint(self.output_dir / "checkpoints", self.step, self.model, self.tokenizer, state)
+        if was_offloaded:
+            self.offloader.offload()
+        return path
 
     def resume(self, path: str | Path | None = None) -> bool:
         path = Path(path) if path else ckpt.latest_checkpoint(self.output_dir / "checkpoints")
