@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from grpo_fast.demo.driver import DemoConfig, run_demo
 
 
@@ -28,3 +30,10 @@ def test_demo_rl_improves_heldout_accuracy(vllm_engine, tmp_path):
     last = json.loads(lines[-1])
     assert last["step"] == 40 and last["mismatch/abs_logprob_diff_mean"] < 1e-4
     assert (tmp_path / "demo" / "plots" / "training_curves.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_full_demo_default_settings(vllm_engine, tmp_path):
+    """The README's demo with its defaults (100 RL steps): >= 30 points of held-out accuracy from RL."""
+    summary = run_demo(DemoConfig(output_dir=str(tmp_path / "demo"), progress=False), engine=vllm_engine)
+    assert summary["accuracy_after_rl"] - summary["accuracy_before_rl"] >= 0.30, summary
