@@ -130,13 +130,20 @@ class ChunkedBackend:
         return max(1, budget // (4 * vocab))
 
     def row_chunks(self, num_rows: int, vocab: int, device: torch.device, workspace_bytes: int | None):
-        step = self.rows_per_chunk(vocab, device, workspace_bytes)
+        """ceil(N / R) chunks of near-equal size: no short last chunk paying a whole pass over W and dW."""
+        most = self.rows_per_chunk(vocab, device, workspace_bytes)
+        count = max(1, -(-num_rows // most))
+        step = -(-num_rows // count)
         return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
     @staticmethod
     def _logits(hidden, weight, bias, inv_temperature, workspace):
-        """Tempered logits of the rows in `hidden` [R, H] into workspace [R, V] fp32."""
-        z = _mm_acc(hidden, weight.t(), out=workspace)
+        """Tempered logits z = (h Wᵀ + b) / τ of the rows in `hidden` [R, H] into workspace [R, V]."""
+        if hidden.dtype == workspace.dtype:  # one GEMM call with α = β = 1/τ, no extra pass over the tile
+            if bias is None:
+                return torch.addmm(workspace, hidden, weight.t(), beta=0.0, alpha=inv_temperature, out=workspace)
+            return torch.addmm(bias, hidden, weight.t(), beta=inv_temperature, alpha=inv_temperature, out=workspace)
+        z = _mm_acc(hidden, weight.t(), out=workspace)  # bf16 / fp16: converted to fp32 first
         if bias is not None:
             z.add_(bias)
         return z.mul_(inv_temperature)

@@ -90,29 +90,7 @@ def cpu_kernel_isa() -> str:
     return str(_C.cpu_kernel_isa())
 
 
-class NativeChunkedBackend(ChunkedBackend):
-    """ChunkedBackend whose row chunks are balanced: ceil(N / R) chunks of near-equal size, so the last
-    chunk is not a short one that pays a whole pass over W and dW for a few rows."""
-
-    @staticmethod
-    def _logits(hidden, weight, bias, inv_temperature, workspace):
-        """z = (h Wᵀ + b) / τ as one GEMM call (α = β = 1/τ), without another pass over the tile."""
-        if hidden.dtype != workspace.dtype:  # bf16 / fp16: the GEMM's output is converted first
-            return ChunkedBackend._logits(hidden, weight, bias, inv_temperature, workspace)
-        if bias is None:
-            return torch.addmm(workspace, hidden, weight.t(), beta=0.0, alpha=inv_temperature, out=workspace)
-        return torch.addmm(bias, hidden, weight.t(), beta=inv_temperature, alpha=inv_temperature, out=workspace)
-
-    def row_chunks(self, num_rows, vocab, device, workspace_bytes):
-        most = self.rows_per_chunk(vocab, device, workspace_bytes)
-        count = max(1, -(-num_rows // most))
-        step = -(-num_rows // count)
-        return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
-
-
 # Workspace budgets of one fp32 tile. CPU: see benchmarks/NOTES.md ("C++/CUDA backend") for the
 # measured trade-off between GEMM efficiency (rows per chunk) and extra memory.
-CPU_BACKEND = NativeChunkedBackend("cpu", NativeEpilogue(), cpu_workspace_bytes=48 << 20, gpu_workspace_bytes=256 << 20)
-CUDA_BACKEND = NativeChunkedBackend(
-    "cuda", NativeEpilogue(), cpu_workspace_bytes=48 << 20, gpu_workspace_bytes=256 << 20
-)
+CPU_BACKEND = ChunkedBackend("cpu", NativeEpilogue(), cpu_workspace_bytes=48 << 20, gpu_workspace_bytes=256 << 20)
+CUDA_BACKEND = ChunkedBackend("cuda", NativeEpilogue(), cpu_workspace_bytes=48 << 20, gpu_workspace_bytes=256 << 20)
