@@ -28,6 +28,14 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+class _QuietParameterlessReload(logging.Filter):
+    """Drops vLLM's per-sync "RotaryEmbedding: Failed to load weights" warning: the rotary cache is a
+    buffer derived from the config, not a checkpoint weight, and vLLM restores it unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
+
+
 class VLLMEngine(RolloutEngine):
     """`vllm.LLM` in this process.
 
@@ -63,6 +71,7 @@ class VLLMEngine(RolloutEngine):
         from vllm.platforms import current_platform
 
         self._vllm = vllm
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietParameterlessReload())
         self.on_gpu = current_platform.is_cuda_alike()
         self.sleep_supported = bool(self.on_gpu and current_platform.is_sleep_mode_available())
         self.sleep_level = sleep_level if self.sleep_supported else 0
