@@ -1,8 +1,9 @@
 """Trainer-state swapping, the trainer side of vLLM's sleep mode.
 
 While the rollout engine generates on a GPU, the optimizer state (and optionally the parameters) live in
-pinned CPU memory and the CUDA cache is emptied; they come back before the training phase. On CPU every
-call is a no-op. `memory_snapshot` gives the numbers logged at each phase boundary.
+pinned CPU memory, the gradients are dropped and the CUDA cache is emptied; they come back before the
+training phase. On CPU every call is a no-op. `memory_snapshot` gives the numbers logged at each phase
+boundary.
 """
 
 from __future__ import annotations
@@ -23,18 +24,25 @@ def memory_snapshot(prefix: str) -> dict[str, float]:
 
 
 class TrainerStateOffloader:
+    """Moves the optimizer state (every CUDA tensor in `optimizer.state`, including a capturable/fused
+    AdamW's `step`) and optionally the parameters to pinned CPU buffers, allocated once and reused.
+
+    Each offloaded tensor goes back to the device it came from, bit for bit. Gradients are not kept: they
+    are recomputed by the next training step (`zero_grad(set_to_none=True)` runs first anyway)."""
+
     def __init__(self, model, optimizer, offload_optimizer: bool = True, offload_params: bool = False) -> None:
         self.model = model
         self.optimizer = optimizer
         self.enabled = torch.cuda.is_available() and next(model.parameters()).is_cuda
         self.offload_optimizer = offload_optimizer and self.enabled
         self.offload_params = offload_params and self.enabled
-        self._device = next(model.parameters()).device
         self._pinned: dict[tuple, torch.Tensor] = {}
+        # What the last offload moved: (state dict, key, device) and (parameter, device).
+        self._moved_state: list[tuple[dict, object, torch.device]] = []
+        self._moved_params: list[tuple[torch.nn.Parameter, torch.device]] = []
         self.offloaded = False
 
     def _to_cpu(self, key, t: torch.Tensor) -> torch.Tensor:
-        # Pinned buffers are allocated once and reused by every later offload.
         buf = self._pinned.get(key)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = self._pinned[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
@@ -51,25 +59,27 @@ class TrainerStateOffloader:
             state = self.optimizer.state.get(p, {}) if self.offload_optimizer else {}
             for key, value in state.items():
                 if torch.is_tensor(value) and value.is_cuda:
+                    self._moved_state.append((state, key, value.device))
                     state[key] = self._to_cpu(("opt", i, key), value)
-            if self.offload_params:
+            if self.offload_params and p.is_cuda:
+                self._moved_params.append((p, p.device))
                 p.data = self._to_cpu(("param", i), p.data)
+        # The device->host copies are asynchronous: wait for them before the GPU blocks are reused.
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         self.offloaded = True
 
     @torch.no_grad()
     def reload(self) -> None:
-        """Brings the offloaded state back to the GPU before training."""
+        """Brings back exactly what `offload` moved, each tensor to its original device."""
         if not self.enabled or not self.offloaded:
             return
-        if self.offload_params:
-            for p in self.model.parameters():
-                p.data = p.data.to(self._device, non_blocking=True)
-        if self.offload_optimizer:
-            for state in self.optimizer.state.values():
-                for key, value in state.items():
-                    if torch.is_tensor(value) and not value.is_cuda and value.dim() > 0:
-                        state[key] = value.to(self._device, non_blocking=True)
+        for p, device in self._moved_params:
+            p.data = p.data.to(device, non_blocking=True)
+        for state, key, device in self._moved_state:
+            state[key] = state[key].to(device, non_blocking=True)
+        self._moved_params.clear()
+        self._moved_state.clear()
+        # The pinned sources are overwritten by the next offload: finish the host->device copies first.
         torch.cuda.synchronize()
         self.offloaded = False
