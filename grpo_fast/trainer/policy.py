@@ -96,10 +96,22 @@ def completion_hidden(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
     return hidden[:, p - 1 : p - 1 + t]
 
 
-def completion_logprobs(model: nn.Module, batch: SequenceBatch, temperature: float = 1.0, backend: str = "auto"):
-    """Per-token logprobs [B, T] (fp32) of the completion tokens under `model`, via `fused_logprobs`."""
+def completion_logprobs(
+    model: nn.Module,
+    batch: SequenceBatch,
+    temperature: float = 1.0,
+    backend: str = "auto",
+    dtype: torch.dtype | None = None,
+):
+    """Per-token logprobs [B, T] (fp32) of the completion tokens under `model`, via `fused_logprobs`.
+    dtype: compute dtype of the hidden states and lm_head weight (None = hidden's own)."""
     from grpo_fast import fused_logprobs
 
     hidden = completion_hidden(model, batch)
     weight, bias = lm_head_params(model)
+    if dtype is not None and hidden.dtype != dtype:
+        hidden = hidden.to(dtype)
+    if weight.dtype != hidden.dtype:
+        weight = weight.to(hidden.dtype)
+        bias = None if bias is None else bias.to(hidden.dtype)
     return fused_logprobs(hidden, weight, batch.completion_ids, temperature=temperature, backend=backend, bias=bias)

@@ -128,15 +128,21 @@ class GRPOTrainer:
         return tuple(sorted(ids))
 
     def _ensure_engine(self) -> None:
-        if self.engine is not None:
-            return
+        if self.engine is None:
+            self.engine = self._make_engine()
+        if self.engine.name == "hf" and self.offloader.offload_params:
+            # HFEngine generates with this very model: its parameters must stay on the GPU.
+            logger.warning("run.offload_params ignored with the transformers rollout engine")
+            self.offloader.offload_params = False
+
+    def _make_engine(self) -> RolloutEngine:
         r = self.config.rollout
         path = self.config.model.path
         if not path:
             path = str(self.output_dir / "rollout_init")
             self.model.save_pretrained(path, safe_serialization=True)
             self.tokenizer.save_pretrained(path)
-        self.engine = make_engine(
+        return make_engine(
             r.engine,
             path,
             tokenizer=self.tokenizer,
@@ -274,7 +280,11 @@ class GRPOTrainer:
 
     def _forward_hidden(self, model, batch):
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-            return completion_hidden(model, batch)
+            hidden = completion_hidden(model, batch)
+        # With fp32 master weights the backbone's final norm returns fp32 even under autocast, and autocast
+        # does not reach the fused loss: cast here so the vocab-sized GEMMs run in bf16 like an autocast
+        # lm_head would (the loss casts the lm_head weight to hidden's dtype; it accumulates in fp32).
+        return hidden.to(torch.bfloat16) if self.autocast else hidden
 
     @torch.no_grad()
     def _logprobs(self, model, batch, mb: int) -> torch.Tensor:
@@ -282,7 +292,13 @@ class GRPOTrainer:
         for s in range(0, batch.input_ids.shape[0], mb):
             part = batch.rows(slice(s, s + mb)).to(self.device)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-                lp = completion_logprobs(model, part, self.loss_config.temperature, self.loss_config.backend)
+                lp = completion_logprobs(
+                    model,
+                    part,
+                    self.loss_config.temperature,
+                    self.loss_config.backend,
+                    dtype=torch.bfloat16 if self.autocast else None,  # same precision as the training loss
+                )
             out.append(lp.float().cpu())
         return torch.cat(out)
 
