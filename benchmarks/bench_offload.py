@@ -1,0 +1,342 @@
+"""Trainer-state offload: GPU memory at each phase boundary of a real training step, and an exact round trip.
+
+Builds a randomly initialised Qwen2-architecture model (Qwen2.5-0.5B shapes, fp32 master weights, bf16
+autocast: the trainer's defaults) on the device, takes one training step through the trainer itself
+(`GRPOTrainer.train_on_batch`: backbone forward -> `grpo_loss` on the lm_head weight -> backward -> AdamW),
+then measures `torch.cuda.memory_allocated` / `memory_reserved` after the step, after
+`TrainerStateOffloader.offload()`, after `reload()`, checks that parameters and optimizer state are
+bitwise identical after the round trip and that a second step trains. This is done twice: optimizer state
+offloaded (the trainer's default) and optimizer state + parameters (`run.offload_params`).
+
+Exits non-zero if the freed bytes fall short of the optimizer state + gradients (+ parameters) the model
+holds, or if anything differs after the round trip.
+
+    python benchmarks/bench_offload.py --out benchmarks/results/offload_h200.json   # GPU
+    python benchmarks/bench_offload.py --device cpu --tiny                          # CPU smoke test
+
+On CPU the offloader is a no-op by design (there is no device memory to free): `--device cpu` runs the same
+steps and checks, and reports zero bytes freed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+GiB = 2**30
+# Qwen2.5-0.5B shapes (494M parameters with the tied embedding); `tiny` is for CPU smoke tests.
+SHAPES = {
+    "qwen2.5-0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def build_trainer(device: torch.device, shape: str, seed: int = 0):
+    """A `GRPOTrainer` around a random-init Qwen2 model on `device` (no engine is started)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_fast.demo.tiny import build_char_tokenizer
+    from grpo_fast.trainer.config import TrainConfig
+    from grpo_fast.trainer.trainer import GRPOTrainer
+
+    tokenizer = build_char_tokenizer()
+    config = Qwen2Config(
+        **SHAPES[shape],
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config)  # fp32 master weights, as the trainer keeps them by default
+    cfg = TrainConfig()
+    cfg.rollout.engine = "hf"
+    cfg.rollout.num_generations = 4
+    cfg.run.output_dir = str(Path(tempfile.gettempdir()) / "bench_offload")  # never written: no train()
+    cfg.run.seed = seed
+    cfg.run.tensorboard = cfg.run.progress = cfg.run.plots = False
+    cfg.optim.lr = 1e-4
+    trainer = GRPOTrainer(
+        model, lambda completions, **_: [0.0] * len(completions), [{"prompt": "x"}], cfg, tokenizer=tokenizer
+    )
+    return trainer
+
+
+def make_batch(vocab: int, sequences: int, prompt_len: int, completion_len: int, groups: int = 4, seed: int = 0):
+    """What `GRPOTrainer.collect` hands to `train_on_batch`: random prompts/completions, group-varying rewards."""
+    from grpo_fast.rollout.base import Completion
+
+    g = torch.Generator().manual_seed(seed)
+    prompts, completions = [], []
+    for i in range(sequences):
+        if i % groups == 0:
+            prompt = torch.randint(3, vocab, (prompt_len,), generator=g).tolist()
+        n = int(torch.randint(completion_len // 2, completion_len + 1, (1,), generator=g))
+        prompts.append(prompt)
+        completions.append(Completion(torch.randint(3, vocab, (n,), generator=g).tolist(), [], "", "stop"))
+    rewards = torch.rand(sequences, generator=g)
+    return {"prompt_ids": prompts, "completions": completions, "rewards": rewards}
+
+
+def state_snapshot(model, optimizer) -> dict[str, torch.Tensor]:
+    """CPU clones of every parameter and every tensor in the optimizer state (step included)."""
+    snap = {}
+    index = {p: i for i, p in enumerate(model.parameters())}
+    for name, p in model.named_parameters():
+        snap[f"param/{name}"] = p.detach().cpu().clone()
+        for key, value in optimizer.state.get(p, {}).items():
+            if torch.is_tensor(value):
+                snap[f"opt/{index[p]}/{key}"] = value.detach().cpu().clone()
+    return snap
+
+
+def optimizer_steps(optimizer) -> dict[int, float]:
+    return {id(p): float(s["step"]) for p, s in optimizer.state.items() if "step" in s}
+
+
+def state_devices(model, optimizer) -> dict[str, str]:
+    out = {}
+    for i, p in enumerate(model.parameters()):
+        out[f"param/{i}"] = str(p.device)
+        for key, value in optimizer.state.get(p, {}).items():
+            if torch.is_tensor(value):
+                out[f"opt/{i}/{key}"] = str(value.device)
+    return out
+
+
+def mismatches(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    """Keys whose tensors are not bitwise identical (dtype, shape and bytes)."""
+    bad = sorted(set(a) ^ set(b))
+    for k in set(a) & set(b):
+        x, y = a[k], b[k]
+        if (
+            x.dtype != y.dtype
+            or x.shape != y.shape
+            or not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
+        ):
+            bad.append(k)
+    return bad
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def memory(device: torch.device) -> dict[str, int]:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device)}
+    from grpo_fast.bench.common import rss_bytes
+
+    return {"rss": rss_bytes()}
+
+
+def run(device: torch.device, shape: str, sequences: int, prompt_len: int, completion_len: int) -> dict:
+    """Everything the script measures and checks, as one dict (`failures` lists what went wrong)."""
+    from grpo_fast.trainer.offload import TrainerStateOffloader
+
+    t_start = time.perf_counter()
+    trainer = build_trainer(device, shape)
+    model, optimizer = trainer.model, trainer.optimizer
+    params = list(model.parameters())
+    param_bytes = tensor_bytes(params)
+    batch = make_batch(model.config.vocab_size, sequences, prompt_len, completion_len)
+    phases: list[dict] = []
+    failures: list[str] = []
+
+    def phase(name: str, **extra) -> dict:
+        row = {"phase": name, **memory(device), **extra}
+        phases.append(row)
+        return row
+
+    phase("model built")
+    t0 = time.perf_counter()
+    stats = trainer.train_on_batch(batch)
+    step_s = time.perf_counter() - t0
+    phase("after step 1", seconds=step_s)
+    if not all(p.grad is not None for p in params):
+        failures.append("step 1 left parameters without gradients")
+    grad_bytes = tensor_bytes(p.grad for p in params if p.grad is not None)
+    opt_bytes = tensor_bytes(
+        v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.device == device
+    )
+    if not optimizer.state:
+        failures.append("step 1 created no optimizer state")
+    if not torch.isfinite(torch.tensor(stats["loss"])):
+        failures.append(f"step 1 loss is {stats['loss']}")
+
+    modes = {}
+    for mode, offload_params in (("optimizer", False), ("optimizer+params", True)):
+        # The trainer builds its offloader from run.offload_optimizer / run.offload_params exactly like this.
+        offloader = TrainerStateOffloader(model, optimizer, True, offload_params)
+        trainer.offloader = offloader
+        before_snap = state_snapshot(model, optimizer)
+        before_devices = state_devices(model, optimizer)
+        before = phase(f"[{mode}] before offload")
+        t0 = time.perf_counter()
+        offloader.offload()
+        offload_s = time.perf_counter() - t0
+        after = phase(f"[{mode}] offloaded", seconds=offload_s)
+        if offloader.enabled:
+            if any(p.grad is not None for p in params):
+                failures.append(f"[{mode}] gradients still held after offload")
+            kinds = ("opt/", "param/") if offload_params else ("opt/",)
+            on_gpu = [k for k, d in state_devices(model, optimizer).items() if d != "cpu" and k.startswith(kinds)]
+            if on_gpu:
+                failures.append(f"[{mode}] left on the GPU after offload: {on_gpu[:4]} ({len(on_gpu)} tensors)")
+        t0 = time.perf_counter()
+        offloader.reload()
+        reload_s = time.perf_counter() - t0
+        reloaded = phase(f"[{mode}] reloaded", seconds=reload_s)
+        bad = mismatches(before_snap, state_snapshot(model, optimizer))
+        if bad:
+            failures.append(f"[{mode}] not bitwise identical after the round trip: {bad[:5]} ({len(bad)} tensors)")
+        if state_devices(model, optimizer) != before_devices:
+            failures.append(f"[{mode}] tensors came back on other devices")
+        del before_snap
+
+        step_before = optimizer_steps(optimizer)
+        t0 = time.perf_counter()
+        stats = trainer.train_on_batch(batch)
+        phase(f"[{mode}] after next step", seconds=time.perf_counter() - t0)
+        step_after = optimizer_steps(optimizer)
+        if not torch.isfinite(torch.tensor(stats["loss"])):
+            failures.append(f"[{mode}] next step loss is {stats['loss']}")
+        if not step_after or any(step_after[k] != step_before[k] + 1 for k in step_before):
+            failures.append(f"[{mode}] the next optimizer step did not advance every parameter's step")
+
+        expected = opt_bytes + grad_bytes + (param_bytes if offload_params else 0)
+        result = {
+            "expected_freed_bytes": expected if offloader.enabled else 0,
+            "offload_seconds": offload_s,
+            "reload_seconds": reload_s,
+            "round_trip_bitwise_identical": not bad,
+            "offloader_enabled": offloader.enabled,
+        }
+        if device.type == "cuda":
+            result |= {
+                "allocated_freed_bytes": before["allocated"] - after["allocated"],
+                "reserved_freed_bytes": before["reserved"] - after["reserved"],
+                "allocated_after_reload_bytes": reloaded["allocated"],
+                "reload_gb_per_s": (expected - grad_bytes) / GiB / max(reload_s, 1e-9),
+            }
+            # Real saving: every byte of the state leaves the allocator, and most of it the CUDA cache too (a
+            # few-MiB tensor can share a cached 20 MiB segment with a live one, which empty_cache cannot free).
+            for key, share in (("allocated_freed_bytes", 0.99), ("reserved_freed_bytes", 0.85)):
+                if result[key] < share * expected:
+                    failures.append(
+                        f"[{mode}] {key} = {result[key] / GiB:.3f} GiB < {share:.0%} of {expected / GiB:.3f} GiB"
+                    )
+            if reloaded["allocated"] < before["allocated"] - grad_bytes - (1 << 20):
+                failures.append(f"[{mode}] reload did not bring the state back ({reloaded['allocated'] / GiB:.3f} GiB)")
+        modes[mode] = result
+    return {
+        "model": {
+            "shape": shape,
+            "config": SHAPES[shape],
+            "parameters": sum(p.numel() for p in params),
+            "param_dtype": str(params[0].dtype).removeprefix("torch."),
+            "bf16_autocast": trainer.autocast,
+            "param_bytes": param_bytes,
+            "grad_bytes": grad_bytes,
+            "optimizer_state_bytes_on_device": opt_bytes,
+        },
+        "batch": {"sequences": sequences, "prompt_len": prompt_len, "max_completion_len": completion_len},
+        "step1_seconds": step_s,
+        "phases": phases,
+        "modes": modes,
+        "failures": failures,
+        "seconds_total": time.perf_counter() - t_start,
+    }
+
+
+def print_report(result: dict, device: torch.device) -> None:
+    m = result["model"]
+    print(
+        f"model {m['shape']}: {m['parameters'] / 1e6:.2f}M params ({m['param_dtype']}, bf16 autocast "
+        f"{m['bf16_autocast']}); params {m['param_bytes'] / GiB:.2f} GiB, grads {m['grad_bytes'] / GiB:.2f} GiB, "
+        f"optimizer state on device {m['optimizer_state_bytes_on_device'] / GiB:.2f} GiB"
+    )
+    cols = ("allocated", "reserved") if device.type == "cuda" else ("rss",)
+    print(f"{'phase':34s}" + "".join(f"{c + ' GiB':>15s}" for c in cols) + f"{'seconds':>10s}")
+    for row in result["phases"]:
+        secs = f"{row['seconds']:10.3f}" if "seconds" in row else " " * 10
+        print(f"{row['phase']:34s}" + "".join(f"{row[c] / GiB:15.3f}" for c in cols) + secs)
+    for mode, r in result["modes"].items():
+        if device.type == "cuda":
+            print(
+                f"[{mode}] freed: allocated {r['allocated_freed_bytes'] / GiB:.3f} GiB, reserved "
+                f"{r['reserved_freed_bytes'] / GiB:.3f} GiB (expected {r['expected_freed_bytes'] / GiB:.3f}); "
+                f"offload {r['offload_seconds']:.2f} s, reload {r['reload_seconds']:.2f} s; "
+                f"bitwise round trip {r['round_trip_bitwise_identical']}"
+            )
+        else:
+            print(
+                f"[{mode}] offload is a no-op on CPU (TrainerStateOffloader.enabled={r['offloader_enabled']}); "
+                f"bitwise round trip {r['round_trip_bitwise_identical']}"
+            )
+    print(f"total {result['seconds_total']:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tiny", action="store_true", help="tiny model and batch (CPU smoke test)")
+    ap.add_argument("--sequences", type=int, default=None, help="sequences per step (default 16, tiny 8)")
+    ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128, tiny 8)")
+    ap.add_argument("--completion-len", type=int, default=None, help="max completion tokens (default 384, tiny 8)")
+    ap.add_argument("--out", default=None, help="JSON result path")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench_offload: no CUDA device, nothing to measure (use --device cpu --tiny for a CPU smoke test)")
+        return 0
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    shape = "tiny" if args.tiny else "qwen2.5-0.5b"
+    result = run(
+        device,
+        shape,
+        args.sequences or (8 if args.tiny else 16),
+        args.prompt_len or (8 if args.tiny else 128),
+        args.completion_len or (8 if args.tiny else 384),
+    )
+    print_report(result, device)
+    if args.out:
+        from grpo_fast.bench.common import environment_stamp, write_json
+
+        write_json(args.out, {"environment": environment_stamp(device), **result})
+        print(f"wrote {args.out}")
+    if result["failures"]:
+        print("FAILED:\n  " + "\n  ".join(result["failures"]), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
