@@ -36,14 +36,21 @@ def prepare_batch(
     cu_seqlens,
     config: GRPOLossConfig,
     vocab: int,
-    device: torch.device,
+    source_name: str,
+    source: torch.Tensor,
     dtype: torch.dtype = torch.float32,
 ) -> PreparedBatch:
-    """Check the per-token arguments and flatten them to [N] tensors of `dtype` (the accumulation dtype)."""
+    """Check the per-token arguments against `source` (hidden [.., H] or logits [.., V], named
+    `source_name`) and flatten them to [N] tensors of `dtype` (the accumulation dtype)."""
     if not isinstance(config, GRPOLossConfig):
         raise TypeError(f"config: expected a GRPOLossConfig, got {type(config).__name__}")
+    device, leading = source.device, tuple(source.shape[:-1])
+    if len(leading) != (1 if cu_seqlens is not None else 2):
+        layout_name = "[N, ...] (packed, cu_seqlens given)" if cu_seqlens is not None else "[B, T, ...] (padded)"
+        raise ValueError(f"{source_name}: expected shape {layout_name}, got {list(source.shape)}")
     ids = checks.require_tensor("completion_ids", completion_ids)
     checks.require_integer("completion_ids", ids)
+    checks.require_shape("completion_ids", ids, leading, f"the leading dimensions of {source_name}")
     checks.require_device("completion_ids", ids, device)
     mask = checks.require_tensor("completion_mask", completion_mask)
     checks.require_device("completion_mask", mask, device)

@@ -80,14 +80,6 @@ def logits_grpo_loss(
     """
     logits = checks.require_tensor("logits", logits)
     checks.require_floating("logits", logits)
-    if logits.dim() != (2 if cu_seqlens is not None else 3):
-        expected = "[N, V] (packed, cu_seqlens given)" if cu_seqlens is not None else "[B, T, V] (padded)"
-        raise ValueError(f"logits: expected shape {expected}, got {list(logits.shape)}")
-    if isinstance(completion_ids, torch.Tensor) and tuple(completion_ids.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(
-            f"completion_ids: expected shape {list(logits.shape[:-1])} (logits' leading dimensions), "
-            f"got {list(completion_ids.shape)}"
-        )
     if inplace_backward and not logits.is_contiguous():
         raise ValueError("logits: inplace_backward=True needs a contiguous logits tensor")
     batch = prepare_batch(
@@ -101,7 +93,8 @@ def logits_grpo_loss(
         cu_seqlens=cu_seqlens,
         config=config,
         vocab=logits.shape[-1],
-        device=logits.device,
+        source_name="logits",
+        source=logits,
         dtype=accumulation_dtype(logits.dtype),
     )
     flat_logits = logits.view(-1, logits.shape[-1]) if logits.is_contiguous() else logits.reshape(-1, logits.shape[-1])

@@ -154,15 +154,6 @@ def grpo_loss(
     is_weight_mean (is_weights given)).
     """
     flat_hidden, leading = check_linear_inputs(hidden, weight, bias)
-    expected_dims = 1 if cu_seqlens is not None else 2
-    if len(leading) != expected_dims:
-        layout_name = "[N, H] (packed, cu_seqlens given)" if cu_seqlens is not None else "[B, T, H] (padded)"
-        raise ValueError(f"hidden: expected shape {layout_name}, got {list(hidden.shape)}")
-    if isinstance(completion_ids, torch.Tensor) and tuple(completion_ids.shape) != leading:
-        raise ValueError(
-            f"completion_ids: expected shape {list(leading)} (hidden's leading dimensions), "
-            f"got {list(completion_ids.shape)}"
-        )
     batch = prepare_batch(
         completion_ids=completion_ids,
         completion_mask=completion_mask,
@@ -174,7 +165,8 @@ def grpo_loss(
         cu_seqlens=cu_seqlens,
         config=config,
         vocab=weight.shape[0],
-        device=flat_hidden.device,
+        source_name="hidden",
+        source=hidden,
         dtype=accumulation_dtype(flat_hidden.dtype),
     )
     backend = get_backend(config.backend, flat_hidden.device)

@@ -150,15 +150,9 @@ class ChunkedBackend:
 
     def forward(self, hidden, weight, bias, targets, inv_temperature, workspace_bytes=None) -> LogprobStats:
         """hidden [N, H], weight [V, H], bias [V] | None, targets [N] -> LogprobStats ([N] fp32 each)."""
-        num_rows, vocab = hidden.shape[0], weight.shape[0]
-        out = self._stats_buffers(hidden)
-        chunks = self.row_chunks(num_rows, vocab, hidden.device, workspace_bytes)
-        workspace = self._workspace(chunks, vocab, hidden)
-        for rows in chunks:
-            z = self._logits(hidden[rows], weight, bias, inv_temperature, workspace[: rows.stop - rows.start])
-            for dst, value in zip(out, self.epilogue.stats(z, targets[rows]), strict=True):
-                dst[rows].copy_(value)
-        return LogprobStats(*out)
+        chunks = self.row_chunks(hidden.shape[0], weight.shape[0], hidden.device, workspace_bytes)
+        stats, _ = self.forward_backward(hidden, weight, bias, targets, inv_temperature, None, chunks, need_grads=False)
+        return stats
 
     def backward(
         self,
@@ -190,14 +184,14 @@ class ChunkedBackend:
         bias,
         targets,
         inv_temperature,
-        token_grads: TokenGrads,
+        token_grads: TokenGrads | None,
         chunks: Iterable[slice],
         need_grads: bool = True,
     ):
         """One pass with the gradient formed from the tile in the workspace (3 GEMMs per chunk).
 
-        token_grads(rows, logp, entropy) -> (gℓ [R], gH [R] | None) is called once per chunk in order.
-        Returns (LogprobStats, (dh, dW, db) or None when not need_grads).
+        token_grads(rows, logp, entropy) -> (gℓ [R], gH [R] | None) is called once per chunk in order
+        (None: statistics only). Returns (LogprobStats, (dh, dW, db) or None when not need_grads).
         """
         vocab = weight.shape[0]
         out = self._stats_buffers(hidden)
@@ -209,6 +203,8 @@ class ChunkedBackend:
             logp, entropy, lse = self.epilogue.stats(z, targets[rows])
             for dst, value in zip(out, (logp, entropy, lse), strict=True):
                 dst[rows].copy_(value)
+            if token_grads is None:
+                continue
             grad_logp, grad_entropy = token_grads(rows, logp, entropy)
             if grads is not None:
                 self.epilogue.grad_(z, targets[rows], lse, entropy, grad_logp, grad_entropy)
