@@ -14,11 +14,18 @@ import torch
 
 
 def memory_snapshot(prefix: str) -> dict[str, float]:
-    """GPU allocated / reserved GiB on CUDA, else the process's peak RSS in GiB."""
+    """On CUDA: torch's allocated / reserved GiB and the device's used GiB (total - free, as the driver
+    sees it); else the process's peak RSS in GiB.
+
+    vLLM allocates its weights and KV cache through a pluggable-allocator MemPool and its sleep mode unmaps
+    that memory behind torch's back, so allocated/reserved keep counting a sleeping engine: only
+    `device_used_gb` shows what sleep freed."""
     if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
         return {
             f"mem/{prefix}/allocated_gb": torch.cuda.memory_allocated() / 2**30,
             f"mem/{prefix}/reserved_gb": torch.cuda.memory_reserved() / 2**30,
+            f"mem/{prefix}/device_used_gb": (total - free) / 2**30,
         }
     return {f"mem/{prefix}/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
 
