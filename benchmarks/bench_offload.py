@@ -150,7 +150,12 @@ def tensor_bytes(tensors) -> int:
 def memory(device: torch.device) -> dict[str, int]:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        return {"allocated": torch.cuda.memory_allocated(device), "reserved": torch.cuda.memory_reserved(device)}
+        free, total = torch.cuda.mem_get_info(device)
+        return {
+            "allocated": torch.cuda.memory_allocated(device),
+            "reserved": torch.cuda.memory_reserved(device),
+            "device_used": total - free,
+        }
     from grpo_fast.bench.common import rss_bytes
 
     return {"rss": rss_bytes()}
@@ -242,6 +247,7 @@ def run(device: torch.device, shape: str, sequences: int, prompt_len: int, compl
             result |= {
                 "allocated_freed_bytes": before["allocated"] - after["allocated"],
                 "reserved_freed_bytes": before["reserved"] - after["reserved"],
+                "device_used_freed_bytes": before["device_used"] - after["device_used"],
                 "allocated_after_reload_bytes": reloaded["allocated"],
                 "reload_gb_per_s": (expected - grad_bytes) / GiB / max(reload_s, 1e-9),
             }
@@ -282,16 +288,17 @@ def print_report(result: dict, device: torch.device) -> None:
         f"{m['bf16_autocast']}); params {m['param_bytes'] / GiB:.2f} GiB, grads {m['grad_bytes'] / GiB:.2f} GiB, "
         f"optimizer state on device {m['optimizer_state_bytes_on_device'] / GiB:.2f} GiB"
     )
-    cols = ("allocated", "reserved") if device.type == "cuda" else ("rss",)
-    print(f"{'phase':34s}" + "".join(f"{c + ' GiB':>15s}" for c in cols) + f"{'seconds':>10s}")
+    cols = ("allocated", "reserved", "device_used") if device.type == "cuda" else ("rss",)
+    print(f"{'phase':34s}" + "".join(f"{c + ' GiB':>17s}" for c in cols) + f"{'seconds':>10s}")
     for row in result["phases"]:
         secs = f"{row['seconds']:10.3f}" if "seconds" in row else " " * 10
-        print(f"{row['phase']:34s}" + "".join(f"{row[c] / GiB:15.3f}" for c in cols) + secs)
+        print(f"{row['phase']:34s}" + "".join(f"{row[c] / GiB:17.3f}" for c in cols) + secs)
     for mode, r in result["modes"].items():
         if device.type == "cuda":
             print(
                 f"[{mode}] freed: allocated {r['allocated_freed_bytes'] / GiB:.3f} GiB, reserved "
-                f"{r['reserved_freed_bytes'] / GiB:.3f} GiB (expected {r['expected_freed_bytes'] / GiB:.3f}); "
+                f"{r['reserved_freed_bytes'] / GiB:.3f} GiB, device {r['device_used_freed_bytes'] / GiB:.3f} GiB "
+                f"(expected {r['expected_freed_bytes'] / GiB:.3f}); "
                 f"offload {r['offload_seconds']:.2f} s, reload {r['reload_seconds']:.2f} s; "
                 f"bitwise round trip {r['round_trip_bitwise_identical']}"
             )

@@ -80,7 +80,7 @@ def test_trainer_logs_phase_memory(tmp_path):
     trainer = GRPOTrainer(build_tiny_model(tok, seed=0), [exact_match_reward], rows, config=cfg, tokenizer=tok)
     trainer._ensure_engine()
     out = trainer.training_step()
-    suffixes = ("allocated_gb", "reserved_gb") if torch.cuda.is_available() else ("max_rss_gb",)
+    suffixes = ("allocated_gb", "reserved_gb", "device_used_gb") if torch.cuda.is_available() else ("max_rss_gb",)
     for phase in PHASES:
         for suffix in suffixes:
             value = out[f"mem/{phase}/{suffix}"]
