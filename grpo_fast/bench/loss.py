@@ -1,7 +1,8 @@
 """Forward+backward time and peak extra memory of the GRPO loss, every variant side by side:
 
   naive   full logits + log_softmax + gather (TRL's path), autograd
-  torch | cpu | cuda | triton   grpo_loss with that backend (whichever load on the device)
+  torch | cpu | cuda | triton   grpo_loss with that backend (whichever load on the device);
+          `cpu@48` is the cpu backend with a 48 MiB logits workspace (--workspace-mb sweeps it)
   liger   Liger-Kernel's LigerFusedLinearGRPOLoss (when installed; torch.compile'd on CUDA only)
   gemm3   the three plain GEMMs of the same shapes (h Wᵀ, dz W, dzᵀ h): the speed of light,
           6·N·H·V FLOPs; every variant's time is also reported as a ratio to it.
@@ -51,8 +52,17 @@ def liger_available() -> bool:
     return True
 
 
-def variants(device: torch.device) -> list[str]:
-    names = ["naive", *available_backends(device)]
+CHUNKED_BACKENDS = ("torch", "cpu", "cuda")
+
+
+def variants(device: torch.device, workspace_mib: list[int] | None = None) -> list[str]:
+    """Every variant available on `device`; chunked backends once per workspace size when given."""
+    names = ["naive"]
+    for backend in available_backends(device):
+        if workspace_mib and backend in CHUNKED_BACKENDS:
+            names += [f"{backend}@{mib}" for mib in workspace_mib]
+        else:
+            names.append(backend)
     if liger_available():
         names.append("liger")
     return [*names, "gemm3"]
@@ -104,7 +114,9 @@ def make_step(name: str, batch: LossBatch, config: GRPOLossConfig) -> tuple[Call
             loss.backward()
 
     else:
-        backend_config = GRPOLossConfig(**{**config.__dict__, "backend": name})
+        backend, _, mib = name.partition("@")
+        workspace = int(mib) << 20 if mib else config.workspace_bytes
+        backend_config = GRPOLossConfig(**{**config.__dict__, "backend": backend, "workspace_bytes": workspace})
 
         def step():
             loss, _ = grpo_loss(hidden, weight, *per_token, ref_logprobs=ref, config=backend_config)
@@ -191,13 +203,13 @@ def memory_of(name, shape, dtype_name, device, config) -> int | None:
 
 def format_table(rows: list[dict]) -> str:
     header = (
-        f"{'N':>6} {'H':>5} {'V':>6} {'variant':>7} {'median ms':>10} {'p20-p80 ms':>15} {'x gemm3':>8} "
+        f"{'N':>6} {'H':>5} {'V':>6} {'variant':>9} {'median ms':>10} {'p20-p80 ms':>15} {'x gemm3':>8} "
         f"{'vs naive':>9} {'extra MiB':>10} {'% naive':>8}"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
         if r.get("status"):
-            lines.append(f"{r['N']:>6} {r['H']:>5} {r['V']:>6} {r['variant']:>7} {r['status']:>10}")
+            lines.append(f"{r['N']:>6} {r['H']:>5} {r['V']:>6} {r['variant']:>9} {r['status']:>10}")
             continue
         spread = f"{r['p20_s'] * 1e3:.0f}-{r['p80_s'] * 1e3:.0f}"
         extra = r.get("peak_extra_bytes")
@@ -205,7 +217,7 @@ def format_table(rows: list[dict]) -> str:
         share = r.get("peak_extra_vs_naive")
         share_text = "" if share is None else f"{100 * share:.1f}%"
         lines.append(
-            f"{r['N']:>6} {r['H']:>5} {r['V']:>6} {r['variant']:>7} {r['median_s'] * 1e3:>10.1f} {spread:>15} "
+            f"{r['N']:>6} {r['H']:>5} {r['V']:>6} {r['variant']:>9} {r['median_s'] * 1e3:>10.1f} {spread:>15} "
             f"{r.get('ratio_to_gemm3', float('nan')):>8.2f} {r.get('speedup_vs_naive', float('nan')):>8.2f}x "
             f"{extra_mib:>10} {share_text:>8}"
         )
@@ -224,6 +236,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=list(DTYPES), default=None, help="default: fp32 on CPU, bf16 on CUDA")
     parser.add_argument("--shapes", type=parse_shape, nargs="+", default=None, help="N,H,V triples")
     parser.add_argument("--variants", nargs="+", default=None, help="default: every available variant")
+    parser.add_argument(
+        "--workspace-mb", type=int, nargs="+", default=None, help="sweep the chunked backends' workspace (MiB)"
+    )
     parser.add_argument("--loss-type", default="dapo")
     parser.add_argument("--beta", type=float, default=0.0)
     parser.add_argument("--repeats", type=int, default=5)
@@ -244,7 +259,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps({"peak_extra_bytes": peak}))
         return 0
     shapes = args.shapes or DEFAULT_SHAPES[device.type]
-    names = args.variants or variants(device)
+    names = args.variants or variants(device, args.workspace_mb)
     rows = run(shapes, dtype_name, device, config, names, args.repeats)
     print(format_table(rows))
     payload = {
