@@ -15,16 +15,9 @@ Each case runs `--repeats` times; the table shows median and p20/p80 seconds.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import os
-import platform
-import statistics
-import subprocess
 import time
-from importlib.metadata import version
-from pathlib import Path
 
+from grpo_fast.bench.common import environment_stamp, time_call, write_json
 from grpo_fast.rewards import RewardPool, code_tests, math_accuracy
 from grpo_fast.rewards.code import isolation
 
@@ -48,67 +41,37 @@ def math_batch(n: int) -> tuple[list[str], list[str], list[str]]:
     return ["question"] * n, completions, answers
 
 
-def timed(fn, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def summary(times: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(times, n=5) if len(times) > 1 else [times[0]] * 4
-    return {"median_s": statistics.median(times), "p20_s": q[0], "p80_s": q[3], "repeats": len(times)}
-
-
-def stamp() -> dict[str, object]:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": commit,
-        "hardware": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "versions": {
-            "python": platform.python_version(),
-            **{p: version(p) for p in ("math-verify", "sympy", "jsonschema")},
-        },
-        "sandbox_isolation": isolation(),
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=1000, help="math completions per batch")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--code-n", type=int, default=20, help="code completions")
-    parser.add_argument("--out", type=Path, help="write JSON results here (e.g. benchmarks/results/rewards.json)")
+    parser.add_argument("--out", help="write JSON results here (e.g. benchmarks/results/rewards.json)")
     args = parser.parse_args()
 
     prompts, completions, answers = math_batch(args.n)
     expected = [0.0 if i % 3 == 0 else 1.0 for i in range(args.n)]
     rows = {}
     assert math_accuracy(prompts, completions, answers) == expected, "math batch scored wrongly"
-    rows["math in-process"] = summary(timed(lambda: math_accuracy(prompts, completions, answers), args.repeats))
+    rows["math in-process"] = time_call(lambda: math_accuracy(prompts, completions, answers), repeats=args.repeats)
 
     start = time.perf_counter()
     with RewardPool(workers=args.workers, timeout=30.0) as pool:
         pool.score([math_accuracy], prompts[:1], completions[:1], {"answer": answers[:1]})
-        rows["pool start-up"] = summary([time.perf_counter() - start])
+        startup = time.perf_counter() - start
+        rows["pool start-up"] = {"median_s": startup, "p20_s": startup, "p80_s": startup}
         scores = pool.score([math_accuracy], prompts, completions, {"answer": answers})
         assert scores.rewards[0] == expected and not scores.failures, "pool scored wrongly"
-        rows[f"math pool x{args.workers}"] = summary(
-            timed(lambda: pool.score([math_accuracy], prompts, completions, {"answer": answers}), args.repeats)
+        rows[f"math pool x{args.workers}"] = time_call(
+            lambda: pool.score([math_accuracy], prompts, completions, {"answer": answers}), repeats=args.repeats
         )
 
     program = "def add(a, b):\n    return a + b\n"
     tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
     code_n = args.code_n
-    rows["code sandbox"] = summary(
-        timed(lambda: code_tests(["p"] * code_n, [program] * code_n, [tests] * code_n), max(1, args.repeats // 2))
+    rows["code sandbox"] = time_call(
+        lambda: code_tests(["p"] * code_n, [program] * code_n, [tests] * code_n), repeats=max(1, args.repeats // 2)
     )
 
     counts = {"math in-process": args.n, f"math pool x{args.workers}": args.n, "code sandbox": code_n}
@@ -120,9 +83,12 @@ def main() -> None:
             f" {1000 * row['median_s'] / items:>8.2f}"
         )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        result = {**stamp(), "n": args.n, "workers": args.workers, "code_n": code_n, "cases": rows}
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        environment = environment_stamp(packages=("math-verify", "sympy", "jsonschema"))
+        environment["sandbox_isolation"] = isolation()
+        write_json(
+            args.out,
+            {"environment": environment, "n": args.n, "workers": args.workers, "code_n": code_n, "cases": rows},
+        )
         print(f"wrote {args.out}")
 
 

