@@ -9,21 +9,26 @@ from torch import nn
 
 
 def trainer_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) of the policy's parameters, with LoRA adapters merged when the model is a PEFT
-    model (names without PEFT's `base_model.model.` / `.base_layer` wrappers; adapter tensors skipped)."""
-    merged = hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
-    if merged:
-        model.merge_adapter()
-    try:
+    """(HF name, tensor) of the policy's parameters. For a PEFT LoRA model: the base weights with the
+    active adapters' deltas added (computed per tensor, the model is never modified, so no merge/unmerge
+    rounding accumulates in the base weights), under the base model's names (no `base_model.model.` /
+    `.base_layer`); adapter tensors are skipped."""
+    if not hasattr(model, "peft_config"):
         for name, param in model.named_parameters():
-            if merged:
-                if "lora_" in name:
-                    continue
-                name = name.removeprefix("base_model.model.").replace(".base_layer", "")
             yield name, param.detach()
-    finally:
-        if merged:
-            model.unmerge_adapter()
+        return
+    modules = dict(model.named_modules())
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            continue
+        tensor = param.detach()
+        owner_name, _, leaf = name.rpartition(".base_layer.")
+        owner = modules.get(owner_name)
+        if leaf == "weight" and owner is not None and hasattr(owner, "get_delta_weight") and not owner.merged:
+            for adapter in owner.active_adapters:
+                if adapter in owner.lora_A:
+                    tensor = tensor + owner.get_delta_weight(adapter).detach()
+        yield name.removeprefix("base_model.model.").replace(".base_layer", ""), tensor
 
 
 def iter_weight_buckets(
