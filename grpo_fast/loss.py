@@ -14,7 +14,7 @@ from .backends.chunked import accumulation_dtype
 from .config import GRPOLossConfig
 from .inputs import PreparedBatch, prepare_batch
 from .logprobs import check_linear_inputs
-from .token_math import finalize_metrics, grpo_token_loss
+from .token_math import SUM_NAMES, finalize_metrics, grpo_token_loss
 
 
 def _sequence_aligned_chunks(layout, rows_per_chunk: int) -> list[slice] | None:
@@ -78,7 +78,10 @@ class _GRPOLossFunction(torch.autograd.Function):
                 chunks,
                 need_grads=needs_grad,
             )
-            sums = torch.stack(partial_sums).sum(0)
+            if partial_sums:
+                sums = torch.stack(partial_sums).sum(0)
+            else:  # no rows at all
+                sums = torch.zeros(len(SUM_NAMES), dtype=accumulation_dtype(hidden.dtype), device=hidden.device)
             ctx.mode = "precomputed"
             ctx.save_for_backward(*(grads if grads is not None else ()))
         else:

@@ -153,3 +153,22 @@ def test_property_matches_naive(
         workspace_bytes=rows_per_chunk * vocab * 8,
     )
     _assert_same(*_both(data, config), atol=1e-10)
+
+
+def test_zero_tokens():
+    """A packed batch of one empty sequence (N=0) is valid: empty results, zero loss, zero gradients."""
+    hidden = torch.randn(0, 8, requires_grad=True)
+    weight = torch.randn(5, 8, requires_grad=True)
+    ids = torch.zeros(0, dtype=torch.long)
+    assert fused_logprobs(hidden, weight, ids, backend="torch").shape == (0,)
+    loss, _ = grpo_loss(
+        hidden,
+        weight,
+        ids,
+        torch.zeros(0),
+        torch.zeros(1),
+        config=GRPOLossConfig(backend="torch"),
+        cu_seqlens=torch.zeros(2, dtype=torch.long),
+    )
+    loss.backward()
+    assert float(loss) == 0.0 and torch.count_nonzero(weight.grad) == 0

@@ -133,7 +133,7 @@ class ChunkedBackend:
         """ceil(N / R) chunks of near-equal size: no short last chunk paying a whole pass over W and dW."""
         most = self.rows_per_chunk(vocab, device, workspace_bytes)
         count = max(1, -(-num_rows // most))
-        step = -(-num_rows // count)
+        step = max(1, -(-num_rows // count))
         return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
     @staticmethod
