@@ -42,3 +42,74 @@ def test_cuda_kernels_compile(tmp_path, arch):
     assert out.stderr.count("Compiling entry function") == 12, out.stderr
     spills = re.findall(r"(\d+) bytes spill stores", out.stderr)
     assert spills and all(n == "0" for n in spills), out.stderr
+
+
+# Host build of the kernels' fp32 math (online_add / online_merge / grad_value are __host__ __device__):
+# each of 256 "threads" streams its strided share of a row as the kernel does, the partial states are
+# merged pairwise as in the shuffle tree; printed per row: lse, entropy, max |dz - reference dz|.
+HOST_TU = r"""
+#include <cstdio>
+#include <cmath>
+#include <vector>
+#include "cuda/epilogue_kernels.cuh"
+using namespace grpo_fast::cuda;
+
+static void check_row(const std::vector<float>& z, int y, float gl, float gh) {
+  std::vector<Online> part(kThreads, Online{-INFINITY, 0.0f, 0.0f});
+  for (size_t i = 0; i < z.size(); ++i) online_add(part[i % kThreads], z[i]);
+  for (int width = kThreads / 2; width > 0; width /= 2)
+    for (int t = 0; t < width; ++t) part[t] = online_merge(part[t], part[t + width]);
+  const Online acc = part[0];
+  const float log_s = logf(acc.s), lse = acc.m + log_s, entropy = log_s - acc.t / acc.s;
+  double m = -INFINITY, s = 0.0, sz = 0.0;
+  for (float x : z) m = fmax(m, (double)x);
+  for (float x : z) if (x != -INFINITY) { s += exp(x - m); sz += exp(x - m) * (x - m); }
+  const double ref_lse = m + log(s), ref_ent = log(s) - sz / s;
+  double grad_err = 0.0;
+  const float c = gl + gh * entropy;
+  for (size_t i = 0; i < z.size(); ++i) {
+    float d = grad_value(z[i], lse, c, gh) + ((int)i == y ? gl : 0.0f);
+    double p = z[i] == -INFINITY ? 0.0 : exp(z[i] - ref_lse);
+    double lp = z[i] == -INFINITY ? 0.0 : z[i] - ref_lse;
+    double ref = ((int)i == y ? gl : 0.0) - p * (gl + gh * (lp + ref_ent));
+    grad_err = fmax(grad_err, fabs(d - ref));
+  }
+  printf("%.9g %.9g %.9g %.9g %.9g\n", lse, ref_lse, entropy, ref_ent, grad_err);
+}
+
+int main() {
+  unsigned state = 12345u;
+  auto uniform = [&]() { state = state * 1664525u + 1013904223u; return (state >> 8) / 16777216.0f; };
+  for (int v : {1, 7, 1001, 4096}) {  // fewer, as many and more values than threads
+    std::vector<float> z(v);
+    for (float& x : z) x = 8.0f * uniform() - 4.0f;
+    check_row(z, v / 2, 0.7f, -0.3f);
+  }
+  std::vector<float> big(1001);  // |z| ~ 1e4: lse − Σ p z would cancel
+  for (float& x : big) x = 1.0e4f + 4.0f * uniform();
+  check_row(big, 3, 1.0f, 0.5f);
+  std::vector<float> banned(1001, -INFINITY);  // banned tokens (−inf) everywhere but a few
+  banned[5] = 1.0f; banned[700] = 2.0f; banned[1000] = -3.0f;
+  check_row(banned, 700, -0.2f, 0.1f);
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_cuda_kernel_math_on_host(tmp_path):
+    """The kernels' online softmax statistics and dz, run on the CPU: finite and equal to an fp64 reference."""
+    source = tmp_path / "epilogue_host.cu"
+    source.write_text(HOST_TU)
+    exe = tmp_path / "epilogue_host"
+    cmd = [NVCC, "-std=c++17", "-arch=sm_90", "-O2", f"-I{CSRC}", str(source), "-o", str(exe)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    rows = [[float(x) for x in line.split()] for line in run.stdout.splitlines()]
+    assert len(rows) == 6, run.stdout
+    for lse, ref_lse, ent, ref_ent, grad_err in rows:
+        assert abs(lse - ref_lse) <= 1e-6 * max(1.0, abs(ref_lse)), rows
+        assert abs(ent - ref_ent) <= 1e-5 * max(1.0, abs(ref_ent)), rows
+        assert grad_err <= 1e-5, rows  # fp32 rounding of lse at |z| ~ 1e4

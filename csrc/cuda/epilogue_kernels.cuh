@@ -22,6 +22,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace grpo_fast {
@@ -60,26 +61,40 @@ struct Online {
   float m, s, t;
 };
 
-__device__ __forceinline__ void online_add(Online& a, float x) {
+// e^x: the fast SFU exponential on the device; expf in host builds of these helpers (CPU tests).
+__host__ __device__ __forceinline__ float fast_exp(float x) {
+#ifdef __CUDA_ARCH__
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+
+__host__ __device__ __forceinline__ void online_add(Online& a, float x) {
   if (x == -INFINITY) return;  // a banned token: contributes nothing (and −inf − −inf would be NaN)
-  if (x > a.m) {  // new max: rescale what we have (a.s == 0 on the first finite value)
-    const float shift = a.m - x;
-    const float f = a.s > 0.0f ? __expf(shift) : 0.0f;
-    a.t = f * (a.t + a.s * shift);
-    a.s = f * a.s;
+  if (x > a.m) {  // new max: rescale what we have
+    if (a.s > 0.0f) {
+      const float shift = a.m - x;
+      const float f = fast_exp(shift);
+      a.t = f * (a.t + a.s * shift);
+      a.s = f * a.s;
+    } else {  // first finite value: a.m = −inf, so a.s · shift would be 0 · −inf = NaN
+      a.t = 0.0f;
+      a.s = 0.0f;
+    }
     a.m = x;
   }
   const float d = x - a.m;
-  const float e = d < kMinLogF ? 0.0f : __expf(d);
+  const float e = d < kMinLogF ? 0.0f : fast_exp(d);
   a.s += e;
   a.t += e == 0.0f ? 0.0f : e * d;
 }
 
-__device__ __forceinline__ Online online_merge(const Online& a, const Online& b) {
+__host__ __device__ __forceinline__ Online online_merge(const Online& a, const Online& b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY) return a;
-  const float fa = a.s > 0.0f ? __expf(a.m - m) : 0.0f;
-  const float fb = b.s > 0.0f ? __expf(b.m - m) : 0.0f;
+  const float fa = a.s > 0.0f ? fast_exp(a.m - m) : 0.0f;
+  const float fb = b.s > 0.0f ? fast_exp(b.m - m) : 0.0f;
   Online r;
   r.m = m;
   r.s = fa * a.s + fb * b.s;
@@ -144,9 +159,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-__device__ __forceinline__ float grad_value(float x, float lse, float c, float gh) {
+__host__ __device__ __forceinline__ float grad_value(float x, float lse, float c, float gh) {
   const float log_p = x - lse;
-  const float p = log_p < kMinLogF ? 0.0f : __expf(log_p);
+  const float p = log_p < kMinLogF ? 0.0f : fast_exp(log_p);
   return p == 0.0f ? 0.0f : -p * (c + gh * log_p);
 }
 
