@@ -9,6 +9,7 @@ completion hidden states and the lm_head weight) -> trainer state offloaded -> w
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import random
@@ -317,7 +318,6 @@ class GRPOTrainer:
                 rollout_lp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
         has_rollout_lp = all(len(c.logprobs) == len(c.token_ids) for c in comps) and cfg.rollout.temperature > 0
         mb = cfg.run.micro_batch_size
-        n_rows = batch.input_ids.shape[0]
         mask = batch.completion_mask
         stats: dict[str, float] = {}
 
@@ -343,39 +343,18 @@ class GRPOTrainer:
             elif cfg.grpo.is_correction == "sequence":
                 is_weights = torch.exp(diff.sum(1)).clamp(max=cfg.grpo.is_cap)
 
-        num_items = int(mask.sum())
-        weight_rows = self.loss_config.loss_type not in ("dapo", "cispo")
         agg: dict[str, list[float]] = defaultdict(list)
         grad_norms = []
         for _ in range(cfg.grpo.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            for s in range(0, n_rows, mb):
-                sl = slice(s, s + mb)
-                part = batch.rows(sl).to(self.device)
-                hidden = self._forward_hidden(self.model, part)
-                weight, bias = lm_head_params(self.model)
-                if weight.dtype != hidden.dtype:
-                    weight = weight.to(hidden.dtype)
-                    bias = None if bias is None else bias.to(hidden.dtype)
-                loss, m = _grpo_loss()(
-                    hidden,
-                    weight,
-                    part.completion_ids,
-                    part.completion_mask,
-                    advantages[sl].to(self.device),
-                    old_logprobs=None if old_lp is None or cfg.grpo.num_iterations == 1 else old_lp[sl].to(self.device),
-                    ref_logprobs=None if ref_lp is None else ref_lp[sl].to(self.device),
-                    is_weights=None if is_weights is None else is_weights[sl].to(self.device),
-                    num_items_in_batch=num_items,
-                    config=self.loss_config,
-                    bias=bias,
-                )
-                if weight_rows:
-                    loss = loss * (part.input_ids.shape[0] / n_rows)
-                loss.backward()
-                agg["loss"].append(float(loss.detach()))
-                for k, v in m.items():
-                    agg[k].append(float(v))
+            self.accumulate_gradients(
+                batch,
+                advantages,
+                old_lp if cfg.grpo.num_iterations > 1 else None,
+                ref_lp,
+                is_weights,
+                agg,
+            )
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)))
             self.optimizer.step()
             self.scheduler.step()
@@ -387,6 +366,61 @@ class GRPOTrainer:
         stats["train_tokens"] = float(batch.attention_mask.sum()) * cfg.grpo.num_iterations
         stats["completion/padded_width"] = float(t)
         return stats
+
+    def accumulate_gradients(self, batch, advantages, old_lp, ref_lp, is_weights, agg=None) -> None:
+        """Backward of the loss of the whole `batch` as micro-batches of `run.micro_batch_size` rows, so that the
+        accumulated gradient equals the gradient of `grpo_loss` on the whole batch at once.
+
+        Each micro-batch's loss is scaled by its share s of the batch's normaliser: rows / B for grpo and
+        dr_grpo (per-sequence means / a constant length per sequence), active tokens / N for bnpo (token mean of
+        the micro-batch), 1 for dapo / cispo (given the batch's N as num_items_in_batch). The entropy bonus is a
+        token mean over each call's own tokens: its coefficient becomes coef * tokens / (N * s) so that the
+        bonus, too, is the batch's token mean."""
+        mb = self.config.run.micro_batch_size
+        mask = batch.completion_mask
+        n_rows = batch.input_ids.shape[0]
+        num_items = int(mask.sum())
+        loss_type = self.loss_config.loss_type
+        coef = self.loss_config.entropy_coef
+        for s in range(0, n_rows, mb):
+            sl = slice(s, s + mb)
+            part = batch.rows(sl).to(self.device)
+            rows, tokens = part.input_ids.shape[0], int(mask[sl].sum())
+            if loss_type in ("dapo", "cispo"):
+                scale = 1.0
+            elif loss_type == "bnpo":
+                scale = tokens / max(num_items, 1)
+            else:
+                scale = rows / n_rows
+            config = self.loss_config
+            if coef != 0.0:
+                mb_coef = coef * tokens / (num_items * scale) if tokens and scale else 0.0
+                config = dataclasses.replace(config, entropy_coef=mb_coef)
+            hidden = self._forward_hidden(self.model, part)
+            weight, bias = lm_head_params(self.model)
+            if weight.dtype != hidden.dtype:
+                weight = weight.to(hidden.dtype)
+                bias = None if bias is None else bias.to(hidden.dtype)
+            loss, m = _grpo_loss()(
+                hidden,
+                weight,
+                part.completion_ids,
+                part.completion_mask,
+                advantages[sl].to(self.device),
+                old_logprobs=None if old_lp is None else old_lp[sl].to(self.device),
+                ref_logprobs=None if ref_lp is None else ref_lp[sl].to(self.device),
+                is_weights=None if is_weights is None else is_weights[sl].to(self.device),
+                num_items_in_batch=max(num_items, 1),  # every completion masked (all truncated): loss 0
+                config=config,
+                bias=bias,
+            )
+            if scale != 1.0:
+                loss = loss * scale
+            loss.backward()
+            if agg is not None:
+                agg["loss"].append(float(loss.detach()))
+                for k, v in m.items():
+                    agg[k].append(float(v))
 
     # -- evaluation -------------------------------------------------------------------------------------
 

@@ -1,0 +1,91 @@
+"""The trainer's micro-batch gradient accumulation equals one `grpo_loss` on the whole batch, for every loss
+type, with uneven micro-batches, sequences of different lengths, a fully masked (truncated) completion,
+old / ref logprobs, importance weights and an entropy bonus."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from grpo_fast import grpo_loss
+from grpo_fast.config import GRPOLossConfig
+from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.trainer import GRPOTrainer, load_config
+from grpo_fast.trainer.policy import build_sequence_batch, completion_hidden, completion_logprobs
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, seed=0).eval()
+    cfg = load_config(
+        None,
+        [
+            "rollout.engine=hf",
+            "rollout.num_generations=2",
+            "run.micro_batch_size=2",
+            "run.tensorboard=false",
+            "run.progress=false",
+            f"run.output_dir={tmp_path_factory.mktemp('acc')}",
+        ],
+    )
+    trainer = GRPOTrainer(
+        model, [lambda prompts, completions, **kw: [0.0] * len(prompts)], [{"prompt": "1"}], cfg, tokenizer=tok
+    )
+    g = torch.Generator().manual_seed(0)
+    vocab = len(tok)
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 5, 2, 4, 3)]
+    completions = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (6, 1, 4, 6, 2)]
+    batch = build_sequence_batch(prompts, completions, tok.pad_token_id)
+    batch.completion_mask[3] = False  # a masked truncated completion
+    with torch.no_grad():
+        lp = completion_logprobs(model, batch, backend="torch")
+    shape = batch.completion_ids.shape
+    inputs = dict(
+        advantages=torch.randn(5, generator=g),
+        old_lp=lp + 0.3 * torch.randn(shape, generator=g),
+        ref_lp=lp + 0.2 * torch.randn(shape, generator=g),
+        is_weights=(0.5 + torch.rand(shape, generator=g)) * batch.completion_mask,
+    )
+    return trainer, batch, inputs
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo"])
+def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type):
+    trainer, batch, inp = setup
+    model = trainer.model
+    trainer.loss_config = GRPOLossConfig(
+        loss_type=loss_type,
+        epsilon_high=5.0 if loss_type == "cispo" else 0.28,
+        beta=0.05,
+        entropy_coef=0.01,
+        max_completion_length=8,
+        backend="torch",
+    )
+    model.zero_grad(set_to_none=True)
+    trainer.accumulate_gradients(batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], inp["is_weights"])
+    accumulated = _grads(model)
+
+    model.zero_grad(set_to_none=True)
+    loss, _ = grpo_loss(
+        completion_hidden(model, batch),
+        model.lm_head.weight,
+        batch.completion_ids,
+        batch.completion_mask,
+        inp["advantages"],
+        old_logprobs=inp["old_lp"],
+        ref_logprobs=inp["ref_lp"],
+        is_weights=inp["is_weights"],
+        config=dataclasses.replace(trainer.loss_config),
+    )
+    loss.backward()
+    full = _grads(model)
+    assert accumulated.keys() == full.keys()
+    for name, grad in full.items():
+        torch.testing.assert_close(accumulated[name], grad, rtol=1e-4, atol=1e-6, msg=name)
