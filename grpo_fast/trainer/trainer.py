@@ -495,11 +495,13 @@ class GRPOTrainer:
         """Runs `run.max_steps` steps (continuing a checkpoint with run.resume); returns the final metrics."""
         cfg = self.config
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        # The engine first: starting vLLM reseeds the global RNGs (set_random_seed), which would overwrite the
+        # RNG states a resume restores.
+        self._ensure_engine()
         if cfg.run.resume:
             self.resume()
         self.metrics = MetricsLogger(self.output_dir, tensorboard=cfg.run.tensorboard)
         self.metrics.truncate_after(self.step)
-        self._ensure_engine()
         self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
         bar = _progress(cfg.run.max_steps, self.step, cfg.run.progress)
         last: dict = {}

@@ -86,3 +86,32 @@ def test_multi_iteration_kl_and_is_correction(tmp_path):
     last = t.train()
     assert "kl" in last and last["kl"] >= 0
     assert "is_weight_mean" in last and last["mismatch/abs_logprob_diff_mean"] < 1e-3
+
+
+def test_resume_restores_rng_after_the_engine_starts(tmp_path, monkeypatch):
+    """Starting vLLM reseeds the global RNGs (vllm set_random_seed): the checkpoint's RNG states must be
+    restored after the engine exists, so the resumed step sees exactly the saved states."""
+    from grpo_fast.rollout.hf_engine import HFEngine
+    from grpo_fast.trainer import trainer as trainer_mod
+
+    out = tmp_path / "run"
+    t = _trainer(out, [])
+    torch.manual_seed(1234)
+    t.save()
+    saved = torch.load(out / "checkpoints" / "step-000000" / "trainer_state.pt", weights_only=False)["rng"]["torch"]
+
+    def make_engine(self):
+        torch.manual_seed(self.config.run.seed)  # what vllm.LLM(seed=...) does on start
+        return HFEngine(self.model, self.tokenizer)
+
+    seen = []
+
+    def step(self):
+        seen.append(torch.get_rng_state())
+        return {"reward/mean": 0.0}
+
+    monkeypatch.setattr(trainer_mod.GRPOTrainer, "_make_engine", make_engine)
+    monkeypatch.setattr(trainer_mod.GRPOTrainer, "training_step", step)
+    opts = ["run.max_steps=1", "run.resume=true", "run.eval_every=0", "run.save_final=false", "run.plots=false"]
+    _trainer(out, opts).train()
+    assert torch.equal(seen[0], saved)
