@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_OLD_DIR = re.compile(r"^\.old-(step-\d+)-\d+$")
 
 
 def rng_state() -> dict:
@@ -69,8 +70,22 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
+    _recover_interrupted_resaves(root)
     found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
     return [p for _, p in sorted(found)]
+
+
+def _recover_interrupted_resaves(root: Path) -> None:
+    """A re-save of an existing step moves step-N aside to .old-step-N-<pid> before renaming the new one in: a
+    crash between the two renames leaves no step-N. Put the previous, complete one back."""
+    for p in sorted(root.iterdir()):
+        m = _OLD_DIR.match(p.name)
+        if m and p.is_dir():
+            final = root / m.group(1)
+            if final.exists():
+                shutil.rmtree(p)  # the new one made it: this is a leftover of the cleanup
+            else:
+                os.replace(p, final)
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
