@@ -155,11 +155,15 @@ def run(shapes, dtype_name: str, device: torch.device, config: GRPOLossConfig, n
         batch = make_batch(*shape, dtype=dtype, device=str(device))
         timings = {}
         for name in names:
-            step, _ = make_step(name, batch, config)
+            step = None
             try:
+                step, _ = make_step(name, batch, config)
                 timings[name] = time_call(step, device, warmup=1, repeats=repeats)
             except torch.OutOfMemoryError:
-                timings[name] = None
+                timings[name] = "out of memory"
+            except Exception as exc:  # noqa: BLE001 - one broken variant (e.g. Liger's API) must not end the run
+                timings[name] = f"error: {type(exc).__name__}: {str(exc)[:200]}"
+                print(f"{name} at N={num_tokens}: {timings[name]}", flush=True)
             del step
             gc.collect()
             if device.type == "cuda":
@@ -168,17 +172,17 @@ def run(shapes, dtype_name: str, device: torch.device, config: GRPOLossConfig, n
             row = {"variant": name, "N": num_tokens, "H": hidden_size, "V": vocab, "dtype": dtype_name}
             row["flops_per_step"] = 6 * num_tokens * hidden_size * vocab
             timing = timings[name]
-            if timing is None:
-                row["status"] = "out of memory"
+            if isinstance(timing, str):
+                row["status"] = timing
             else:
                 row |= timing
-                if timings.get("gemm3"):
+                if isinstance(timings.get("gemm3"), dict):
                     row["ratio_to_gemm3"] = timing["median_s"] / timings["gemm3"]["median_s"]
-                if timings.get("naive"):
+                if isinstance(timings.get("naive"), dict):
                     row["speedup_vs_naive"] = timings["naive"]["median_s"] / timing["median_s"]
                 row["tflops_effective"] = row["flops_per_step"] / timing["median_s"] / 1e12
-            if name != "gemm3":
-                row["peak_extra_bytes"] = memory_of(name, shape, dtype_name, device, config)
+                if name != "gemm3":  # a variant that failed to run is not run again for its memory
+                    row["peak_extra_bytes"] = memory_of(name, shape, dtype_name, device, config)
             rows.append(row)
         del batch
     naive_peaks = {(r["N"], r["H"], r["V"]): r.get("peak_extra_bytes") for r in rows if r["variant"] == "naive"}
@@ -193,8 +197,11 @@ def memory_of(name, shape, dtype_name, device, config) -> int | None:
     if device.type == "cuda":
         try:
             return measure_memory(name, shape, DTYPES[dtype_name], config, device)
-        except torch.OutOfMemoryError:
+        except Exception:  # noqa: BLE001 - out of memory or a broken variant: no number, the run goes on
             return None
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
     args = ["grpo_fast.bench.loss", "--measure-memory", name, "--shapes", ",".join(map(str, shape))]
     args += ["--dtype", dtype_name, "--config", json.dumps(config.__dict__)]
     # Every block above 64 KiB is mmap'd, so a freed block leaves the RSS at once.
