@@ -24,6 +24,7 @@ products are exact in fp32, so only the accumulation order differs); fp32 inputs
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -66,12 +67,19 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def default_blocks(kind: str) -> BlockConfig:
+def default_blocks(kind: str, dtype: torch.dtype = torch.bfloat16) -> BlockConfig:
+    """Tiles of `kind` ("forward", "backward", "deterministic") for inputs of `dtype`.
+
+    fp32 takes K-slices of 32: its operand tiles are twice as wide, and with 64-wide slices the atomic
+    backward's pipelined buffers reach 208 KiB of shared memory for sm_90 (triton 3.9 AOT compile, of
+    the 227 KiB a block may have), too close to the limit to trust on another Triton version."""
     if interpreter_active():
         return INTERPRETER_BLOCKS
-    return {"forward": GPU_FORWARD_BLOCKS, "backward": GPU_BACKWARD_BLOCKS, "deterministic": GPU_DETERMINISTIC_BLOCKS}[
-        kind
-    ]
+    gpu = {"forward": GPU_FORWARD_BLOCKS, "backward": GPU_BACKWARD_BLOCKS, "deterministic": GPU_DETERMINISTIC_BLOCKS}
+    blocks = gpu[kind]
+    if dtype == torch.float32:
+        blocks = dataclasses.replace(blocks, block_h=32)
+    return blocks
 
 
 # --------------------------------------------------------------------------------------------------
@@ -623,7 +631,7 @@ def linear_logprobs_forward(
     `splits` vocabulary splits (default: enough programs to fill the GPU) are combined on the host
     with an O(S·N) log-sum-exp merge."""
     _check_inputs(hidden, weight, bias, targets)
-    blocks = blocks or default_blocks("forward")
+    blocks = blocks or default_blocks("forward", hidden.dtype)
     hidden, weight = _contiguous_rows(hidden), _contiguous_rows(weight)
     num_rows, hidden_size = hidden.shape
     vocab = weight.shape[0]
@@ -696,7 +704,7 @@ def linear_logprobs_backward(
     lse, entropy, grad_logp, grad_entropy: [N] fp32 (grad_entropy None = 0). deterministic=True uses
     the two atomic-free kernels (one more recompute of the logits, bitwise reproducible)."""
     _check_inputs(hidden, weight, bias, targets)
-    blocks = blocks or default_blocks("deterministic" if deterministic else "backward")
+    blocks = blocks or default_blocks("deterministic" if deterministic else "backward", hidden.dtype)
     hidden, weight = _contiguous_rows(hidden), _contiguous_rows(weight)
     num_rows, hidden_size = hidden.shape
     vocab = weight.shape[0]

@@ -290,3 +290,14 @@ def test_deterministic_flag_selects_atomic_free_backend():
     assert TRITON_BACKEND.deterministic_variant is TRITON_DETERMINISTIC_BACKEND
     assert TRITON_DETERMINISTIC_BACKEND.deterministic and not TRITON_BACKEND.deterministic
     assert TRITON_BACKEND.name == TRITON_DETERMINISTIC_BACKEND.name == "triton"
+
+
+def test_gpu_blocks_fit_shared_memory_for_fp32(monkeypatch):
+    # fp32 operand tiles are twice as wide: 64-wide K-slices put the atomic backward at 208 KiB of shared
+    # memory for sm_90 (triton 3.9 AOT compile), too close to the 227 KiB limit; fp32 takes 32-wide slices.
+    from grpo_fast.kernels.linear_logprobs import default_blocks
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for kind in ("forward", "backward", "deterministic"):
+        assert default_blocks(kind, torch.float32).block_h == 32
+        assert default_blocks(kind, torch.bfloat16).block_h == 64
