@@ -71,7 +71,11 @@ def build_sequence_batch(
 
 
 def backbone(model: nn.Module) -> nn.Module:
-    """The decoder stack without the lm_head (`model.model` for Llama/Qwen-style CausalLMs)."""
+    """The decoder stack without the lm_head (`model.model` for Llama/Qwen-style CausalLMs). A PEFT model is
+    unwrapped first (its LoRA layers live inside the base model): `PeftModel.model` would be the whole CausalLM,
+    whose output is the logits, not the hidden states."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     if base is None or base is model:
         raise ValueError(f"cannot find the backbone of {type(model).__name__} (expected .{model.base_model_prefix})")

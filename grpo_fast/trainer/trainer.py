@@ -287,8 +287,26 @@ class GRPOTrainer:
         # lm_head would (the loss casts the lm_head weight to hidden's dtype; it accumulates in fp32).
         return hidden.to(torch.bfloat16) if self.autocast else hidden
 
+    def reference_logprobs(self, batch) -> torch.Tensor:
+        """[B, T] logprobs of the reference policy: the frozen copy, or for a PEFT model the policy itself with
+        its adapters disabled."""
+        mb = self.config.run.micro_batch_size
+        if self.ref_model is not None:
+            return self._logprobs(self.ref_model, batch, mb)
+        with self.model.disable_adapter():
+            return self._logprobs(self.model, batch, mb)
+
     @torch.no_grad()
     def _logprobs(self, model, batch, mb: int) -> torch.Tensor:
+        """[B, T] completion logprobs in eval mode (no dropout; the model's mode is restored)."""
+        was_training = model.training
+        model.eval()
+        try:
+            return self._logprobs_eval(model, batch, mb)
+        finally:
+            model.train(was_training)
+
+    def _logprobs_eval(self, model, batch, mb: int) -> torch.Tensor:
         out = []
         for s in range(0, batch.input_ids.shape[0], mb):
             part = batch.rows(slice(s, s + mb)).to(self.device)
@@ -322,16 +340,9 @@ class GRPOTrainer:
         stats: dict[str, float] = {}
 
         need_old = cfg.grpo.num_iterations > 1 or cfg.grpo.is_correction != "none" or has_rollout_lp
-        self.model.eval()  # no dropout in the old-policy pass
         old_lp = self._logprobs(self.model, batch, mb) if need_old else None
+        ref_lp = self.reference_logprobs(batch) if cfg.grpo.beta > 0 else None
         self.model.train()
-        ref_lp = None
-        if cfg.grpo.beta > 0:
-            if self.ref_model is not None:
-                ref_lp = self._logprobs(self.ref_model, batch, mb)
-            else:
-                with self.model.disable_adapter():
-                    ref_lp = self._logprobs(self.model, batch, mb)
         is_weights = None
         if old_lp is not None and has_rollout_lp:
             diff = (old_lp - rollout_lp) * mask

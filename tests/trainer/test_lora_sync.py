@@ -30,3 +30,34 @@ def test_trainer_weights_of_a_lora_model_are_the_merged_base_weights():
         torch.testing.assert_close(synced[name], param.detach(), rtol=1e-6, atol=1e-6)
     q_proj = "model.layers.0.self_attn.q_proj.weight"
     assert (synced[q_proj] - original[q_proj]).abs().max() > 1e-3, "the adapter must reach the synced weights"
+
+
+def test_lora_reference_is_the_base_without_dropout(tmp_path):
+    """beta > 0 with a PEFT model: no deep copy; the reference is the policy with adapters disabled, computed
+    in eval mode even though the policy is training (its dropout must not make the KL noisy)."""
+    from grpo_fast.trainer import GRPOTrainer, load_config
+    from grpo_fast.trainer.policy import build_sequence_batch, completion_logprobs
+
+    tok = build_char_tokenizer()
+    base = build_tiny_model(tok, seed=0)
+    for module in base.modules():
+        if hasattr(module, "attention_dropout"):
+            module.attention_dropout = 0.5  # dropout in training mode
+    lora = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    for name, p in lora.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)  # adapters that change the logprobs
+    opts = ["rollout.engine=hf", "grpo.beta=0.1", "run.tensorboard=false", f"run.output_dir={tmp_path}"]
+    trainer = GRPOTrainer(lora, ["exact_match"], [{"prompt": "1"}], load_config(None, opts), tokenizer=tok)
+    assert trainer.ref_model is None
+    batch = build_sequence_batch([[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15]], tok.pad_token_id)
+    lora.train()
+    ref = trainer.reference_logprobs(batch)
+    assert lora.training
+    base_copy = build_tiny_model(tok, seed=0).eval()
+    with torch.no_grad():
+        expected = completion_logprobs(base_copy, batch)
+    torch.testing.assert_close(ref, expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        policy = completion_logprobs(lora.eval(), batch)
+    assert (policy - expected).abs().max() > 1e-3
