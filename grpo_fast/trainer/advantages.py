@@ -10,9 +10,24 @@ import torch
 
 def combine_rewards(per_func: torch.Tensor, weights: list[float] | None = None) -> torch.Tensor:
     """per_func [N, F] with NaN where a function returned None -> weighted sum [N] (NaN-as-0, TRL's nansum).
-    A row where every function returned None gets reward 0."""
+    A row where every function returned None is unscorable and stays NaN (TRL): `group_advantages` leaves it
+    out of its group's baseline and gives it advantage 0."""
     w = torch.ones(per_func.shape[1]) if weights is None else torch.tensor(weights, dtype=torch.float32)
-    return torch.nansum(per_func * w, dim=1)
+    out = torch.nansum(per_func * w, dim=1)
+    if per_func.shape[1]:
+        out[torch.isnan(per_func).all(dim=1)] = math.nan
+    return out
+
+
+def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Unbiased std ignoring NaNs (TRL's nanstd); NaN where fewer than 2 values."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    count = (~torch.isnan(x)).sum(dim=dim, keepdim=True)
+    var = torch.nansum((x - mean) ** 2, dim=dim, keepdim=True) / (count - 1).clamp(min=1)
+    std = torch.where(count > 1, var.sqrt(), torch.full_like(var, math.nan))
+    if not keepdim:
+        std = std.squeeze() if dim is None else std.squeeze(dim)
+    return std
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
@@ -27,24 +42,27 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
     """rewards [N] laid out as N/G groups of G -> (advantages [N], zero-variance group mask [N/G]).
 
     advantage = r - mean(group); divided by the group's std ("group"), the whole batch's std ("batch"), or
-    not at all ("none", Dr. GRPO). std is the unbiased one (TRL), eps avoids 0/0."""
+    not at all ("none", Dr. GRPO). std is the unbiased one (TRL), eps avoids 0/0. NaN rewards (unscorable
+    completions) are left out of means and stds and get advantage 0 (TRL)."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     grouped = rewards.view(-1, group_size).float()
-    mean = grouped.mean(dim=1, keepdim=True)
-    std = grouped.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
+    mean = torch.nanmean(grouped, dim=1, keepdim=True)
+    std = nanstd(grouped, dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)
     adv = grouped - mean
     if scale_rewards == "group":
         adv = adv / (std + eps)
     elif scale_rewards == "batch":
-        adv = adv / (rewards.float().std() + eps if rewards.numel() > 1 else 1.0)
+        adv = adv / (nanstd(rewards.float()) + eps if rewards.numel() > 1 else 1.0)
     elif scale_rewards != "none":
         raise ValueError(f"scale_rewards: expected 'group', 'batch' or 'none', got {scale_rewards!r}")
-    zero_var = (grouped.max(dim=1).values - grouped.min(dim=1).values).abs() < 1e-12
-    return adv.reshape(-1), zero_var
+    valid = ~torch.isnan(grouped)
+    spread = grouped.where(valid, -math.inf).amax(dim=1) - grouped.where(valid, math.inf).amin(dim=1)
+    zero_var = ~(spread >= 1e-12)  # an all-NaN group has spread -inf
+    return torch.nan_to_num(adv, nan=0.0).reshape(-1), zero_var
 
 
 def reward_stats(rewards: torch.Tensor) -> tuple[float, float]:
     if rewards.numel() == 0:
         return math.nan, math.nan
-    return float(rewards.mean()), float(rewards.std()) if rewards.numel() > 1 else 0.0
+    return float(torch.nanmean(rewards)), float(nanstd(rewards)) if rewards.numel() > 1 else 0.0

@@ -23,7 +23,7 @@ import torch
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec, make_engine
 from grpo_fast.rollout.weight_sync import trainer_weights
 from grpo_fast.trainer import checkpoint as ckpt
-from grpo_fast.trainer.advantages import combine_rewards, group_advantages, overlong_penalty
+from grpo_fast.trainer.advantages import combine_rewards, group_advantages, overlong_penalty, reward_stats
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.data_sampler import PromptSampler
 from grpo_fast.trainer.metrics import MetricsLogger
@@ -252,8 +252,7 @@ class GRPOTrainer:
             for k in range(len(index)):
                 sl = slice(k * g, (k + 1) * g)
                 group = (prompt_ids[k], flat[sl], rewards[sl])
-                flat_r = rewards[sl]
-                if cfg.grpo.dynamic_sampling and float(flat_r.max() - flat_r.min()) < 1e-12:
+                if cfg.grpo.dynamic_sampling and bool(group_advantages(rewards[sl], g, "none")[1].all()):
                     spare.append(group)
                 else:
                     kept.append(group)
@@ -456,7 +455,7 @@ class GRPOTrainer:
         full = sum(self.reward_weights)
         return {
             "eval/accuracy": float((rewards >= full - 1e-6).float().mean()),
-            "eval/reward_mean": float(rewards.mean()),
+            "eval/reward_mean": float(torch.nan_to_num(rewards, nan=0.0).mean()),
         }
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -572,8 +571,8 @@ class GRPOTrainer:
         lengths = torch.tensor([len(c.token_ids) for c in flat], dtype=torch.float32)
         rewards = data["rewards_all"]
         out = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "reward/mean": reward_stats(rewards)[0],
+            "reward/std": reward_stats(rewards)[1],
             "frac_zero_var_groups": data["frac_zero_var"],
             "resample_rounds": data["resample_rounds"],
             "completion/length_mean": float(lengths.mean()),

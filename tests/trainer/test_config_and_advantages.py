@@ -53,7 +53,10 @@ def test_group_advantages_scalings():
 
 def test_combined_rewards_and_overlong_penalty():
     per_func = torch.tensor([[1.0, math.nan], [0.0, 1.0], [math.nan, math.nan]])
-    torch.testing.assert_close(combine_rewards(per_func, [1.0, 0.5]), torch.tensor([1.0, 0.5, 0.0]))
+    # the unscorable row (every function None) stays NaN, as in TRL
+    torch.testing.assert_close(
+        combine_rewards(per_func, [1.0, 0.5]), torch.tensor([1.0, 0.5, math.nan]), equal_nan=True
+    )
     pen = overlong_penalty(torch.tensor([10, 12, 14, 16]), max_len=16, buffer=4, factor=1.0)
     torch.testing.assert_close(pen, torch.tensor([0.0, 0.0, -0.5, -1.0]))
 
@@ -70,3 +73,18 @@ def test_synthetic_tasks_are_verifiable():
     wrong = ["1+1"] * 20  # uses the wrong numbers
     assert countdown_reward(None, wrong, **cols) == [0.0] * 20
     assert countdown_reward(None, ["__import__('os')"], [[1]], [1]) == [0.0]
+
+
+def test_unscorable_completions_leave_the_baseline_and_get_zero_advantage():
+    """TRL: a completion for which every reward function returned None is NaN, excluded from its group's
+    mean / std (and the batch std), and gets advantage 0; a group with nothing scorable is zero-variance."""
+    per_func = torch.tensor([[1.0], [0.0], [math.nan], [0.0], [math.nan], [math.nan], [math.nan], [math.nan]])
+    r = combine_rewards(per_func)
+    for scale in ("none", "group", "batch"):
+        adv, zero_var = group_advantages(r, 4, scale)
+        valid = torch.tensor([1.0, 0.0, 0.0])
+        expected = valid - valid.mean()
+        if scale != "none":
+            expected = expected / (valid.std() + 1e-4)
+        torch.testing.assert_close(adv, torch.cat([expected[:2], torch.zeros(1), expected[2:], torch.zeros(4)]))
+        assert zero_var.tolist() == [False, True]
