@@ -24,7 +24,6 @@ products are exact in fp32, so only the accumulation order differs); fp32 inputs
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -46,13 +45,20 @@ class BlockConfig:
     num_stages: int = 3
 
 
-# H100 / H200 choices: 128 x 128 fp32 logits tiles (64 registers per thread at 8 warps), K-slices of
-# 64 (bf16: 16 KiB per operand per stage, 3 stages fit shared memory with room to spare). The
-# deterministic kernels take 64-row blocks: twice the row blocks for the dh kernel's grid, and half
-# the registers for the RMW of fp32 dh / dW tiles next to the logits tile. Unswept: first GPU guesses.
+# H100 / H200 choices (bf16 / fp16): 128 x 128 fp32 logits tiles (64 registers per thread at 8 warps, two
+# warpgroups of m64n128 wgmma), K-slices of 64 (16 KiB per operand per stage). The deterministic kernels
+# take 64-row blocks: twice the row blocks for the dh kernel's grid, and registers to spare for the RMW of
+# fp32 dh / dW tiles next to the logits tile. AOT compile for sm_90 (triton 3.9, benchmarks/NOTES.md "AOT
+# register/spill sweep"): no spills in any of the four kernels when H and the strides are multiples of 16
+# (as for every target model); shared memory 96 / 160 / 80 / 72 KiB (forward / atomic backward / dh / dW).
+# Not yet timed on a GPU.
 GPU_FORWARD_BLOCKS = BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)
 GPU_BACKWARD_BLOCKS = BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)
 GPU_DETERMINISTIC_BLOCKS = BlockConfig(block_n=64, block_v=128, block_h=64, num_warps=8, num_stages=3)
+# fp32 (IEEE dots: FMA on CUDA cores, no wgmma): the bf16 tiles with 32-wide K-slices spilled 3.2 KB per
+# thread in the atomic backward and 7 KB in the dW kernel (ptxas fell back to 32 registers) in the AOT
+# sweep; 64 x 128 x 16 at 2 stages is spill-free in all four kernels, 12-44 KiB of shared memory.
+GPU_FP32_BLOCKS = BlockConfig(block_n=64, block_v=128, block_h=16, num_warps=8, num_stages=2)
 # Interpreter (CPU tests): few, wide tiles keep numpy busy and Python overhead low; odd test shapes
 # (N=37, H=48, V=1000) still leave row, K and vocabulary tails.
 INTERPRETER_BLOCKS = BlockConfig(block_n=16, block_v=128, block_h=32, num_warps=4, num_stages=1)
@@ -70,16 +76,14 @@ def interpreter_active() -> bool:
 def default_blocks(kind: str, dtype: torch.dtype = torch.bfloat16) -> BlockConfig:
     """Tiles of `kind` ("forward", "backward", "deterministic") for inputs of `dtype`.
 
-    fp32 takes K-slices of 32: its operand tiles are twice as wide, and with 64-wide slices the atomic
-    backward's pipelined buffers reach 208 KiB of shared memory for sm_90 (triton 3.9 AOT compile, of
-    the 227 KiB a block may have), too close to the limit to trust on another Triton version."""
+    bf16 / fp16 take the per-kernel GPU tiles above; fp32 takes `GPU_FP32_BLOCKS` for every kernel (its
+    FMA dots need more registers per output than wgmma, and larger fp32 tiles spilled in the sm_90 AOT
+    sweep). Under TRITON_INTERPRET=1 every kind takes `INTERPRETER_BLOCKS`."""
     if interpreter_active():
         return INTERPRETER_BLOCKS
     gpu = {"forward": GPU_FORWARD_BLOCKS, "backward": GPU_BACKWARD_BLOCKS, "deterministic": GPU_DETERMINISTIC_BLOCKS}
     blocks = gpu[kind]
-    if dtype == torch.float32:
-        blocks = dataclasses.replace(blocks, block_h=32)
-    return blocks
+    return GPU_FP32_BLOCKS if dtype == torch.float32 else blocks
 
 
 # --------------------------------------------------------------------------------------------------

@@ -292,12 +292,32 @@ def test_deterministic_flag_selects_atomic_free_backend():
     assert TRITON_BACKEND.name == TRITON_DETERMINISTIC_BACKEND.name == "triton"
 
 
-def test_gpu_blocks_fit_shared_memory_for_fp32(monkeypatch):
-    # fp32 operand tiles are twice as wide: 64-wide K-slices put the atomic backward at 208 KiB of shared
-    # memory for sm_90 (triton 3.9 AOT compile), too close to the 227 KiB limit; fp32 takes 32-wide slices.
-    from grpo_fast.kernels.linear_logprobs import default_blocks
+# sm_90 AOT compile of the GPU default tiles (benchmarks/aot_triton_sweep.py --defaults --dtypes bf16,fp32,
+# triton 3.9, H and strides multiples of 16): (registers, spill-store bytes, shared KiB) per kernel. Changing a
+# default means re-running the sweep and updating this table and benchmarks/NOTES.md.
+_AOT_SM90 = {
+    ("forward", torch.bfloat16): ((128, 128, 64, 8, 3), {"fwd": (255, 0, 96)}),
+    ("backward", torch.bfloat16): ((128, 128, 64, 8, 3), {"bwd": (254, 0, 160)}),
+    ("deterministic", torch.bfloat16): ((64, 128, 64, 8, 3), {"dh": (179, 0, 80), "dw": (217, 0, 72)}),
+    ("forward", torch.float32): ((64, 128, 16, 8, 2), {"fwd": (190, 0, 12)}),
+    ("backward", torch.float32): ((64, 128, 16, 8, 2), {"bwd": (206, 0, 44)}),
+    ("deterministic", torch.float32): ((64, 128, 16, 8, 2), {"dh": (182, 0, 40), "dw": (216, 0, 36)}),
+}
+
+
+def test_gpu_default_blocks_are_the_aot_checked_ones(monkeypatch):
+    # The GPU defaults are the tiles the sm_90 AOT sweep found spill-free and under 200 KiB of shared memory
+    # (of 227 KiB per block); fp32 (FMA dots, no wgmma) takes smaller tiles than bf16. The interpreter keeps
+    # its own tiles.
+    from grpo_fast.kernels.linear_logprobs import INTERPRETER_BLOCKS, default_blocks
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for kind in ("forward", "backward", "deterministic"):
-        assert default_blocks(kind, torch.float32).block_h == 32
-        assert default_blocks(kind, torch.bfloat16).block_h == 64
+    for (kind, dtype), (tiles, kernels) in _AOT_SM90.items():
+        b = default_blocks(kind, dtype)
+        assert (b.block_n, b.block_v, b.block_h, b.num_warps, b.num_stages) == tiles, (kind, dtype)
+        for _regs, spill_bytes, shared_kib in kernels.values():
+            assert spill_bytes == 0 and shared_kib < 200
+    assert default_blocks("forward", torch.float16) == default_blocks("forward", torch.bfloat16)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert all(default_blocks(kind, dtype) == INTERPRETER_BLOCKS for kind, dtype in _AOT_SM90)
+    assert (INTERPRETER_BLOCKS.block_n, INTERPRETER_BLOCKS.block_v, INTERPRETER_BLOCKS.block_h) == (16, 128, 32)
