@@ -50,7 +50,9 @@ class HFEngine(RolloutEngine):
                 do_sample=not greedy,
                 temperature=None if greedy else sampling.temperature,
                 top_p=None if greedy else sampling.top_p,
-                top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
+                # 0 disables top-k explicitly; None would fall back to generation_config's default (50),
+                # sampling from a distribution the trainer's logprobs do not describe.
+                top_k=None if greedy else max(sampling.top_k, 0),
                 eos_token_id=sorted(eos),
                 pad_token_id=pad,
                 output_scores=True,

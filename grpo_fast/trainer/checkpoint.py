@@ -53,6 +53,7 @@ def save_checkpoint(
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     torch.save({**trainer_state, "rng": rng_state()}, tmp / "trainer_state.pt")
+    _fsync_tree(tmp)  # the renames below must never publish a directory whose files are not on disk
     if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
         old = root / f".old-step-{step:06d}-{os.getpid()}"
         os.replace(final, old)
@@ -60,10 +61,27 @@ def save_checkpoint(
         shutil.rmtree(old)
     else:
         os.replace(tmp, final)
+    _fsync(root)
     if keep is not None:
         for old in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old)
     return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file under `root`, then the directories themselves (so their entries are durable)."""
+    for directory, _, files in os.walk(root):
+        for name in files:
+            _fsync(Path(directory) / name)
+        _fsync(Path(directory))
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
