@@ -8,20 +8,14 @@ does not pay for importing torch.
 
 import importlib
 
-_EXPORTS = {
-    "GRPOLossConfig": "config",
-    "fused_logprobs": "logprobs",
-    "grpo_loss": "loss",
-    "GRPOLoss": "loss",
-    "logits_grpo_loss": "logits_loss",
-}
+_EXPORTS = ("GRPOLossConfig", "GRPOLoss", "fused_logprobs", "grpo_loss", "logits_grpo_loss")
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        value = getattr(importlib.import_module(".loss", __name__), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'grpo_fast' has no attribute {name!r}")

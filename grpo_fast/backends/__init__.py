@@ -4,7 +4,7 @@ A backend has `name`, `forward(hidden, weight, bias, targets, inv_temperature, w
 LogprobStats, and `backward(hidden, weight, bias, targets, inv_temperature, stats, grad_logp,
 grad_entropy, workspace_bytes)` -> (dh, dW fp32, db fp32 | None). Chunked backends also have
 `forward_backward` (gradients formed in the forward pass, see grpo_fast.backends.chunked) and may
-name a `token_loss` implementation of layer 2 (default: grpo_fast.token_math.grpo_token_loss).
+name a `token_loss` implementation of layer 2 (default: grpo_fast.loss.token_math.grpo_token_loss).
 
 | name   | device | implementation |
 |--------|--------|----------------|

@@ -5,7 +5,7 @@ an online log-sum-exp; the backward recomputes each logits tile and accumulates 
 fp32 atomics by default, or, for `deterministic=True` (GRPOLossConfig.deterministic), with two
 atomic-free kernels in a fixed summation order (bitwise reproducible, one extra recompute).
 Layer 2 (kernels/grpo_token_loss.py): one program per sequence, the twin of
-grpo_fast.token_math.grpo_token_loss.
+grpo_fast.loss.token_math.grpo_token_loss.
 
 There is no `forward_backward` (the 3-GEMM mode of the chunked backends): grpo_loss runs
 forward -> token_loss -> backward (recompute, 4 GEMMs). Importing this module touches no GPU; on
@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from ..config import GRPOLossConfig
 from ..kernels.grpo_token_loss import grpo_token_loss_triton
 from ..kernels.linear_logprobs import linear_logprobs_backward, linear_logprobs_forward
-from ..layout import TokenLayout
-from ..token_math import TokenInputs, TokenLossOutput, grpo_token_loss
+from ..loss.layout import TokenLayout
+from ..loss.options import GRPOLossConfig
+from ..loss.token_math import TokenInputs, TokenLossOutput, grpo_token_loss
 from .chunked import LogprobStats
 
 

@@ -26,8 +26,8 @@ import torch
 
 from grpo_fast import GRPOLossConfig, grpo_loss
 from grpo_fast.backends import available_backends
-from grpo_fast.reference import naive_grpo_loss
-from grpo_fast.synthetic import LossBatch, make_loss_batch
+from grpo_fast.testing.reference import naive_grpo_loss
+from grpo_fast.testing.synthetic import LossBatch, make_loss_batch
 
 from .common import environment_stamp, reset_peak_rss, rss_bytes, run_json_subprocess, time_call, write_json
 

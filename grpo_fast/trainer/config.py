@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from grpo_fast.config import GRPOLossConfig
+from grpo_fast.loss import GRPOLossConfig
 
 
 @dataclass

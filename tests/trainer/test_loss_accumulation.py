@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from grpo_fast import grpo_loss
-from grpo_fast.config import GRPOLossConfig
 from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Objective
 from grpo_fast.trainer import GRPOTrainer, load_config
 from grpo_fast.trainer.policy import build_sequence_batch, completion_hidden, completion_logprobs
 
@@ -56,13 +56,13 @@ def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo"])
+@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
 def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type):
     trainer, batch, inp = setup
     model = trainer.model
     trainer.loss_config = GRPOLossConfig(
         loss_type=loss_type,
-        epsilon_high=5.0 if loss_type == "cispo" else 0.28,
+        epsilon_high=5.0 if LOSS_TYPES[loss_type].objective is Objective.CISPO else 0.28,
         beta=0.05,
         entropy_coef=0.01,
         max_completion_length=8,

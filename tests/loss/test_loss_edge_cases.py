@@ -6,8 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo_fast import GRPOLossConfig, fused_logprobs, grpo_loss
-from grpo_fast.reference import naive_grpo_loss, naive_logprobs_and_entropy
-from grpo_fast.synthetic import make_loss_batch
+from grpo_fast.loss import LOSS_TYPES, Objective
+from grpo_fast.testing.reference import naive_grpo_loss, naive_logprobs_and_entropy
+from grpo_fast.testing.synthetic import make_loss_batch
 
 
 def _both(batch, config, **overrides):
@@ -60,8 +61,11 @@ def test_fully_masked_sequence_contributes_nothing():
 
 def test_everything_masked_gives_zero_loss_and_gradients():
     batch = make_loss_batch(batch=2, length=4, hidden_size=8, vocab=17, dtype=torch.float64, seed=2)
-    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
-        config = GRPOLossConfig(loss_type=loss_type, beta=0.05, entropy_coef=0.1, backend="torch")
+    for loss_type in LOSS_TYPES:
+        epsilon_high = 2.0 if LOSS_TYPES[loss_type].objective is Objective.CISPO else None
+        config = GRPOLossConfig(
+            loss_type=loss_type, epsilon_high=epsilon_high, beta=0.05, entropy_coef=0.1, backend="torch"
+        )
         loss, _, grads = _both(batch, config, completion_mask=torch.zeros_like(batch.completion_mask))[0]
         assert float(loss) == 0.0
         assert all(torch.count_nonzero(g) == 0 for g in grads)
@@ -130,7 +134,7 @@ def test_vocabulary_smaller_than_one_row():
     length=st.integers(1, 9),
     hidden_size=st.integers(1, 12),
     vocab=st.integers(2, 40),
-    loss_type=st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo", "cispo"]),
+    loss_type=st.sampled_from(list(LOSS_TYPES)),
     level=st.sampled_from(["token", "sequence"]),
     beta=st.sampled_from([0.0, 0.1]),
     entropy_coef=st.sampled_from([0.0, 0.02]),
@@ -148,7 +152,7 @@ def test_property_matches_naive(
         beta=beta,
         entropy_coef=entropy_coef,
         temperature=temperature,
-        epsilon_high=2.0 if loss_type == "cispo" else None,
+        epsilon_high=2.0 if LOSS_TYPES[loss_type].objective is Objective.CISPO else None,
         backend="torch",
         workspace_bytes=rows_per_chunk * vocab * 8,
     )

@@ -1,7 +1,7 @@
 """The C++/CUDA backend "cuda" on a GPU against the torch backend and the naive reference, at real
 shapes (Qwen2.5-7B's lm_head: H=3584, V=152064, bf16, N=4096 tokens). Skipped without CUDA.
 
-Tolerance rule as in tests/test_native.py: error vs the reference <= 2x the torch backend's error in the
+Tolerance rule as in tests/backends/test_native.py: error vs the reference <= 2x the torch backend's error in the
 same precision + atol (bf16: 2e-3 relative to the largest reference value — bf16 inputs, fp32 GEMM
 accumulation; fp32: 1e-5, TF32 off)."""
 
@@ -10,13 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_fast.testing.tolerance import assert_within_rule
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-
-ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-3, torch.float16: 2e-3}
-
 
 @pytest.fixture(scope="module")
 def native():
@@ -24,13 +23,6 @@ def native():
     if not mod.built_with_cuda():
         pytest.skip("grpo_fast._C was built without CUDA kernels")
     return mod
-
-
-def within_rule(ours, theirs, ref, dtype, what):
-    err = (ours.double() - ref.double()).abs().max().item()
-    base = (theirs.double() - ref.double()).abs().max().item()
-    bound = 2 * base + ATOL[dtype] * max(1.0, ref.double().abs().max().item())
-    assert err <= bound, f"{what}: error {err:.3g} > bound {bound:.3g} (torch backend {base:.3g})"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -73,7 +65,7 @@ def test_bad_inputs_raise(native):
 def test_fused_logprobs_real_shape(native, dtype):
     """N=4096, H=3584, V=152064 bf16: values and gradients vs the naive fp32 logits path."""
     from grpo_fast import fused_logprobs
-    from grpo_fast.reference import naive_logprobs_and_entropy
+    from grpo_fast.testing.reference import naive_logprobs_and_entropy
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(1)
@@ -99,12 +91,12 @@ def test_fused_logprobs_real_shape(native, dtype):
     torch.cuda.empty_cache()
     ours, theirs = run("cuda"), run("torch")
     for name, a, b, r in zip(("logp", "entropy", "dh", "dW"), ours, theirs, ref, strict=True):
-        within_rule(a, b, r, dtype, name)
+        assert_within_rule(name, a, b, r, dtype)
 
 
 def test_grpo_loss_real_shape(native):
     from grpo_fast import grpo_loss
-    from grpo_fast.config import GRPOLossConfig
+    from grpo_fast.loss import GRPOLossConfig
 
     torch.manual_seed(2)
     b, t, h, v = 4, 1024, 3584, 152064

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from ..backends import LogprobStats, get_backend
+from ..backends.chunked import accumulation_dtype
 from . import checks
-from .backends import LogprobStats, get_backend
-from .backends.chunked import accumulation_dtype
 
 
 def check_linear_inputs(hidden, weight, bias, targets_shape_name: str = "targets"):

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import GRPOLossConfig
+from ..loss.loss_types import Objective, Reduction
+from ..loss.options import GRPOLossConfig
 
 
 def naive_logprobs_and_entropy(hidden, weight, targets, temperature=1.0, bias=None):
@@ -35,7 +36,10 @@ def naive_grpo_loss(
     config: GRPOLossConfig = GRPOLossConfig(),
     bias=None,
 ):
-    """TRL's loss, line for line, on materialised logits. Returns (loss, metrics dict)."""
+    """TRL's loss, line for line, on materialised logits. Returns (loss, metrics dict).
+
+    The loss type's objective and reduction (the loss-type table) pick TRL's formulas."""
+    objective, reduction = config.loss_spec.objective, config.loss_spec.reduction
     logp, entropy = naive_logprobs_and_entropy(hidden, weight, completion_ids, config.temperature, bias)
     mask = completion_mask.to(logp.dtype)
     adv = advantages.to(logp.dtype)
@@ -51,7 +55,7 @@ def naive_grpo_loss(
         ref = ref_logprobs.to(logp.dtype)
         per_token_kl = torch.exp(ref - logp) - (ref - logp) - 1
     eps_high = config.clip_high
-    if config.loss_type == "cispo":
+    if objective is Objective.CISPO:
         clamped = torch.clamp(coef_1, max=eps_high).detach()
         per_token_loss = -clamped * adv * logp
     else:
@@ -65,11 +69,11 @@ def naive_grpo_loss(
     if config.beta != 0.0:
         per_token_loss = per_token_loss + config.beta * per_token_kl
     batch, length = completion_ids.shape
-    if config.loss_type == "grpo":
+    if reduction is Reduction.SEQUENCE_MEAN:
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif config.loss_type == "bnpo":
+    elif reduction is Reduction.TOKEN_MEAN:
         loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    elif config.loss_type == "dr_grpo":
+    elif reduction is Reduction.CONSTANT_LENGTH:
         loss = (per_token_loss * mask).sum() / (batch * (config.max_completion_length or length))
     else:
         normaliser = mask.sum() if num_items_in_batch is None else torch.as_tensor(float(num_items_in_batch))
@@ -85,7 +89,7 @@ def naive_grpo_loss(
     metrics = {}
     if config.beta != 0.0:
         metrics["kl"] = masked_mean(per_token_kl)
-    if config.loss_type == "cispo":
+    if objective is Objective.CISPO:
         high = ((coef_1 > eps_high) & (adv > 0)).to(logp.dtype)
         low = torch.zeros_like(high)
     else:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .logprobs import fused_logprobs
+from ..loss.logprobs import fused_logprobs
 
 
 @dataclass

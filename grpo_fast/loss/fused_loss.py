@@ -1,6 +1,6 @@
 """`grpo_loss` / `GRPOLoss`: the GRPO-family policy loss from last hidden states and the lm_head
 weight, without materialising logits. Layer 1 (a backend of grpo_fast.backends) gives per-token
-logprobs and entropies; layer 2 (grpo_fast.token_math, or the backend's own kernel) gives the loss,
+logprobs and entropies; layer 2 (grpo_fast.loss.token_math, or the backend's own kernel) gives the loss,
 metrics and the per-token upstream gradients (gℓ, gH) that layer 1 turns into dh, dW, db.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .backends import LogprobStats, get_backend
-from .backends.chunked import accumulation_dtype
-from .config import GRPOLossConfig
-from .inputs import PreparedBatch, prepare_batch
+from ..backends import LogprobStats, get_backend
+from ..backends.chunked import accumulation_dtype
+from .batch import PreparedBatch, prepare_batch
 from .logprobs import check_linear_inputs
+from .options import GRPOLossConfig
 from .token_math import SUM_NAMES, finalize_metrics, grpo_token_loss
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+from .loss_types import LossType, Objective, get_loss_type
+
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 BACKENDS = ("auto", "torch", "triton", "cuda", "cpu")
 
@@ -18,11 +19,11 @@ BACKENDS = ("auto", "torch", "triton", "cuda", "cpu")
 class GRPOLossConfig:
     """Options of `grpo_loss` / `GRPOLoss`.
 
-    loss_type: how masked per-token losses are reduced (TRL's names):
-        "grpo"    mean over each sequence's tokens, then mean over sequences;
-        "bnpo"    mean over all active tokens of this (micro-)batch;
-        "dr_grpo" sum / (num_sequences * max_completion_length);
-        "dapo"    sum / num_items_in_batch (global active-token count; local count if not given);
+    loss_type: a name of the loss-type table (grpo_fast.loss.loss_types; TRL's names):
+        "grpo"    clipped surrogate; mean over each sequence's tokens, then mean over sequences;
+        "bnpo"    clipped surrogate; mean over all active tokens of this (micro-)batch;
+        "dr_grpo" clipped surrogate; sum / (num_sequences * max_completion_length);
+        "dapo"    clipped surrogate; sum / num_items_in_batch (global active-token count; local if not given);
         "cispo"   REINFORCE with the detached ratio clipped at `epsilon_high`, reduced like "dapo".
     epsilon_low, epsilon_high: clip range [1 - epsilon_low, 1 + epsilon_high] of the ratio; epsilon_high=None
         means epsilon_low (DAPO's clip-higher uses 0.28). For "cispo", epsilon_high is the ratio's upper
@@ -55,14 +56,16 @@ class GRPOLossConfig:
     deterministic: bool = False
 
     def __post_init__(self) -> None:
-        _check_choice("loss_type", self.loss_type, LOSS_TYPES)
+        spec = get_loss_type(self.loss_type)
         _check_choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
         _check_choice("backend", self.backend, BACKENDS)
         _check_finite("epsilon_low", self.epsilon_low, low=0.0, high=1.0, high_inclusive=False)
         if self.epsilon_high is not None:
             _check_finite("epsilon_high", self.epsilon_high, low=0.0)
-        if self.loss_type == "cispo" and self.epsilon_high is None:
-            raise ValueError("epsilon_high: loss_type='cispo' clips the ratio at epsilon_high; give it (e.g. 5.0)")
+        if spec.objective is Objective.CISPO and self.epsilon_high is None:
+            raise ValueError(
+                f"epsilon_high: loss_type={self.loss_type!r} caps the ratio at epsilon_high; give it (e.g. 5.0)"
+            )
         if self.delta is not None:
             _check_finite("delta", self.delta, low=1.0 + self.clip_high, low_inclusive=False)
         _check_finite("beta", self.beta, low=0.0)
@@ -76,6 +79,11 @@ class GRPOLossConfig:
             )
         if self.workspace_bytes is not None and (not isinstance(self.workspace_bytes, int) or self.workspace_bytes < 1):
             raise ValueError(f"workspace_bytes: expected a positive int or None, got {self.workspace_bytes!r}")
+
+    @property
+    def loss_spec(self) -> LossType:
+        """The row of the loss-type table that `loss_type` names."""
+        return get_loss_type(self.loss_type)
 
     @property
     def clip_high(self) -> float:

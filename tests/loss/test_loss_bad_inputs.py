@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from grpo_fast import GRPOLossConfig, fused_logprobs, grpo_loss, logits_grpo_loss
-from grpo_fast.synthetic import make_loss_batch
+from grpo_fast.testing.synthetic import make_loss_batch
 
 B, T, H, V = 2, 5, 8, 17
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from ..backends.chunked import TorchEpilogue, accumulation_dtype
 from . import checks
-from .backends.chunked import TorchEpilogue, accumulation_dtype
-from .config import GRPOLossConfig
-from .inputs import PreparedBatch, prepare_batch
+from .batch import PreparedBatch, prepare_batch
+from .options import GRPOLossConfig
 from .token_math import finalize_metrics, grpo_token_loss
 
 _EPILOGUE = TorchEpilogue()

@@ -2,10 +2,8 @@
 naive fp64 reference: epilogue ops, fused_logprobs, grpo_loss for every loss type, bad inputs,
 the torch.compile / fake-tensor path and the fallback when the extension is missing.
 
-Tolerance rule (ARCHITECTURE.md): the cpu backend's error against the fp64 reference may be at most
-2x the torch backend's own error in the same precision, plus a small per-dtype atol
-(fp32: 1e-5 — a few ulps of O(1..10) values; bf16: 1e-3 — the bf16 GEMM output rounding dominates
-both backends equally; fp64: 1e-10).
+Tolerance rule (grpo_fast.testing.tolerance): the cpu backend's error against the fp64 reference may be
+at most 2x the torch backend's own error in the same precision, plus a small per-dtype atol.
 """
 
 from __future__ import annotations
@@ -20,27 +18,14 @@ import torch
 from grpo_fast import fused_logprobs, grpo_loss
 from grpo_fast.backends import get_backend
 from grpo_fast.backends.chunked import TORCH_BACKEND, TorchEpilogue
-from grpo_fast.config import GRPOLossConfig
-from grpo_fast.reference import naive_grpo_loss, naive_logprobs_and_entropy
+from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.testing.reference import naive_grpo_loss, naive_logprobs_and_entropy
+from grpo_fast.testing.tolerance import assert_within_rule, max_error
 
 native = pytest.importorskip(
     "grpo_fast.backends.native", reason="grpo_fast._C not built (pip install --no-build-isolation -e .)"
 )
 ops = torch.ops.grpo_fast
-
-ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-3, torch.float64: 1e-10}
-
-
-def max_err(a, b):
-    return (a.double() - b.double()).abs().max().item()
-
-
-def assert_within_rule(ours, torch_ours, ref, dtype, what):
-    """|ours − ref| <= 2 |torch − ref| + atol (the torch backend is PyTorch's own error in this precision)."""
-    err, base = max_err(ours, ref), max_err(torch_ours, ref)
-    bound = 2 * base + ATOL[dtype] * max(1.0, ref.double().abs().max().item())
-    assert err <= bound, f"{what}: error {err:.3g} > bound {bound:.3g} (torch backend error {base:.3g})"
-
 
 def fp64_stats(z, targets):
     """(logp, entropy, lse) of a tile in fp64 through log_softmax."""
@@ -79,7 +64,7 @@ def test_stats_op_matches_fp64(shape, scale):
     torch_ours = TorchEpilogue().stats(z, y)
     for name, a, b, ref in zip(("logp", "entropy", "lse"), ours, torch_ours, fp64_stats(z, y), strict=True):
         assert a.dtype == torch.float32 and a.shape == (shape[0],)
-        assert_within_rule(a, b, ref, torch.float32, name)
+        assert_within_rule(name, a, b, ref, torch.float32)
 
 
 @pytest.mark.parametrize("shape", TILE_SHAPES)
@@ -94,7 +79,7 @@ def test_grad_op_matches_fp64(shape, with_entropy):
     ours, theirs = z.clone(), z.clone()
     ops.logprob_grad_(ours, y, lse, entropy, gl, gh)
     TorchEpilogue().grad_(theirs, y, lse, entropy, gl, gh)
-    assert_within_rule(ours, theirs, fp64_grad(z, y, gl, gh), torch.float32, "dz")
+    assert_within_rule("dz", ours, theirs, fp64_grad(z, y, gl, gh), torch.float32)
 
 
 def test_extreme_logits_and_banned_tokens():
@@ -110,14 +95,14 @@ def test_extreme_logits_and_banned_tokens():
     torch_ours = TorchEpilogue().stats(z.clone(), y)
     for name, a, b, r in zip(("logp", "entropy", "lse"), (logp, entropy, lse), torch_ours, ref, strict=True):
         finite = torch.isfinite(b)  # the torch epilogue's Σ p·z is NaN on the −inf row: compare where it is finite
-        assert_within_rule(a[finite], b[finite], r[finite], torch.float32, name)
+        assert_within_rule(name, a[finite], b[finite], r[finite], torch.float32)
     assert abs(entropy[1].item() - torch.log(torch.tensor(2049.0)).item()) < 1e-5
-    assert max_err(entropy[2], ref[1][2]) < 1e-5
+    assert max_error(entropy[2], ref[1][2]) < 1e-5
     gl, gh = torch.randn(6), torch.randn(6)
     dz = z.clone()
     ops.logprob_grad_(dz, y, lse, entropy, gl, gh)
     assert torch.isfinite(dz).all()
-    assert max_err(dz, fp64_grad(z, y, gl, gh)) < 1e-4
+    assert max_error(dz, fp64_grad(z, y, gl, gh)) < 1e-4
     assert (dz[2, 5:] == 0).all()
 
 
@@ -140,11 +125,11 @@ def test_fp64_tiles():
     ours = ops.logprob_stats(z, y)
     assert all(t.dtype == torch.float64 for t in ours)
     for a, ref in zip(ours, fp64_stats(z, y), strict=True):
-        assert max_err(a, ref) < 1e-10
+        assert max_error(a, ref) < 1e-10
     gl, gh = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
     dz = z.clone()
     ops.logprob_grad_(dz, y, ours[2], ours[1], gl, gh)
-    assert max_err(dz, fp64_grad(z, y, gl, gh)) < 1e-10
+    assert max_error(dz, fp64_grad(z, y, gl, gh)) < 1e-10
 
 
 def test_empty_tile():
@@ -237,7 +222,7 @@ def test_fused_logprobs_values_and_grads(shape, dtype):
     ours, theirs, ref = run("cpu"), run("torch"), run("naive")
     for name, a, b, r in zip(("logp", "entropy", "dh", "dW", "db"), ours, theirs, ref, strict=True):
         assert a.dtype == (torch.float32 if name in ("logp", "entropy") else dtype)
-        assert_within_rule(a, b, r, dtype, name)
+        assert_within_rule(name, a, b, r, dtype)
 
 
 def test_auto_picks_cpu_backend():
@@ -293,9 +278,9 @@ def test_grpo_loss_matches_reference(options, dtype):
 
     ours, theirs, naive = run("cpu"), run("torch"), run("naive")
     for name, i in (("loss", 0), ("dh", 2), ("dW", 3)):
-        assert_within_rule(ours[i], theirs[i], naive[i], dtype, name)
+        assert_within_rule(name, ours[i], theirs[i], naive[i], dtype)
     for key, value in naive[1].items():
-        assert_within_rule(ours[1][key], theirs[1][key], value, dtype, key)
+        assert_within_rule(key, ours[1][key], theirs[1][key], value, dtype)
 
 
 def test_grpo_loss_on_policy_recompute_path():
@@ -315,7 +300,7 @@ def test_grpo_loss_on_policy_recompute_path():
     loss, _ = naive_grpo_loss(hh, ww, ids, mask, adv, config=GRPOLossConfig(**cfg))
     loss.backward()
     for a, b, r in zip(results[0], results[1], (loss.detach(), hh.grad, ww.grad), strict=True):
-        assert_within_rule(a, b, r, torch.float32, "recompute")
+        assert_within_rule("recompute", a, b, r, torch.float32)
 
 
 # ---------------------------------------------------------------- torch.compile / fake tensors

@@ -1,4 +1,4 @@
-"""`grpo-fast train --config path.yaml [--set key=value ...]` and `grpo-fast demo --output-dir DIR`."""
+"""`grpo-fast train --config path.yaml [--set key=value ...] [--resume]`."""
 
 from __future__ import annotations
 
@@ -24,18 +24,6 @@ def register(subparsers) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=_train)
-
-    from grpo_fast.demo.driver import DemoConfig
-
-    d = subparsers.add_parser("demo", help="tiny local model: cold-start SFT + GRPO on CPU, accuracy before/after")
-    defaults = DemoConfig()
-    d.add_argument("--output-dir", default=defaults.output_dir)
-    d.add_argument("--seed", type=int, default=defaults.seed)
-    d.add_argument("--engine", choices=("auto", "vllm", "hf"), default=defaults.engine)
-    d.add_argument("--rl-steps", type=int, default=defaults.rl_steps)
-    d.add_argument("--sft-steps", type=int, default=defaults.sft_steps)
-    d.add_argument("--no-progress", action="store_true")
-    d.set_defaults(func=_demo)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -64,19 +52,4 @@ def _train(args: argparse.Namespace) -> int:
     trainer = GRPOTrainer(cfg.model.path, cfg.reward.funcs, train, config=cfg, eval_dataset=evals)
     last = trainer.train()
     print(json.dumps({k: v for k, v in last.items() if k.startswith(("reward/mean", "eval/"))}))
-    return 0
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from grpo_fast.demo.driver import DemoConfig, main
-
-    cfg = DemoConfig(
-        output_dir=args.output_dir,
-        seed=args.seed,
-        engine=args.engine,
-        rl_steps=args.rl_steps,
-        sft_steps=args.sft_steps,
-        progress=not args.no_progress,
-    )
-    main(cfg)
     return 0

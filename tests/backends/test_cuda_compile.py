@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-CSRC = Path(__file__).resolve().parents[1] / "csrc"
+CSRC = Path(__file__).resolve().parents[2] / "csrc"
 NVCC = shutil.which("nvcc")
 
 TU = """

@@ -21,7 +21,6 @@ class TokenLayout:
     mask:        [N] in {0, 1} (fp32, fp64 for fp64 inputs), active (completion, non-padding) tokens.
     active_per_seq: [B], Σ mask over each sequence.
     padded_length: T for a padded batch, the longest sequence for a packed one.
-    padded_shape: (B, T) when the caller's tensors are padded, else None.
     """
 
     seq_index: torch.Tensor
@@ -29,7 +28,6 @@ class TokenLayout:
     mask: torch.Tensor
     active_per_seq: torch.Tensor
     padded_length: int
-    padded_shape: tuple[int, int] | None
 
     @property
     def num_seqs(self) -> int:
@@ -46,10 +44,6 @@ class TokenLayout:
         out = torch.zeros(self.num_seqs, dtype=values.dtype, device=values.device)
         return out.index_add_(0, seq_index, values)
 
-    def to_caller(self, per_token: torch.Tensor) -> torch.Tensor:
-        """[N] -> the caller's layout ([B, T] when padded)."""
-        return per_token if self.padded_shape is None else per_token.view(self.padded_shape)
-
 
 def padded_layout(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> TokenLayout:
     """Layout of a padded batch from its `[B, T]` completion mask."""
@@ -58,7 +52,7 @@ def padded_layout(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> Tok
     flat = mask.reshape(-1).to(dtype)
     seq_index = torch.arange(batch, device=device).repeat_interleave(length)
     seq_starts = torch.arange(batch + 1, device=device) * length
-    return TokenLayout(seq_index, seq_starts, flat, flat.view(batch, length).sum(-1), length, (batch, length))
+    return TokenLayout(seq_index, seq_starts, flat, flat.view(batch, length).sum(-1), length)
 
 
 def packed_layout(mask: torch.Tensor, cu_seqlens: torch.Tensor, dtype: torch.dtype = torch.float32) -> TokenLayout:
@@ -69,4 +63,4 @@ def packed_layout(mask: torch.Tensor, cu_seqlens: torch.Tensor, dtype: torch.dty
     seq_index = torch.arange(lengths.numel(), device=mask.device).repeat_interleave(lengths)
     active = torch.zeros(lengths.numel(), dtype=dtype, device=mask.device).index_add_(0, seq_index, flat)
     longest = int(lengths.max()) if lengths.numel() else 0
-    return TokenLayout(seq_index, cu, flat, active, longest, None)
+    return TokenLayout(seq_index, cu, flat, active, longest)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .bench import loss
+from grpo_fast.bench import loss
 
 
 def register(subparsers) -> None:

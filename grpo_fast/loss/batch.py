@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from . import checks
-from .config import GRPOLossConfig
 from .layout import TokenLayout, packed_layout, padded_layout
+from .options import GRPOLossConfig
 from .token_math import TokenInputs, entropy_weights, reduction_weights
 
 

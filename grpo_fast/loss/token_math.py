@@ -1,6 +1,9 @@
 """Layer 2 of the loss: the O(N) GRPO token math, in PyTorch (the twin of kernels/grpo_token_loss.py).
 
-Notation, per token i of sequence b (flat rows, see grpo_fast.layout):
+The loss type (grpo_fast.loss.loss_types) picks the objective (clipped or cispo) and the reduction
+weights c_i.
+
+Notation, per token i of sequence b (flat rows, see grpo_fast.loss.layout):
   ℓ_i current logprob, o_i old logprob, r_i reference logprob, A_i advantage, w_i importance weight,
   H_i entropy, m_i mask, L_b = Σ_{i∈b} m_i.
   c_i = reduction weight of the loss type (mask folded in, see `reduction_weights`),
@@ -9,7 +12,7 @@ Notation, per token i of sequence b (flat rows, see grpo_fast.layout):
   s_i = ℓ_i − o_i                                (token level)
   s_i = s_b = Σ_{j∈b} m_j (ℓ_j − o_j) / max(L_b, 1)   (sequence level, GSPO)
   ρ_i = exp(s_i)
-  grpo family:  t1 = min(ρ, δ) (δ optional), t2 = clip(ρ, 1 − ε_lo, 1 + ε_hi), p_i = −min(t1 A, t2 A)
+  clipped:      t1 = min(ρ, δ) (δ optional), t2 = clip(ρ, 1 − ε_lo, 1 + ε_hi), p_i = −min(t1 A, t2 A)
   cispo:        p_i = −sg(min(ρ, ε_hi)) A ℓ_i
   kl_i = exp(r_i − ℓ_i) − (r_i − ℓ_i) − 1        (k3 estimator)
 
@@ -29,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import GRPOLossConfig
 from .layout import TokenLayout
+from .loss_types import Objective, Reduction
+from .options import GRPOLossConfig
 
 # Order of the partial sums in `TokenLossOutput.sums` (chunks add them up).
 SUM_NAMES = ("loss", "kl", "clip_low", "clip_high", "clip_region", "entropy", "logprob", "is_weight")
@@ -63,19 +67,18 @@ def reduction_weights(
 ) -> torch.Tensor:
     """c [N]: the coefficient of each token's loss in the reduction of `config.loss_type` (TRL's)."""
     mask = layout.mask
-    if config.loss_type == "grpo":
+    reduction = config.loss_spec.reduction
+    if reduction is Reduction.SEQUENCE_MEAN:
         per_seq = layout.active_per_seq.clamp(min=1.0) * layout.num_seqs
         return mask / per_seq[layout.seq_index]
-    if config.loss_type == "bnpo":
-        return mask / mask.sum().clamp(min=1.0)
-    if config.loss_type == "dr_grpo":
+    if reduction is Reduction.CONSTANT_LENGTH:
         length = config.max_completion_length or layout.padded_length
         return mask / float(layout.num_seqs * max(length, 1))
-    # dapo, cispo: normalised by the global active-token count of the accumulated batch.
-    if num_items_in_batch is None:
-        return mask / mask.sum().clamp(min=1.0)
-    count = torch.as_tensor(num_items_in_batch, dtype=mask.dtype, device=mask.device)
-    return mask / count.clamp(min=1.0)
+    if reduction is Reduction.GLOBAL_TOKEN_MEAN and num_items_in_batch is not None:
+        count = torch.as_tensor(num_items_in_batch, dtype=mask.dtype, device=mask.device)
+        return mask / count.clamp(min=1.0)
+    # TOKEN_MEAN, and GLOBAL_TOKEN_MEAN without a global count: this call's active tokens.
+    return mask / mask.sum().clamp(min=1.0)
 
 
 def entropy_weights(layout: TokenLayout) -> torch.Tensor:
@@ -109,13 +112,14 @@ def grpo_token_loss(
         log_ratio = seq_log_ratio[seq]
     ratio = torch.exp(log_ratio)
 
-    if config.loss_type == "cispo":
+    objective = config.loss_spec.objective
+    if objective is Objective.CISPO:
         capped = torch.clamp(ratio, max=config.clip_high)
         per_token = -capped * adv * logprobs
         d_logp = c * weight * (-capped * adv)
         high = (ratio > config.clip_high) & (adv > 0)
         low = torch.zeros_like(high)
-    else:
+    elif objective is Objective.CLIPPED:
         lo, hi = 1.0 - config.epsilon_low, 1.0 + config.clip_high
         t1 = ratio if config.delta is None else torch.clamp(ratio, max=config.delta)
         t2 = torch.clamp(ratio, lo, hi)
@@ -131,6 +135,8 @@ def grpo_token_loss(
             d_logp = d_ratio
         low = (ratio < lo) & (adv < 0)
         high = (ratio > hi) & (adv > 0)
+    else:
+        raise NotImplementedError(f"loss_type {config.loss_type!r}: no token math for objective {objective.value!r}")
 
     loss_terms = c * weight * per_token
     kl = None

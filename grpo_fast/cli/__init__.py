@@ -1,19 +1,19 @@
-"""`grpo-fast` console script. Each subcommand lives beside the code it drives and registers
-itself through a `register(subparsers)` function listed in COMMAND_MODULES."""
+"""`grpo-fast` console script. One module per command in this package, each with a
+`register(subparsers)` function; COMMAND_MODULES lists them."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 
-COMMAND_MODULES = ("benchmarks_cli", "train_cli")
+COMMAND_MODULES = ("train", "demo", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grpo-fast", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
-        importlib.import_module(f"grpo_fast.{name}").register(subparsers)
+        importlib.import_module(f"{__name__}.{name}").register(subparsers)
     return parser
 
 

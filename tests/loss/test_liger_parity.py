@@ -5,12 +5,14 @@ import pytest
 import torch
 
 from grpo_fast import GRPOLoss, GRPOLossConfig
-from grpo_fast.synthetic import make_loss_batch
+from grpo_fast.loss import LOSS_TYPES, Objective
+from grpo_fast.testing.synthetic import make_loss_batch
 
 liger = pytest.importorskip("liger_kernel.chunked_loss")
 
-CASES = [(t, "token") for t in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")]
-CASES += [(t, "sequence") for t in ("grpo", "bnpo", "dr_grpo", "dapo")]  # Liger has no sequence-level cispo
+# Liger has no sequence-level cispo.
+CASES = [(t, "token") for t in LOSS_TYPES]
+CASES += [(t, "sequence") for t, spec in LOSS_TYPES.items() if spec.objective is not Objective.CISPO]
 
 
 @pytest.mark.parametrize("loss_type,level", CASES)
@@ -20,7 +22,7 @@ def test_matches_liger(loss_type, level):
         beta=0.04,
         loss_type=loss_type,
         epsilon_low=0.2,
-        epsilon_high=1.2 if loss_type == "cispo" else 0.28,
+        epsilon_high=1.2 if LOSS_TYPES[loss_type].objective is Objective.CISPO else 0.28,
         temperature=0.9,
         importance_sampling_level=level,
         max_completion_length=7 if loss_type == "dr_grpo" else None,

@@ -1,6 +1,6 @@
 """Triton kernels vs the PyTorch oracle, on CPU through TRITON_INTERPRET=1 (on CUDA when present).
 
-Tolerance rule (ARCHITECTURE.md): against an fp64 oracle, a kernel's error may be at most twice the
+Tolerance rule (grpo_fast.testing.tolerance): against an fp64 oracle, a kernel's error may be at most twice the
 error of the `torch` backend in the same input precision, plus a small atol (relative to the size of
 the quantity: 1e-5 for fp32, 2e-3 for bf16/fp16 where the bf16 cast of dz dominates).
 The interpreter is slow, so shapes are tiny and the interpreter tiles (16 x 128 x 32) are chosen
@@ -25,25 +25,14 @@ from grpo_fast.kernels.linear_logprobs import BlockConfig, linear_logprobs_backw
 from grpo_fast import GRPOLossConfig, fused_logprobs, grpo_loss  # noqa: E402
 from grpo_fast.backends.chunked import TORCH_BACKEND  # noqa: E402
 from grpo_fast.backends.triton import TRITON_BACKEND, TRITON_DETERMINISTIC_BACKEND  # noqa: E402
-from grpo_fast.layout import packed_layout, padded_layout  # noqa: E402
-from grpo_fast.token_math import TokenInputs, entropy_weights, grpo_token_loss, reduction_weights  # noqa: E402
+from grpo_fast.loss import LOSS_TYPES, Objective  # noqa: E402
+from grpo_fast.loss.layout import packed_layout, padded_layout  # noqa: E402
+from grpo_fast.loss.token_math import TokenInputs, entropy_weights, grpo_token_loss, reduction_weights  # noqa: E402
+from grpo_fast.testing.tolerance import assert_within_rule  # noqa: E402
 
 pytestmark = pytest.mark.triton
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-ATOL = {torch.float32: 1e-5, torch.bfloat16: 2e-3, torch.float16: 2e-3}
-
-
-def _max_err(actual, expected):
-    return (actual.double() - expected.double()).abs().max().item()
-
-
-def _assert_within_rule(name, actual, torch_result, oracle, dtype):
-    """|triton − oracle| ≤ 2·|torch − oracle| + atol·max(1, |oracle|)."""
-    scale = max(1.0, oracle.abs().max().item())
-    err, torch_err = _max_err(actual, oracle), _max_err(torch_result, oracle)
-    bound = 2.0 * torch_err + ATOL[dtype] * scale
-    assert err <= bound, f"{name}: error {err:.3g} > bound {bound:.3g} (torch's own error {torch_err:.3g})"
 
 
 def _problem(n, h, v, dtype, bias, seed=0, scale=1.0):
@@ -82,7 +71,7 @@ def test_linear_logprobs_forward_backward(n, h, v, bias, tau, dtype):
     reference = TORCH_BACKEND.forward(hidden, weight, b, targets, inv_t)
     stats = TRITON_BACKEND.forward(hidden, weight, b, targets, inv_t)
     for name in ("logprobs", "entropy", "lse"):
-        _assert_within_rule(name, getattr(stats, name), getattr(reference, name), getattr(oracle, name), dtype)
+        assert_within_rule(name, getattr(stats, name), getattr(reference, name), getattr(oracle, name), dtype)
 
     args = (grad_logp, grad_entropy)
     oracle_g = TORCH_BACKEND.backward(
@@ -95,7 +84,7 @@ def test_linear_logprobs_forward_backward(n, h, v, bias, tau, dtype):
         assert (grads[2] is None) == (b is None)
         for name, actual, ref, orc in zip(("dh", "dW", "db"), grads, reference_g, oracle_g, strict=True):
             if orc is not None:
-                _assert_within_rule(f"{name} (deterministic={backend.deterministic})", actual, ref, orc, dtype)
+                assert_within_rule(f"{name} (deterministic={backend.deterministic})", actual, ref, orc, dtype)
 
 
 def test_deterministic_backward_is_bitwise_reproducible():
@@ -179,7 +168,7 @@ def _packed_case(seed=0):
 # entropy_coef, is_weights and old logprobs together, "plain" has none (on-policy, ratio 1).
 TOKEN_CASES = [
     pytest.param(loss_type, level, full, id=f"{loss_type}-{level}-{'all' if full else 'plain'}")
-    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo", "cispo")
+    for loss_type in LOSS_TYPES
     for level in ("token", "sequence")
     for full in (True, False)
 ]
@@ -188,7 +177,7 @@ TOKEN_CASES = [
 @pytest.mark.parametrize(("loss_type", "level", "full"), TOKEN_CASES)
 def test_token_kernel_matches_twin(loss_type, level, full):
     layout, x = _packed_case()
-    cispo = loss_type == "cispo"
+    cispo = LOSS_TYPES[loss_type].objective is Objective.CISPO
     config = GRPOLossConfig(
         loss_type=loss_type,
         importance_sampling_level=level,
