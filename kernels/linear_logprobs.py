@@ -93,17 +93,8 @@ def default_blocks(kind: str, dtype: torch.dtype = torch.bfloat16) -> BlockConfi
 
 @triton.jit
 def _logits_tile(
-    h_ptr,
-    w_ptr,
-    b_ptr,
-    rows64,
-    row_mask,
-    cols64,
-    col_mask,
-    H,
-    stride_hn,
-    stride_wv,
-    inv_temperature,
+    linear,
+    tile,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -113,7 +104,10 @@ def _logits_tile(
 ):
     """z [BLOCK_N, BLOCK_V] fp32 = (h[rows] W[cols]ᵀ + b[cols]) τ⁻¹, accumulated over H in BLOCK_H slices.
 
-    Rows / columns outside the masks read zeros; the caller masks their z."""
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, τ⁻¹); tile = (rows64, row_mask, cols64,
+    col_mask) [BLOCK_N] / [BLOCK_V]. Rows / columns outside the masks read zeros; the caller masks their z."""
+    h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature = linear
+    rows64, row_mask, cols64, col_mask = tile
     acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
     ks = tl.arange(0, BLOCK_H)
     for k0 in range(0, H, BLOCK_H):
@@ -137,10 +131,40 @@ def _logits_tile(
 
 
 @triton.jit
-def _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY: tl.constexpr):
-    """dz [BLOCK_N, BLOCK_V] fp32 = gℓ (onehot(y) − p) − gH p (log p + H), zero outside `valid`.
+def _row_grads(grad_inputs, rows64, row_mask, HAS_GRAD_ENTROPY: tl.constexpr):
+    """The backward's per-row inputs of rows64 [BLOCK_N]: (y, lse, entropy, gℓ, gH), each [BLOCK_N], from
+    grad_inputs = (y_ptr, lse_ptr, ent_ptr, gl_ptr, gh_ptr); without HAS_GRAD_ENTROPY gH aliases gℓ (unused)."""
+    y_ptr, lse_ptr, ent_ptr, gl_ptr, gh_ptr = grad_inputs
+    targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
+    lse = tl.load(lse_ptr + rows64, mask=row_mask, other=0.0)
+    entropy = tl.load(ent_ptr + rows64, mask=row_mask, other=0.0)
+    grad_logp = tl.load(gl_ptr + rows64, mask=row_mask, other=0.0)
+    grad_entropy = grad_logp
+    if HAS_GRAD_ENTROPY:
+        grad_entropy = tl.load(gh_ptr + rows64, mask=row_mask, other=0.0)
+    return targets, lse, entropy, grad_logp, grad_entropy
 
-    z: the tile's tempered logits; lse, entropy, gℓ, gH: [BLOCK_N] per-row values."""
+
+@triton.jit
+def _scaled_grad_tile(
+    linear,
+    tile,
+    row_grads,
+    HAS_BIAS: tl.constexpr,
+    HAS_GRAD_ENTROPY: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """dz τ⁻¹ [BLOCK_N, BLOCK_V] fp32 of one tile (every backward product carries τ⁻¹), zero outside the masks:
+        dz = gℓ (onehot(y) − p) − gH p (log p + H),  p = e^{z − lse},
+    with z recomputed by `_logits_tile` and row_grads = (y, lse, entropy, gℓ, gH) from `_row_grads`."""
+    targets, lse, entropy, grad_logp, grad_entropy = row_grads
+    rows64, row_mask, cols64, col_mask = tile
+    z = _logits_tile(linear, tile, HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION)
+    valid = row_mask[:, None] & col_mask[None, :]
     log_p = z - lse[:, None]
     p = tl.where(valid, tl.exp(log_p), 0.0)
     if HAS_GRAD_ENTROPY:
@@ -148,7 +172,9 @@ def _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_e
     else:
         coef = grad_logp[:, None] + tl.zeros_like(log_p)
     hit = (cols64[None, :] == targets[:, None]) & valid
-    return tl.where(hit, grad_logp[:, None], 0.0) - tl.where(valid, p * coef, 0.0)
+    dz = tl.where(hit, grad_logp[:, None], 0.0) - tl.where(valid, p * coef, 0.0)
+    inv_temperature = linear[6]
+    return dz * inv_temperature
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,6 +223,7 @@ def _linear_logprobs_fwd_kernel(
     logp = z_y − lse. Gradient: see `_linear_logprobs_bwd_kernel`.
     """
     pid = tl.program_id(0)
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature)
     pid_n = pid % num_n_blocks
     pid_s = pid // num_n_blocks
     rows64 = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
@@ -213,23 +240,7 @@ def _linear_logprobs_fwd_kernel(
         cols64 = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
         col_mask = cols64 < v_end
         z = _logits_tile(
-            h_ptr,
-            w_ptr,
-            b_ptr,
-            rows64,
-            row_mask,
-            cols64,
-            col_mask,
-            H,
-            stride_hn,
-            stride_wv,
-            inv_temperature,
-            HAS_BIAS,
-            BLOCK_N,
-            BLOCK_V,
-            BLOCK_H,
-            DOT_UPCAST,
-            DOT_PRECISION,
+            linear, (rows64, row_mask, cols64, col_mask), HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION
         )
         z_masked = tl.where(col_mask[None, :], z, float("-inf"))
         m_new = tl.maximum(m, tl.max(z_masked, axis=1))
@@ -297,6 +308,8 @@ def _linear_logprobs_bwd_kernel(
     are reproducible only to rounding; use the deterministic kernels for bitwise reproducibility.
     """
     pid = tl.program_id(0)
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature)
+    grad_inputs = (y_ptr, lse_ptr, ent_ptr, gl_ptr, gh_ptr)
     tiles_per_group = GROUP_N * num_v_blocks
     group = pid // tiles_per_group
     first_n = group * GROUP_N
@@ -308,36 +321,20 @@ def _linear_logprobs_bwd_kernel(
     row_mask = rows64 < N
     cols64 = pid_v.to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V).to(tl.int64)
     col_mask = cols64 < V
-    valid = row_mask[:, None] & col_mask[None, :]
 
-    z = _logits_tile(
-        h_ptr,
-        w_ptr,
-        b_ptr,
-        rows64,
-        row_mask,
-        cols64,
-        col_mask,
-        H,
-        stride_hn,
-        stride_wv,
-        inv_temperature,
+    row_grads = _row_grads(grad_inputs, rows64, row_mask, HAS_GRAD_ENTROPY)
+    dz = _scaled_grad_tile(
+        linear,
+        (rows64, row_mask, cols64, col_mask),
+        row_grads,
         HAS_BIAS,
+        HAS_GRAD_ENTROPY,
         BLOCK_N,
         BLOCK_V,
         BLOCK_H,
         DOT_UPCAST,
         DOT_PRECISION,
     )
-    targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
-    lse = tl.load(lse_ptr + rows64, mask=row_mask, other=0.0)
-    entropy = tl.load(ent_ptr + rows64, mask=row_mask, other=0.0)
-    grad_logp = tl.load(gl_ptr + rows64, mask=row_mask, other=0.0)
-    grad_entropy = grad_logp
-    if HAS_GRAD_ENTROPY:
-        grad_entropy = tl.load(gh_ptr + rows64, mask=row_mask, other=0.0)
-    dz = _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY)
-    dz = dz * inv_temperature
     if HAS_BIAS:
         tl.atomic_add(db_ptr + cols64, tl.sum(dz, axis=0), mask=col_mask, sem="relaxed")
     dz_in = dz.to(h_ptr.dtype.element_ty)
@@ -405,6 +402,8 @@ def _linear_logprobs_bwd_dh_kernel(
     gives too few programs to fill the GPU).
     """
     pid = tl.program_id(0)
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature)
+    grad_inputs = (y_ptr, lse_ptr, ent_ptr, gl_ptr, gh_ptr)
     pid_n = pid % num_n_blocks
     pid_s = pid // num_n_blocks
     v_start = pid_s.to(tl.int64) * split_size
@@ -412,39 +411,24 @@ def _linear_logprobs_bwd_dh_kernel(
     dh_ptr += pid_s.to(tl.int64) * N * H
     rows64 = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
     row_mask = rows64 < N
-    targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
-    lse = tl.load(lse_ptr + rows64, mask=row_mask, other=0.0)
-    entropy = tl.load(ent_ptr + rows64, mask=row_mask, other=0.0)
-    grad_logp = tl.load(gl_ptr + rows64, mask=row_mask, other=0.0)
-    grad_entropy = grad_logp
-    if HAS_GRAD_ENTROPY:
-        grad_entropy = tl.load(gh_ptr + rows64, mask=row_mask, other=0.0)
+    row_grads = _row_grads(grad_inputs, rows64, row_mask, HAS_GRAD_ENTROPY)
     ks = tl.arange(0, BLOCK_H)
     for v0 in range(v_start, v_end, BLOCK_V):
         cols64 = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
         col_mask = cols64 < v_end
-        valid = row_mask[:, None] & col_mask[None, :]
-        z = _logits_tile(
-            h_ptr,
-            w_ptr,
-            b_ptr,
-            rows64,
-            row_mask,
-            cols64,
-            col_mask,
-            H,
-            stride_hn,
-            stride_wv,
-            inv_temperature,
+        dz = _scaled_grad_tile(
+            linear,
+            (rows64, row_mask, cols64, col_mask),
+            row_grads,
             HAS_BIAS,
+            HAS_GRAD_ENTROPY,
             BLOCK_N,
             BLOCK_V,
             BLOCK_H,
             DOT_UPCAST,
             DOT_PRECISION,
         )
-        dz = _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY)
-        dz_in = (dz * inv_temperature).to(h_ptr.dtype.element_ty)
+        dz_in = dz.to(h_ptr.dtype.element_ty)
         if DOT_UPCAST:
             dz_in = dz_in.to(tl.float32)
         for k0 in range(0, H, BLOCK_H):
@@ -500,6 +484,8 @@ def _linear_logprobs_bwd_dw_kernel(
     order (S > 1 only for small vocabularies, where V alone gives too few programs).
     """
     pid = tl.program_id(0)
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature)
+    grad_inputs = (y_ptr, lse_ptr, ent_ptr, gl_ptr, gh_ptr)
     pid_v = pid % num_v_blocks
     pid_s = pid // num_v_blocks
     n_start = pid_s.to(tl.int64) * split_size
@@ -513,35 +499,19 @@ def _linear_logprobs_bwd_dw_kernel(
     for n0 in range(n_start, n_end, BLOCK_N):
         rows64 = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         row_mask = rows64 < n_end
-        valid = row_mask[:, None] & col_mask[None, :]
-        targets = tl.load(y_ptr + rows64, mask=row_mask, other=-1)
-        lse = tl.load(lse_ptr + rows64, mask=row_mask, other=0.0)
-        entropy = tl.load(ent_ptr + rows64, mask=row_mask, other=0.0)
-        grad_logp = tl.load(gl_ptr + rows64, mask=row_mask, other=0.0)
-        grad_entropy = grad_logp
-        if HAS_GRAD_ENTROPY:
-            grad_entropy = tl.load(gh_ptr + rows64, mask=row_mask, other=0.0)
-        z = _logits_tile(
-            h_ptr,
-            w_ptr,
-            b_ptr,
-            rows64,
-            row_mask,
-            cols64,
-            col_mask,
-            H,
-            stride_hn,
-            stride_wv,
-            inv_temperature,
+        row_grads = _row_grads(grad_inputs, rows64, row_mask, HAS_GRAD_ENTROPY)
+        dz = _scaled_grad_tile(
+            linear,
+            (rows64, row_mask, cols64, col_mask),
+            row_grads,
             HAS_BIAS,
+            HAS_GRAD_ENTROPY,
             BLOCK_N,
             BLOCK_V,
             BLOCK_H,
             DOT_UPCAST,
             DOT_PRECISION,
         )
-        dz = _grad_logits_tile(z, targets, cols64, valid, lse, entropy, grad_logp, grad_entropy, HAS_GRAD_ENTROPY)
-        dz = dz * inv_temperature
         db += tl.sum(dz, axis=0)
         dz_t = tl.trans(dz.to(h_ptr.dtype.element_ty))
         if DOT_UPCAST:

@@ -64,8 +64,7 @@ class TorchEpilogue:
         self.temp_bytes = temp_bytes
 
     def _blocks(self, z):
-        step = max(1, self.temp_bytes // (z.shape[1] * z.element_size()))
-        return [slice(start, min(start + step, z.shape[0])) for start in range(0, z.shape[0], step)]
+        return row_slices(z.shape[0], self.temp_bytes // (z.shape[1] * z.element_size()))
 
     def stats(self, z, targets):
         out = torch.empty(3, z.shape[0], dtype=z.dtype, device=z.device)
@@ -94,6 +93,12 @@ class TorchEpilogue:
                 b = a * entropy[rows].view(-1, 1) - g_logp
                 block.mul_(a).add_(b - a * row_lse).mul_(p)
             block.scatter_add_(1, targets[rows].view(-1, 1), g_logp)
+
+
+def row_slices(num_rows: int, step: int) -> list[slice]:
+    """[0, num_rows) in consecutive slices of `step` rows (at least one row each; the last may be shorter)."""
+    step = max(1, step)
+    return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -133,8 +138,7 @@ class ChunkedBackend:
         """ceil(N / R) chunks of near-equal size: no short last chunk paying a whole pass over W and dW."""
         most = self.rows_per_chunk(vocab, device, workspace_bytes)
         count = max(1, -(-num_rows // most))
-        step = max(1, -(-num_rows // count))
-        return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
+        return row_slices(num_rows, -(-num_rows // count))
 
     @staticmethod
     def _logits(hidden, weight, bias, inv_temperature, workspace):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .chunked import ChunkedBackend, TorchEpilogue
+from .chunked import ChunkedBackend, TorchEpilogue, accumulation_dtype
 
 try:
     from grpo_fast import _C
@@ -30,10 +30,6 @@ except ImportError as err:
 __all__ = ["CPU_BACKEND", "CUDA_BACKEND", "NativeEpilogue", "cpu_kernel_isa", "built_with_cuda"]
 
 
-def _stats_dtype(logits: torch.Tensor) -> torch.dtype:
-    return torch.float64 if logits.dtype == torch.float64 else torch.float32
-
-
 @torch.library.register_fake("grpo_fast::logprob_stats")
 def _logprob_stats_fake(logits, targets):
     torch._check(logits.dim() == 2, lambda: f"logits: expected a 2-d tile [R, V], got {list(logits.shape)}")
@@ -42,7 +38,7 @@ def _logprob_stats_fake(logits, targets):
         lambda: f"targets: expected device {logits.device}, got {targets.device}",
     )
     rows = logits.shape[0]
-    dtype = _stats_dtype(logits)
+    dtype = accumulation_dtype(logits.dtype)
     return tuple(logits.new_empty((rows,), dtype=dtype) for _ in range(3))
 
 
@@ -69,7 +65,7 @@ class NativeEpilogue:
         """Overwrite z [R, V] with dz = gℓ (onehot − p) − gH p (log p + H) (gH None = 0)."""
         if z.is_cuda and z.dtype == torch.float64:
             return self._fp64_cuda.grad_(z, targets, lse, entropy, grad_logp, grad_entropy)
-        dtype = _stats_dtype(z)
+        dtype = accumulation_dtype(z.dtype)
         torch.ops.grpo_fast.logprob_grad_(
             z,
             targets,

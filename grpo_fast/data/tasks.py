@@ -16,6 +16,8 @@ import operator
 import random
 from collections import Counter
 
+from grpo_fast.rewards.text import completion_text
+
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
@@ -49,7 +51,7 @@ def modular_arithmetic_dataset(
 
 def exact_match_reward(prompts, completions, answer, **_) -> list[float]:
     """1.0 when the stripped completion equals the answer, else 0.0."""
-    return [float(_text(c).strip() == str(a).strip()) for c, a in zip(completions, answer, strict=True)]
+    return [float(completion_text(c).strip() == str(a).strip()) for c, a in zip(completions, answer, strict=True)]
 
 
 def countdown_dataset(n: int, seed: int = 0, num_numbers: int = 3, max_number: int = 9) -> list[dict]:
@@ -82,18 +84,11 @@ def countdown_reward(prompts, completions, numbers, target, **_) -> list[float]:
     given numbers, each once, and evaluates to the target; else 0.0."""
     out = []
     for c, nums, tgt in zip(completions, numbers, target, strict=True):
-        expr = _text(c).strip()
+        expr = completion_text(c).strip()
         used = _numbers_in(expr)
         ok = used is not None and Counter(used) == Counter(int(x) for x in nums)
         out.append(float(ok and _safe_eval(expr) == int(tgt)))
     return out
-
-
-def _text(completion) -> str:
-    # Conversational completions are [{"role": "assistant", "content": ...}] (TRL's convention).
-    if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion)
-    return completion
 
 
 def _numbers_in(expr: str) -> list[int] | None:

@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.chunked import TorchEpilogue, accumulation_dtype
+from ..backends.chunked import TORCH_BACKEND, accumulation_dtype
 from . import checks
 from .batch import PreparedBatch, prepare_batch
 from .options import GRPOLossConfig
 from .token_math import finalize_metrics, grpo_token_loss
-
-_EPILOGUE = TorchEpilogue()
-
-
-def _row_chunks(num_rows: int, vocab: int, workspace_bytes: int | None) -> list[slice]:
-    step = max(1, (workspace_bytes or (64 << 20)) // (4 * vocab))
-    return [slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step)]
 
 
 class _LogitsGRPOLoss(torch.autograd.Function):
@@ -32,11 +25,11 @@ class _LogitsGRPOLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, batch: PreparedBatch, config: GRPOLossConfig, inplace_backward: bool):
         inv_temperature = 1.0 / config.temperature
-        chunks = _row_chunks(logits.shape[0], logits.shape[1], config.workspace_bytes)
+        chunks = TORCH_BACKEND.row_chunks(logits.shape[0], logits.shape[1], logits.device, config.workspace_bytes)
         stats = torch.empty(3, logits.shape[0], dtype=accumulation_dtype(logits.dtype), device=logits.device)
         for rows in chunks:
             z = logits[rows].to(stats.dtype, copy=True).mul_(inv_temperature)
-            for dst, value in zip(stats[:, rows], _EPILOGUE.stats(z, batch.targets[rows]), strict=True):
+            for dst, value in zip(stats[:, rows], TORCH_BACKEND.epilogue.stats(z, batch.targets[rows]), strict=True):
                 dst.copy_(value)
         logp, entropy, lse = stats.unbind(0)
         out = grpo_token_loss(logp, entropy, batch.inputs, batch.layout, config)
@@ -55,7 +48,7 @@ class _LogitsGRPOLoss(torch.autograd.Function):
         for rows in ctx.chunks:
             z = logits[rows].to(lse.dtype, copy=True).mul_(ctx.inv_temperature)
             g_h = None if grad_entropy is None else grad_entropy[rows]
-            _EPILOGUE.grad_(z, targets[rows], lse[rows], entropy[rows], grad_logp[rows], g_h)
+            TORCH_BACKEND.epilogue.grad_(z, targets[rows], lse[rows], entropy[rows], grad_logp[rows], g_h)
             grad_logits[rows].copy_(z.mul_(ctx.inv_temperature))
         return grad_logits, None, None, None
 

@@ -23,6 +23,11 @@ class LossBatch:
     ref_logprobs: torch.Tensor
     is_weights: torch.Tensor
 
+    def token_arguments(self, rows: slice = slice(None)) -> dict[str, torch.Tensor]:
+        """The per-sequence / per-token keyword arguments of `grpo_loss` for the sequences `rows`."""
+        names = ("completion_ids", "completion_mask", "advantages", "old_logprobs", "ref_logprobs", "is_weights")
+        return {name: getattr(self, name)[rows] for name in names}
+
 
 def make_loss_batch(
     batch: int,

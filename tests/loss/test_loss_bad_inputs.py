@@ -12,16 +12,9 @@ B, T, H, V = 2, 5, 8, 17
 @pytest.fixture
 def args():
     batch = make_loss_batch(B, T, H, V, seed=0)
-    return dict(
-        hidden=batch.hidden,
-        weight=batch.weight,
-        completion_ids=batch.completion_ids,
-        completion_mask=batch.completion_mask,
-        advantages=batch.advantages,
-        old_logprobs=batch.old_logprobs,
-        ref_logprobs=batch.ref_logprobs,
-        config=GRPOLossConfig(beta=0.1, backend="torch"),
-    )
+    arguments = batch.token_arguments()
+    del arguments["is_weights"]
+    return dict(hidden=batch.hidden, weight=batch.weight, **arguments, config=GRPOLossConfig(beta=0.1, backend="torch"))
 
 
 def _nan_at_active(x):

@@ -13,17 +13,7 @@ from grpo_fast.testing.synthetic import make_loss_batch
 
 def _both(batch, config, **overrides):
     """(our loss, grads) and (naive loss, grads) on fp64 leaves of the same batch."""
-    fields = (
-        dict(
-            completion_ids=batch.completion_ids,
-            completion_mask=batch.completion_mask,
-            advantages=batch.advantages,
-            old_logprobs=batch.old_logprobs,
-            ref_logprobs=batch.ref_logprobs,
-            is_weights=batch.is_weights,
-        )
-        | overrides
-    )
+    fields = batch.token_arguments() | overrides
     results = []
     for fn in (grpo_loss, naive_grpo_loss):
         h = batch.hidden.clone().requires_grad_()
