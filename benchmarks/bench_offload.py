@@ -2,7 +2,7 @@
 
 Builds a randomly initialised Qwen2-architecture model (Qwen2.5-0.5B shapes, fp32 master weights, bf16
 autocast: the trainer's defaults) on the device, takes one training step through the trainer itself
-(`GRPOTrainer.train_on_batch`: backbone forward -> `grpo_loss` on the lm_head weight -> backward -> AdamW),
+(`LossStep.train_on_batch`: backbone forward -> `grpo_loss` on the lm_head weight -> backward -> AdamW),
 then measures `torch.cuda.memory_allocated` / `memory_reserved` after the step, after
 `TrainerStateOffloader.offload()`, after `reload()`, checks that parameters and optimizer state are
 bitwise identical after the round trip and that a second step trains. This is done twice: optimizer state
@@ -88,8 +88,9 @@ def build_trainer(device: torch.device, shape: str, seed: int = 0):
 
 
 def make_batch(vocab: int, sequences: int, prompt_len: int, completion_len: int, groups: int = 4, seed: int = 0):
-    """What `GRPOTrainer.collect` hands to `train_on_batch`: random prompts/completions, group-varying rewards."""
+    """What the rollout phase hands to `train_on_batch`: random prompts/completions, group-varying rewards."""
     from grpo_fast.rollout.base import Completion
+    from grpo_fast.trainer.rollout_phase import RolloutBatch
 
     g = torch.Generator().manual_seed(seed)
     prompts, completions = [], []
@@ -100,7 +101,7 @@ def make_batch(vocab: int, sequences: int, prompt_len: int, completion_len: int,
         prompts.append(prompt)
         completions.append(Completion(torch.randint(3, vocab, (n,), generator=g).tolist(), [], "", "stop"))
     rewards = torch.rand(sequences, generator=g)
-    return {"prompt_ids": prompts, "completions": completions, "rewards": rewards}
+    return RolloutBatch(prompts, completions, rewards, completions, rewards, rewards[:, None], 0.0, 0, 0.0, 0.0)
 
 
 def state_snapshot(model, optimizer) -> dict[str, torch.Tensor]:
@@ -181,7 +182,7 @@ def run(device: torch.device, shape: str, sequences: int, prompt_len: int, compl
 
     phase("model built")
     t0 = time.perf_counter()
-    stats = trainer.train_on_batch(batch)
+    stats = trainer.loss_step.train_on_batch(batch)
     step_s = time.perf_counter() - t0
     phase("after step 1", seconds=step_s)
     if not all(p.grad is not None for p in params):
@@ -227,7 +228,7 @@ def run(device: torch.device, shape: str, sequences: int, prompt_len: int, compl
 
         step_before = optimizer_steps(optimizer)
         t0 = time.perf_counter()
-        stats = trainer.train_on_batch(batch)
+        stats = trainer.loss_step.train_on_batch(batch)
         phase(f"[{mode}] after next step", seconds=time.perf_counter() - t0)
         step_after = optimizer_steps(optimizer)
         if not torch.isfinite(torch.tensor(stats["loss"])):
@@ -267,7 +268,7 @@ def run(device: torch.device, shape: str, sequences: int, prompt_len: int, compl
             "config": SHAPES[shape],
             "parameters": sum(p.numel() for p in params),
             "param_dtype": str(params[0].dtype).removeprefix("torch."),
-            "bf16_autocast": trainer.autocast,
+            "bf16_autocast": trainer.loss_step.autocast,
             "param_bytes": param_bytes,
             "grad_bytes": grad_bytes,
             "optimizer_state_bytes_on_device": opt_bytes,

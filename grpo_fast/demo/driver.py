@@ -62,8 +62,8 @@ def _noisy_teacher(rows: list[dict], fraction: float, modulus: int, seed: int) -
 
 def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     """Runs the demo; `engine` reuses an existing rollout engine of the same tiny architecture (tests)."""
+    from grpo_fast.loss import GRPOLossConfig
     from grpo_fast.trainer.config import (
-        GRPOConfig,
         ModelConfig,
         OptimConfig,
         RewardConfig,
@@ -115,7 +115,7 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
             max_model_len=64,
             kv_cache_memory_bytes=64 << 20,
         ),
-        grpo=GRPOConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28, scale_rewards="group"),
+        loss=GRPOLossConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28),
         optim=OptimConfig(lr=cfg.rl_lr, max_grad_norm=1.0),
         run=RunConfig(
             output_dir=str(out),

@@ -55,9 +55,14 @@ def overlong_penalty(
         raise ValueError(f"max_completion_length: must be > 0, got {max_completion_length}")
     if not 0 < overlong_buffer <= max_completion_length:
         raise ValueError(f"overlong_buffer: must lie in (0, max_completion_length], got {overlong_buffer}")
-    start = max_completion_length - overlong_buffer
     lengths = completion_lengths_of(completions, completion_ids, completion_lengths, tokenizer)
-    return [-penalty_factor * min(max(length - start, 0) / overlong_buffer, 1.0) for length in lengths]
+    return [soft_overlong_penalty(n, max_completion_length, overlong_buffer, penalty_factor) for n in lengths]
+
+
+def soft_overlong_penalty(length: int, max_length: int, buffer: int, factor: float = 1.0) -> float:
+    """DAPO's penalty of one completion: 0 up to max_length - buffer, then linear down to -factor at
+    max_length (and beyond); buffer > 0."""
+    return -factor * min(max(length - (max_length - buffer), 0) / buffer, 1.0)
 
 
 def length_penalty(

@@ -1,11 +1,11 @@
-"""The rollout engine interface shared by the vLLM and transformers engines."""
+"""The rollout engine interface shared by the vLLM and transformers engines (and any plug-in engine,
+see grpo_fast.rollout.registry)."""
 
 from __future__ import annotations
 
 import abc
-import importlib.util
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -46,9 +46,27 @@ class RolloutEngine(abc.ABC):
 
     Lifecycle of one training step on a colocated GPU: `generate` (awake) -> `sleep` (free memory for the
     trainer) -> training -> `load_weights` (wakes the weights, pushes, wakes the KV cache) -> `generate` ...
+
+    An engine is built by the trainer through `from_config`, so the trainer never needs to know an
+    engine's own options: each engine reads what it needs from the training config.
     """
 
     name: str = "base"
+    shares_trainer_model: bool = False
+    """True when the engine generates with the trainer's own model object: its parameters must then stay
+    resident on the device during generation (the trainer does not offload them)."""
+
+    @classmethod
+    def available(cls) -> bool:
+        """Whether this engine can run here (its libraries import); "auto" picks the first available."""
+        return True
+
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> RolloutEngine:
+        """Build the engine for a run. config: the TrainConfig (rollout / run sections); model, tokenizer: the
+        trainer's; export_model(): writes the policy's current weights as a Hugging Face directory and returns
+        its path (call it only if the engine loads the model from disk)."""
 
     @abc.abstractmethod
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingSpec) -> list[list[Completion]]:
@@ -70,24 +88,3 @@ class RolloutEngine(abc.ABC):
     def close(self) -> None:
         """Frees the engine."""
         return None
-
-
-def vllm_available() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def make_engine(kind: str, model_path: str, tokenizer=None, model=None, **kwargs) -> RolloutEngine:
-    """`kind` in {"vllm", "hf", "auto"}; "auto" is vLLM when importable, else transformers."""
-    if kind == "auto":
-        kind = "vllm" if vllm_available() else "hf"
-    if kind == "vllm":
-        from grpo_fast.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_path, **kwargs)
-    if kind == "hf":
-        from grpo_fast.rollout.hf_engine import HFEngine
-
-        if model is None:
-            raise ValueError("HFEngine needs the trainer's model object (it generates with a copy of it)")
-        return HFEngine(model, tokenizer)
-    raise ValueError(f"rollout engine: expected 'vllm', 'hf' or 'auto', got {kind!r}")

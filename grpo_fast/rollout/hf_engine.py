@@ -8,7 +8,7 @@ top-k), like vLLM's `processed_logprobs`. Seeding is per call (`sampling.seed`),
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -17,11 +17,16 @@ from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 
 class HFEngine(RolloutEngine):
     name = "hf"
+    shares_trainer_model = True
 
     def __init__(self, model, tokenizer, batch_size: int = 256) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+
+    @classmethod
+    def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> HFEngine:
+        return cls(model, tokenizer)
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingSpec) -> list[list[Completion]]:

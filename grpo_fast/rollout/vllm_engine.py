@@ -13,10 +13,11 @@ weights); before the next generation, `wake_up(tags=["weights"])`, push the new 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -24,8 +25,6 @@ from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 from grpo_fast.rollout.weight_sync import iter_weight_buckets
 
 logger = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class _QuietParameterlessReload(logging.Filter):
@@ -104,6 +103,25 @@ class VLLMEngine(RolloutEngine):
         self.sync_bucket_bytes = sync_bucket_bytes
         self.asleep = False
         self.num_syncs = 0
+
+    @classmethod
+    def available(cls) -> bool:
+        return importlib.util.find_spec("vllm") is not None
+
+    @classmethod
+    def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> VLLMEngine:
+        """The engine for a training run: the `rollout` section's vLLM options, the run's seed."""
+        r = config.rollout
+        return cls(
+            export_model(),
+            dtype=r.dtype,
+            max_model_len=r.max_model_len,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            kv_cache_memory_bytes=r.kv_cache_memory_bytes,
+            sleep_level=r.sleep_level,
+            seed=config.run.seed,
+            sync_bucket_bytes=r.sync_bucket_mb << 20,
+        )
 
     # -- generation -------------------------------------------------------------------------------------
 

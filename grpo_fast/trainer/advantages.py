@@ -1,5 +1,5 @@
-"""Rewards -> advantages: weighted sum of reward functions, DAPO's soft overlong penalty, group-mean
-baseline with group / batch / no std scaling, and the zero-variance group filter of dynamic sampling."""
+"""Rewards -> advantages: weighted sum of reward functions, group-mean baseline with group / batch / no
+std scaling, and the zero-variance group filter of dynamic sampling."""
 
 from __future__ import annotations
 
@@ -28,14 +28,6 @@ def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> to
     if not keepdim:
         std = std.squeeze() if dim is None else std.squeeze(dim)
     return std
-
-
-def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
-    """DAPO soft overlong punishment [N]: 0 up to max_len - buffer, then linear down to -factor at max_len."""
-    if buffer <= 0:
-        return torch.zeros_like(lengths, dtype=torch.float32)
-    start = max_len - buffer
-    return -factor * ((lengths.float() - start).clamp(min=0) / buffer).clamp(max=1.0)
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group", eps: float = 1e-4):

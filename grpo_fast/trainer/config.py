@@ -1,5 +1,9 @@
 """The training configuration: a typed dataclass tree, loaded from YAML and `--set key=value` overrides,
-validated with errors that name the offending key."""
+validated with errors that name the offending key.
+
+Sections: model, data, reward, rollout, loss (the fused loss's own `GRPOLossConfig`: its options and
+defaults are documented once, there), grpo (the algorithm around the loss), optim, run.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from typing import Any
 import yaml
 
 from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.rollout.registry import ROLLOUT_ENGINES
 
 
 @dataclass
@@ -43,8 +48,9 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
-    """funcs: built-in names ("exact_match", "countdown") or "package.module:function"; weights: one per
-    function (default all 1)."""
+    """funcs: reward specs of grpo_fast.rewards.registry: names ("math_accuracy", "exact_match" ...),
+    {name: ..., <option>: value} mappings, or "package.module:function"; weights: one per function
+    (default all 1)."""
 
     funcs: list = field(default_factory=lambda: ["exact_match"])
     weights: list | None = None
@@ -52,8 +58,11 @@ class RewardConfig:
 
 @dataclass
 class RolloutConfig:
-    """engine: "vllm" | "hf" | "auto". kv_cache_memory_bytes: vLLM KV cache size (set it on CPU).
-    sleep_level: vLLM sleep level between generations on GPU (0 disables)."""
+    """engine: a name of grpo_fast.rollout.registry ("vllm", "hf", a plug-in or "package.module:Class") or
+    "auto" (vLLM when installed, else transformers). temperature is also the loss's temperature.
+    max_completion_length is also dr_grpo's normaliser. vLLM's options: dtype, max_model_len,
+    gpu_memory_utilization, kv_cache_memory_bytes (set it on CPU), sleep_level (between generations on GPU;
+    0 disables), sync_bucket_mb (bound on the weight copies alive during a sync)."""
 
     engine: str = "auto"
     num_generations: int = 8
@@ -72,7 +81,7 @@ class RolloutConfig:
 
 @dataclass
 class GRPOConfig:
-    """The algorithm. Loss options follow TRL (see grpo_fast.config.GRPOLossConfig).
+    """The algorithm around the loss (the loss's own options are the `loss` section).
 
     scale_rewards: "group" | "batch" | "none" (Dr. GRPO). num_iterations: policy updates per generation (μ).
     dynamic_sampling: DAPO's filter of groups whose rewards are all equal, refilling the batch from new
@@ -83,14 +92,6 @@ class GRPOConfig:
     "sequence", truncated at is_cap.
     """
 
-    loss_type: str = "dapo"
-    epsilon_low: float = 0.2
-    epsilon_high: float | None = 0.28
-    delta: float | None = None
-    beta: float = 0.0
-    entropy_coef: float = 0.0
-    importance_sampling_level: str = "token"
-    loss_backend: str = "auto"
     scale_rewards: str = "group"
     num_iterations: int = 1
     dynamic_sampling: bool = False
@@ -145,6 +146,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -153,18 +155,12 @@ class TrainConfig:
         validate(self)
 
     def loss_config(self) -> GRPOLossConfig:
-        g = self.grpo
-        return GRPOLossConfig(
-            loss_type=g.loss_type,
-            epsilon_low=g.epsilon_low,
-            epsilon_high=g.epsilon_high,
-            delta=g.delta,
-            beta=g.beta,
+        """The `loss` section with what the rollout decides: the sampling temperature (greedy = 1) and
+        max_completion_length (dr_grpo's normaliser)."""
+        return dataclasses.replace(
+            self.loss,
             temperature=self.rollout.temperature if self.rollout.temperature > 0 else 1.0,
-            entropy_coef=g.entropy_coef,
-            importance_sampling_level=g.importance_sampling_level,
             max_completion_length=self.rollout.max_completion_length,
-            backend=g.loss_backend,
         )
 
     def to_dict(self) -> dict:
@@ -172,7 +168,6 @@ class TrainConfig:
 
 
 _CHOICES = {
-    "rollout.engine": ("vllm", "hf", "auto"),
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.dtype": ("float32", "bfloat16", "float16"),
     "grpo.scale_rewards": ("group", "batch", "none"),
@@ -203,6 +198,16 @@ def validate(cfg: TrainConfig) -> None:
     for key in _POSITIVE:
         if not _get(cfg, key) > 0:
             raise ValueError(f"{key}: expected a positive value, got {_get(cfg, key)!r}")
+    engine = cfg.rollout.engine
+    if engine != "auto" and engine not in ROLLOUT_ENGINES and ":" not in engine:
+        raise ValueError(
+            f"rollout.engine: expected 'auto', one of {ROLLOUT_ENGINES.names()} or 'package.module:Class', "
+            f"got {engine!r}"
+        )
+    if cfg.loss.temperature != 1.0:
+        raise ValueError("loss.temperature: set by rollout.temperature (the loss must see the sampling temperature)")
+    if cfg.loss.max_completion_length is not None:
+        raise ValueError("loss.max_completion_length: set by rollout.max_completion_length")
     if cfg.rollout.num_generations < 2:
         raise ValueError("rollout.num_generations: GRPO needs at least 2 completions per prompt")
     if cfg.rollout.sleep_level not in (0, 1, 2):
@@ -217,7 +222,6 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
     if cfg.grpo.is_cap <= 0:
         raise ValueError("grpo.is_cap: expected > 0")
-    cfg.loss_config()  # the loss options' own checks (loss_type, epsilons, beta ...)
 
 
 def _get(cfg, dotted: str):
@@ -242,8 +246,8 @@ def from_dict(data: dict, cls: type = TrainConfig, prefix: str = ""):
         kwargs[key] = _coerce(value, hints[key], path)
     try:
         return cls(**kwargs)
-    except ValueError as exc:
-        raise ValueError(str(exc)) from None
+    except ValueError as exc:  # a section's own checks (GRPOLossConfig) name the key within the section
+        raise ValueError(f"{prefix}.{exc}" if prefix else str(exc)) from None
 
 
 def _coerce(value: Any, hint: Any, path: str):

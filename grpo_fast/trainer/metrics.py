@@ -1,10 +1,51 @@
-"""Metrics sinks: JSONL (always), TensorBoard (when installed and enabled), in-memory history for plots."""
+"""What a step logs (`step_metrics`) and where it goes: JSONL (always), TensorBoard (when installed and
+enabled), in-memory history for plots."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+
+import numpy as np
+import torch
+
+from grpo_fast.trainer.advantages import reward_stats
+
+
+def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> dict[str, float]:
+    """The rollout side of a step's metrics: rewards (overall and per function), zero-variance groups,
+    completion lengths and truncation over every completion generated this step, and throughput.
+
+    rollout: the step's RolloutBatch; times: seconds of "train", "sync" and the whole "step" (generation and
+    scoring times come from the rollout); the loss step's own metrics are added by the caller."""
+    lengths = torch.tensor([len(c.token_ids) for c in rollout.generated], dtype=torch.float32)
+    mean, std = reward_stats(rollout.generated_rewards)
+    out = {
+        "reward/mean": mean,
+        "reward/std": std,
+        "frac_zero_var_groups": rollout.frac_zero_var_groups,
+        "resample_rounds": rollout.resample_rounds,
+        "completion/length_mean": float(lengths.mean()),
+        "completion/length_p95": float(torch.quantile(lengths, 0.95)),
+        "completion/truncated_frac": float(np.mean([c.truncated for c in rollout.generated])),
+    }
+    for j, name in enumerate(reward_names):
+        col = rollout.generated_rewards_per_func[:, j]
+        col = col[~torch.isnan(col)]
+        out[f"reward/{name}/mean"] = float(col.mean()) if col.numel() else math.nan
+        out[f"reward/{name}/std"] = float(col.std()) if col.numel() > 1 else 0.0
+    out.update(
+        {
+            "time/generate": rollout.time_generate,
+            "time/score": rollout.time_score,
+            "time/train": times["train"],
+            "time/sync": times["sync"],
+            "time/step": times["step"],
+            "tokens_per_second/generate": float(lengths.sum()) / max(rollout.time_generate, 1e-9),
+        }
+    )
+    return out
 
 
 class MetricsLogger:

@@ -27,6 +27,7 @@ native = pytest.importorskip(
 )
 ops = torch.ops.grpo_fast
 
+
 def fp64_stats(z, targets):
     """(logp, entropy, lse) of a tile in fp64 through log_softmax."""
     z = z.double()

@@ -17,6 +17,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
+
 @pytest.fixture(scope="module")
 def native():
     mod = pytest.importorskip("grpo_fast.backends.native")

@@ -47,12 +47,12 @@ def test_lora_reference_is_the_base_without_dropout(tmp_path):
     for name, p in lora.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)  # adapters that change the logprobs
-    opts = ["rollout.engine=hf", "grpo.beta=0.1", "run.tensorboard=false", f"run.output_dir={tmp_path}"]
+    opts = ["rollout.engine=hf", "loss.beta=0.1", "run.tensorboard=false", f"run.output_dir={tmp_path}"]
     trainer = GRPOTrainer(lora, ["exact_match"], [{"prompt": "1"}], load_config(None, opts), tokenizer=tok)
-    assert trainer.ref_model is None
+    assert trainer.loss_step.ref_model is None
     batch = build_sequence_batch([[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15]], tok.pad_token_id)
     lora.train()
-    ref = trainer.reference_logprobs(batch)
+    ref = trainer.loss_step.reference_logprobs(batch)
     assert lora.training
     base_copy = build_tiny_model(tok, seed=0).eval()
     with torch.no_grad():

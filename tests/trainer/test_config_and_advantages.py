@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from grpo_fast.data.tasks import countdown_dataset, countdown_reward, exact_match_reward, modular_arithmetic_dataset
-from grpo_fast.trainer.advantages import combine_rewards, group_advantages, overlong_penalty
+from grpo_fast.rewards.length import soft_overlong_penalty
+from grpo_fast.trainer.advantages import combine_rewards, group_advantages
 from grpo_fast.trainer.config import TrainConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -27,7 +28,11 @@ def test_overrides_and_errors(tmp_path):
         "run.nope=1": "unknown key",
         "grpo.scale_rewards=mean": "grpo.scale_rewards",
         "run.max_steps=many": "run.max_steps: expected int",
-        "grpo.loss_type=ppo": "loss_type",
+        "loss.loss_type=ppo": "loss.loss_type",
+        "loss.epsilon_low=2": "loss.epsilon_low: expected a value < 1.0",
+        "loss.temperature=0.5": "loss.temperature: set by rollout.temperature",
+        "loss.max_completion_length=9": "loss.max_completion_length: set by rollout.max_completion_length",
+        "rollout.engine=nope": "rollout.engine: expected 'auto', one of",
         "rollout.num_generations=1": "num_generations",
         "reward.weights=[1.0, 2.0]": "reward.weights",
     }
@@ -35,9 +40,17 @@ def test_overrides_and_errors(tmp_path):
         with pytest.raises(ValueError, match=message.replace("[", r"\[")):
             load_config(None, [override])
     yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text("grpo:\n  epsilon_low: 0.1\nmodel: {path: x, colour: red}\n")
+    yaml_file.write_text("loss:\n  epsilon_low: 0.1\nmodel: {path: x, colour: red}\n")
     with pytest.raises(ValueError, match=r"model: unknown key\(s\) \['colour'\]"):
         load_config(yaml_file)
+
+
+def test_the_loss_section_is_the_loss_config_with_the_rollout_s_temperature_and_length():
+    cfg = load_config(None, ["loss.loss_type=cispo", "loss.epsilon_high=4", "rollout.temperature=0.7"])
+    loss = cfg.loss_config()
+    assert (loss.loss_type, loss.epsilon_high, loss.epsilon_low) == ("cispo", 4.0, 0.2)  # 0.2: the loss's default
+    assert (loss.temperature, loss.max_completion_length) == (0.7, cfg.rollout.max_completion_length)
+    assert load_config(None, ["rollout.temperature=0"]).loss_config().temperature == 1.0  # greedy: no scaling
 
 
 def test_group_advantages_scalings():
@@ -57,8 +70,7 @@ def test_combined_rewards_and_overlong_penalty():
     torch.testing.assert_close(
         combine_rewards(per_func, [1.0, 0.5]), torch.tensor([1.0, 0.5, math.nan]), equal_nan=True
     )
-    pen = overlong_penalty(torch.tensor([10, 12, 14, 16]), max_len=16, buffer=4, factor=1.0)
-    torch.testing.assert_close(pen, torch.tensor([0.0, 0.0, -0.5, -1.0]))
+    assert [soft_overlong_penalty(n, 16, 4, 2.0) for n in (10, 12, 14, 16, 20)] == [0.0, 0.0, -1.0, -2.0, -2.0]
 
 
 def test_synthetic_tasks_are_verifiable():

@@ -4,8 +4,6 @@ old / ref logprobs, importance weights and an entropy bonus."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -60,7 +58,7 @@ def _grads(model):
 def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type):
     trainer, batch, inp = setup
     model = trainer.model
-    trainer.loss_config = GRPOLossConfig(
+    trainer.loss_step.loss_config = GRPOLossConfig(
         loss_type=loss_type,
         epsilon_high=5.0 if LOSS_TYPES[loss_type].objective is Objective.CISPO else 0.28,
         beta=0.05,
@@ -69,7 +67,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type):
         backend="torch",
     )
     model.zero_grad(set_to_none=True)
-    trainer.accumulate_gradients(batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], inp["is_weights"])
+    trainer.loss_step.accumulate_gradients(batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], inp["is_weights"])
     accumulated = _grads(model)
 
     model.zero_grad(set_to_none=True)
@@ -82,7 +80,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type):
         old_logprobs=inp["old_lp"],
         ref_logprobs=inp["ref_lp"],
         is_weights=inp["is_weights"],
-        config=dataclasses.replace(trainer.loss_config),
+        config=trainer.loss_step.loss_config,
     )
     loss.backward()
     full = _grads(model)

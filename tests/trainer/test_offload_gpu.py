@@ -1,5 +1,5 @@
 """Trainer-state offload on a CUDA GPU, through benchmarks/bench_offload.py's measured path: one real training
-step of a Qwen2.5-0.5B-shaped model (GRPOTrainer.train_on_batch), then offload/reload with the trainer's
+step of a Qwen2.5-0.5B-shaped model (LossStep.train_on_batch), then offload/reload with the trainer's
 TrainerStateOffloader. The round trip must be bitwise exact and the GPU memory must really drop."""
 
 from __future__ import annotations

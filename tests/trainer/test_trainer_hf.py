@@ -75,10 +75,10 @@ def test_multi_iteration_kl_and_is_correction(tmp_path):
         [
             "run.max_steps=1",
             "grpo.num_iterations=2",
-            "grpo.beta=0.05",
+            "loss.beta=0.05",
             "grpo.is_correction=sequence",
             "grpo.dynamic_sampling=true",
-            "grpo.loss_type=grpo",
+            "loss.loss_type=grpo",
             "run.save_final=false",
             "run.plots=false",
         ],

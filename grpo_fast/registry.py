@@ -1,0 +1,58 @@
+"""Name -> object registries for the pluggable parts (rollout engines, reward functions).
+
+Built-in entries are "module:attribute" strings imported on first use, so naming or listing an
+entry imports nothing (vLLM, math-verify ... load only when their entry is used). Plug-ins either
+call `register` before the name is used, or are named directly as "package.module:attribute"
+(e.g. in a YAML config) without registering at all. An unknown name is an error that lists the
+known ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+
+class Registry:
+    """Entries of one `kind` ("rollout engine", "reward function" ...) by name."""
+
+    def __init__(self, kind: str, builtins: Mapping[str, str]):
+        self.kind = kind
+        self._entries: dict[str, Any] = dict(builtins)
+
+    def register(self, name: str, obj: Any = None) -> Any:
+        """Add `obj` under `name`; without `obj`, a decorator that does. A name is registered once."""
+        if obj is None:
+            return lambda target: self.register(name, target)
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self._entries[name] = obj
+        return obj
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def get(self, name: str) -> Any:
+        """The entry `name`, or the object a "package.module:attribute" string points at."""
+        if name in self._entries:
+            entry = self._entries[name]
+            if isinstance(entry, str):
+                entry = self._entries[name] = _import(entry, f"{self.kind} {name!r}")
+            return entry
+        if isinstance(name, str) and ":" in name:
+            return _import(name, f"{self.kind} {name!r}")
+        raise ValueError(
+            f"{self.kind}: unknown name {name!r}; expected one of {sorted(self._entries)} or 'package.module:attribute'"
+        )
+
+
+def _import(location: str, what: str) -> Any:
+    module, _, attribute = location.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{what}: cannot load {location!r} ({err})") from err

@@ -1,0 +1,65 @@
+"""Reward functions by name, so that a YAML run can combine any of them with options:
+
+    reward:
+      funcs: [math_accuracy, think_format, {name: overlong_penalty, max_completion_length: 512, overlong_buffer: 128}]
+      weights: [1.0, 0.2, 1.0]
+
+A spec is a callable (used as is), a name, or a mapping {"name": ..., <option>: <value>, ...}; the
+options are bound with functools.partial (picklable, so the function can run in a RewardPool
+worker) and must be keyword parameters of the function. A name is a built-in below, one added with
+`REWARD_FUNCTIONS.register("name", fn)`, or "package.module:function".
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from grpo_fast.registry import Registry
+from grpo_fast.rewards.columns import RewardFunc
+
+REWARD_FUNCTIONS = Registry(
+    "reward function",
+    {
+        "math_accuracy": "grpo_fast.rewards.math_answer:math_accuracy",
+        "code_tests": "grpo_fast.rewards.code.reward:code_tests",
+        "think_format": "grpo_fast.rewards.format:think_format",
+        "overlong_penalty": "grpo_fast.rewards.length:overlong_penalty",
+        "length_penalty": "grpo_fast.rewards.length:length_penalty",
+        "json_schema": "grpo_fast.rewards.json_schema:json_schema",
+        "sql_execution": "grpo_fast.rewards.sql:sql_execution",
+        "language_consistency": "grpo_fast.rewards.language:language_consistency",
+        "exact_match": "grpo_fast.data.tasks:exact_match_reward",
+        "countdown": "grpo_fast.data.tasks:countdown_reward",
+    },
+)
+
+
+def reward_from_spec(spec: Any) -> RewardFunc:
+    """The reward function a spec describes (see module doc); ValueError naming what is wrong."""
+    if callable(spec):
+        return spec
+    if isinstance(spec, str):
+        return _checked(REWARD_FUNCTIONS.get(spec), spec)
+    if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):
+        options = {k: v for k, v in spec.items() if k != "name"}
+        fn = _checked(REWARD_FUNCTIONS.get(spec["name"]), spec["name"])
+        _check_options(fn, spec["name"], options)
+        return functools.partial(fn, **options) if options else fn
+    raise ValueError(f"reward function: expected a callable, a name or {{name: ..., options}}, got {spec!r}")
+
+
+def _checked(fn: Any, name: str) -> RewardFunc:
+    if not callable(fn):
+        raise ValueError(f"reward function {name!r}: {fn!r} is not callable")
+    return fn
+
+
+def _check_options(fn: RewardFunc, name: str, options: Mapping[str, Any]) -> None:
+    params = inspect.signature(fn).parameters
+    keyword = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    unknown = sorted(set(options) - (keyword - {"prompts", "completions"}))
+    if unknown:
+        raise ValueError(f"reward function {name!r}: unknown option(s) {unknown}; its options: {sorted(keyword)}")

@@ -1,0 +1,168 @@
+"""The rollout phase of a step: sample prompts, generate G completions each, score them, and (DAPO's
+dynamic sampling) replace groups whose rewards are all equal. Returns a `RolloutBatch`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from grpo_fast.rewards.length import soft_overlong_penalty
+from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.trainer.advantages import group_advantages
+from grpo_fast.trainer.config import TrainConfig
+from grpo_fast.trainer.data_sampler import PromptSampler
+from grpo_fast.trainer.scoring import RewardSet
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """One step's training batch: B groups of G completions, group by group.
+
+    prompt_ids, completions, rewards: [B*G], the prompt of each completion, the completion, and its combined
+    reward (NaN when no reward function could score it).
+    generated, generated_rewards [M], generated_rewards_per_func [M, F]: every completion generated this step,
+    kept or not (dynamic sampling may generate more than B groups), for the step's metrics.
+    """
+
+    prompt_ids: list[list[int]]
+    completions: list[Completion]
+    rewards: torch.Tensor
+    generated: list[Completion]
+    generated_rewards: torch.Tensor
+    generated_rewards_per_func: torch.Tensor
+    frac_zero_var_groups: float
+    resample_rounds: int
+    time_generate: float
+    time_score: float
+
+
+class PromptEncoder:
+    """Token ids of prompts: chat messages (or a string wrapped as a user turn) through the tokenizer's chat
+    template when it has one (data.use_chat_template), plain strings as they are; training prompts cached."""
+
+    def __init__(self, tokenizer, data_config) -> None:
+        self.tokenizer = tokenizer
+        self.data = data_config
+        self._cache: dict[int, list[int]] = {}
+
+    def _use_chat_template(self) -> bool:
+        mode = str(self.data.use_chat_template).lower()
+        has = getattr(self.tokenizer, "chat_template", None) is not None
+        return has if mode == "auto" else mode == "true"
+
+    def encode(self, prompt) -> list[int]:
+        if isinstance(prompt, list) or self._use_chat_template():
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            if self.data.system_prompt and messages[0].get("role") != "system":
+                messages = [{"role": "system", "content": self.data.system_prompt}, *messages]
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+    def encode_rows(self, rows: list[dict], index: list[int], cache: bool) -> list[list[int]]:
+        """Token ids of rows[i]["prompt"] for i in index; `cache` keeps them by row index."""
+        out = []
+        for i in index:
+            if not cache:
+                out.append(self.encode(rows[i]["prompt"]))
+                continue
+            if i not in self._cache:
+                self._cache[i] = self.encode(rows[i]["prompt"])
+            out.append(self._cache[i])
+        return out
+
+
+def stop_token_ids(tokenizer, stop: list[str]) -> tuple[int, ...]:
+    """EOS and the single-token stop strings of rollout.stop."""
+    ids = {tokenizer.eos_token_id} - {None}
+    for s in stop:
+        toks = tokenizer.encode(s, add_special_tokens=False)
+        if len(toks) != 1:
+            raise ValueError(f"rollout.stop: {s!r} is not a single token for this tokenizer")
+        ids.add(toks[0])
+    return tuple(sorted(ids))
+
+
+class RolloutPhase:
+    """Generates and scores one step's batch from the training rows (see module doc)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        rows: list[dict],
+        prompts: PromptEncoder,
+        rewards: RewardSet,
+        sampler: PromptSampler,
+        stop_ids: tuple[int, ...],
+    ) -> None:
+        self.config, self.rows, self.prompts, self.rewards, self.sampler = config, rows, prompts, rewards, sampler
+        self.stop_ids = stop_ids
+
+    def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
+        cfg, g = self.config, self.config.rollout.num_generations
+        want = cfg.run.prompts_per_step
+        kept, spare, generated, rewards_all, per_func_all = [], [], [], [], []
+        t_gen = t_score = 0.0
+        rounds = 0
+        while True:
+            index = self.sampler.next(want - len(kept) if rounds else want)
+            seed = (cfg.run.seed * 1_000_003 + step * 10_007 + rounds * 101) * 1000
+            prompt_ids, flat, per_func, rewards, times = self._generate_and_score(engine, index, seed)
+            t_gen, t_score = t_gen + times[0], t_score + times[1]
+            generated += flat
+            rewards_all.append(rewards)
+            per_func_all.append(per_func)
+            for k in range(len(index)):
+                group = (prompt_ids[k], flat[k * g : (k + 1) * g], rewards[k * g : (k + 1) * g])
+                if cfg.grpo.dynamic_sampling and bool(group_advantages(group[2], g, "none")[1].all()):
+                    spare.append(group)
+                else:
+                    kept.append(group)
+            if not cfg.grpo.dynamic_sampling or len(kept) >= want or rounds >= cfg.grpo.max_resample_rounds:
+                break
+            rounds += 1
+        # Out of rounds: fill up with zero-variance groups (advantage 0, they still count in dapo's normaliser).
+        kept = (kept + spare)[:want]
+        generated_rewards = torch.cat(rewards_all)
+        _, zero_var = group_advantages(generated_rewards, g, "none")
+        return RolloutBatch(
+            prompt_ids=[p for p, _, _ in kept for _ in range(g)],
+            completions=[c for _, cs, _ in kept for c in cs],
+            rewards=torch.cat([r for _, _, r in kept]),
+            generated=generated,
+            generated_rewards=generated_rewards,
+            generated_rewards_per_func=torch.cat(per_func_all),
+            frac_zero_var_groups=float(zero_var.float().mean()),
+            resample_rounds=rounds,
+            time_generate=t_gen,
+            time_score=t_score,
+        )
+
+    def _generate_and_score(self, engine: RolloutEngine, index: list[int], seed: int):
+        """G completions for each row of `index`: (prompt ids [P], completions [P*G], per-function rewards
+        [P*G, F], combined rewards with the overlong penalty [P*G], (generate seconds, score seconds))."""
+        cfg = self.config
+        prompt_ids = self.prompts.encode_rows(self.rows, index, cache=True)
+        spec = SamplingSpec(
+            n=cfg.rollout.num_generations,
+            max_tokens=cfg.rollout.max_completion_length,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k,
+            stop_token_ids=self.stop_ids,
+            seed=seed,
+        )
+        t0 = time.perf_counter()
+        flat = [c for group in engine.generate(prompt_ids, spec) for c in group]
+        t_gen = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        per_func = self.rewards.score([self.rows[i] for i in index for _ in range(spec.n)], [c.text for c in flat])
+        rewards = self.rewards.combine(per_func)
+        if cfg.grpo.overlong_buffer > 0:
+            max_len, buffer, factor = spec.max_tokens, cfg.grpo.overlong_buffer, cfg.grpo.overlong_penalty_factor
+            rewards = rewards + torch.tensor(
+                [soft_overlong_penalty(len(c.token_ids), max_len, buffer, factor) for c in flat]
+            )
+        return prompt_ids, flat, per_func, rewards, (t_gen, time.perf_counter() - t0)

@@ -1,0 +1,109 @@
+"""The loss-type table is the single source of truth: every consumer reads it, an unknown name is an
+error everywhere, and a loss type added through the table alone works end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo_fast import GRPOLossConfig, grpo_loss
+from grpo_fast.loss import LOSS_TYPES, LossType, Objective, Reduction, get_loss_type, register_loss_type
+from grpo_fast.testing.reference import naive_grpo_loss
+from grpo_fast.testing.synthetic import make_loss_batch
+
+# A row that exists nowhere else in the code: the clipped objective with a per-call token mean.
+DUMMY = LossType("clipped_token_mean", Objective.CLIPPED, Reduction.TOKEN_MEAN, "test-only row")
+
+
+@pytest.fixture
+def dummy_loss_type(monkeypatch):
+    monkeypatch.setitem(LOSS_TYPES, DUMMY.name, DUMMY)
+    return DUMMY.name
+
+
+def _config(loss_type: str, **options) -> GRPOLossConfig:
+    cispo = LOSS_TYPES[loss_type].objective is Objective.CISPO
+    return GRPOLossConfig(loss_type=loss_type, epsilon_high=3.0 if cispo else 0.28, **options)
+
+
+def _loss_and_grads(fn, batch, config, rows=slice(None), **kwargs):
+    hidden = batch.hidden[rows].clone().requires_grad_()
+    weight = batch.weight.clone().requires_grad_()
+    loss, _ = fn(hidden, weight, **batch.token_arguments(rows), config=config, **kwargs)
+    return (loss, *torch.autograd.grad(loss, (hidden, weight)))
+
+
+def test_unknown_loss_type_is_an_error_where_it_is_named():
+    with pytest.raises(ValueError, match="loss_type: expected one of .*'nope'"):
+        GRPOLossConfig(loss_type="nope")
+    with pytest.raises(ValueError, match="loss_type: expected one of"):
+        get_loss_type("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register_loss_type(LossType("dapo", Objective.CLIPPED, Reduction.TOKEN_MEAN))
+    with pytest.raises(TypeError, match="Objective and Reduction"):
+        register_loss_type(LossType("strings", "clipped", "token_mean"))
+
+
+def test_unknown_loss_type_is_an_error_in_the_triton_launcher():
+    pytest.importorskip("triton")
+    from grpo_fast.kernels.grpo_token_loss import grpo_token_loss_triton
+
+    x = torch.zeros(4)
+    with pytest.raises(ValueError, match="loss_type: expected one of"):
+        grpo_token_loss_triton(
+            x, None, None, None, x, None, x, x, x, torch.tensor([0, 4]), loss_type="nope", sequence_level=False,
+            clip_low=0.2, clip_high=0.2, delta=None, beta=0.0, entropy_coef=0.0,
+        )  # fmt: skip
+
+
+def test_unknown_loss_type_is_an_error_in_the_trainer_config():
+    from grpo_fast.trainer.config import load_config
+
+    with pytest.raises(ValueError, match="loss.loss_type: expected one of"):
+        load_config(None, ["loss.loss_type=nope"])
+
+
+@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+def test_micro_batch_shares_add_up_to_the_batch_loss(loss_type):
+    """Each reduction's micro_batch_share (what the trainer scales a micro-batch's loss by) makes
+    micro-batch losses and gradients add up to the whole batch's, global counts given as the trainer does."""
+    batch = make_loss_batch(batch=5, length=6, hidden_size=16, vocab=31, dtype=torch.float64, seed=5)
+    config = _config(loss_type, beta=0.05, max_completion_length=6, backend="torch")
+    full = _loss_and_grads(grpo_loss, batch, config)
+    mask = batch.completion_mask
+    batch_tokens = int(mask.sum())
+    total = [torch.zeros_like(t) for t in full]
+    for rows in (slice(0, 2), slice(2, 3), slice(3, 5)):
+        share = LOSS_TYPES[loss_type].reduction.micro_batch_share(
+            rows.stop - rows.start, 5, int(mask[rows].sum()), batch_tokens
+        )
+        part = _loss_and_grads(grpo_loss, batch, config, rows, num_items_in_batch=batch_tokens)
+        total[0] += share * part[0]
+        total[1][rows] += share * part[1]
+        total[2] += share * part[2]
+    for got, want in zip(total, full, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_loss_type_added_through_the_table_alone_works(dummy_loss_type):
+    """Config, token math, the fp64 reference and the trainer's micro-batch share all take the new row;
+    it gives exactly what the built-in row with the same objective and reduction (bnpo) gives."""
+    batch = make_loss_batch(batch=3, length=7, hidden_size=24, vocab=53, dtype=torch.float64, seed=9)
+    options = dict(beta=0.04, entropy_coef=0.01, backend="torch")
+    ours = _loss_and_grads(grpo_loss, batch, _config(dummy_loss_type, **options))
+    reference = _loss_and_grads(naive_grpo_loss, batch, _config(dummy_loss_type, **options))
+    builtin = _loss_and_grads(grpo_loss, batch, _config("bnpo", **options))
+    for got, ref, same in zip(ours, reference, builtin, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got, same, rtol=0, atol=0)
+    assert get_loss_type(dummy_loss_type).reduction.micro_batch_share(2, 4, 3, 12) == 0.25
+
+
+@pytest.mark.triton
+def test_a_loss_type_added_through_the_table_alone_runs_in_the_triton_kernels(dummy_loss_type):
+    pytest.importorskip("triton")
+    batch = make_loss_batch(batch=2, length=5, hidden_size=16, vocab=40, seed=4)
+    torch_result = _loss_and_grads(grpo_loss, batch, _config(dummy_loss_type, beta=0.04, backend="torch"))
+    triton_result = _loss_and_grads(grpo_loss, batch, _config(dummy_loss_type, beta=0.04, backend="triton"))
+    for got, want in zip(triton_result, torch_result, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

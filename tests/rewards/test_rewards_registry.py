@@ -1,0 +1,55 @@
+"""Reward functions by name, with options, as a YAML run names them; every built-in is reachable."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+
+import pytest
+
+import grpo_fast.rewards as rewards
+from grpo_fast.rewards import RewardPool
+from grpo_fast.rewards.registry import REWARD_FUNCTIONS, reward_from_spec
+
+
+def test_every_builtin_reward_of_the_package_is_available_by_name():
+    exported = {name for name in rewards.__all__ if name in REWARD_FUNCTIONS}
+    verifiers = {"math_accuracy", "code_tests", "think_format", "overlong_penalty", "length_penalty"}
+    verifiers |= {"json_schema", "sql_execution", "language_consistency"}
+    assert verifiers <= exported
+    for name in REWARD_FUNCTIONS.names():
+        fn = reward_from_spec(name)
+        assert callable(fn)
+        if name in rewards.__all__:
+            assert fn is getattr(rewards, name)
+
+
+def test_options_bind_and_the_result_runs_in_the_pool():
+    spec = {"name": "overlong_penalty", "max_completion_length": 10, "overlong_buffer": 5}
+    fn = reward_from_spec(spec)
+    assert isinstance(fn, functools.partial)
+    assert fn(["p"] * 3, ["x"] * 3, completion_lengths=[4, 8, 12]) == [0.0, -0.6, -1.0]
+    pickle.dumps(fn)  # workers receive it pickled
+    with RewardPool(workers=1, timeout=30) as pool:
+        scores = pool.score([fn], ["p"] * 2, ["a" * 5, "a" * 10])
+    assert scores.rewards == [[0.0, -1.0]]
+
+
+def test_bad_specs_are_errors_that_name_the_problem():
+    with pytest.raises(ValueError, match="reward function: unknown name 'nope'"):
+        reward_from_spec("nope")
+    with pytest.raises(ValueError, match=r"'think_format': unknown option\(s\) \['colour'\]"):
+        reward_from_spec({"name": "think_format", "colour": "red"})
+    with pytest.raises(ValueError, match="expected a callable, a name"):
+        reward_from_spec(3)
+    with pytest.raises(ValueError, match="cannot load"):
+        reward_from_spec("grpo_fast.rewards:no_such_function")
+
+
+def test_plug_in_rewards_by_registration_or_import_path():
+    def shouting(prompts, completions, **_):
+        return [float(c.isupper()) for c in completions]
+
+    REWARD_FUNCTIONS.register("shouting_test_only", shouting)
+    assert reward_from_spec("shouting_test_only")(["p"], ["HI"]) == [1.0]
+    assert reward_from_spec("grpo_fast.data.tasks:exact_match_reward")(["p"], ["4"], answer=["4"]) == [1.0]
