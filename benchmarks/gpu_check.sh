@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Every GPU check in one call of the device tool: build csrc for sm_90, run the GPU tests, run the
-# loss benchmark (every backend vs naive, Liger-Kernel and three cuBLAS GEMMs) and, when present,
-# the trainer's memory-offload check. Prints a short summary; results land in $OUT.
+# Every GPU check in one command: build csrc for sm_90, run the GPU tests, run the loss benchmark
+# (every backend vs naive, Liger-Kernel and three cuBLAS GEMMs) and, when present, the trainer's
+# memory-offload check. Prints a short summary; results land in $OUT (default /tmp/grpo_fast_gpu_check).
 #
-# Prepare on the CPU machine (the GPU machine has no network; Liger travels as a wheel):
-#   pip download --no-deps liger-kernel==0.8.5 -d .wheels        # .wheels/ is git-ignored
-# Call:  run(command="bash benchmarks/gpu_check.sh", carry=[".wheels"], timeout_s=540)
-# Then commit $OUT's JSON under benchmarks/results/ and put the headline numbers in README.md.
-# Expected wall time on an H200 (estimate, nothing measured yet): build ~1-1.5 min (sm_90 only), GPU tests
+#   OUT=results_dir bash benchmarks/gpu_check.sh
+#
+# Works without network access: liger-kernel, when not installed, is taken from .wheels/ if a wheel is
+# there (`pip download --no-deps liger-kernel==0.8.5 -d .wheels` beforehand; .wheels/ is git-ignored).
+# JSON results go under benchmarks/results/, headline numbers into README.md.
+# Expected wall time on an H200 (an estimate; never run yet): build ~1-1.5 min (sm_90 only), GPU tests
 # ~2-3 min (mostly first Triton compiles; the offload test writes offload_h200.json), loss benchmark
 # ~1.5-2 min (3 repeats; naive at N=65536 is expected to report "out of memory"). Every phase has its own
-# timeout so that one hang cannot eat the device budget; REPEATS / SHAPES / *_TIMEOUT override.
+# timeout so that one hang cannot stall the rest; REPEATS / SHAPES / *_TIMEOUT override.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/grpo_fast_gpu_check}"

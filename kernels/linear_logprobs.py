@@ -163,8 +163,8 @@ def _scaled_grad_tile(
     with z recomputed by `_logits_tile` and row_grads = (y, lse, entropy, gℓ, gH) from `_row_grads`."""
     targets, lse, entropy, grad_logp, grad_entropy = row_grads
     rows64, row_mask, cols64, col_mask = tile
-    z = _logits_tile(linear, tile, HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION)
     valid = row_mask[:, None] & col_mask[None, :]
+    z = _logits_tile(linear, tile, HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION)
     log_p = z - lse[:, None]
     p = tl.where(valid, tl.exp(log_p), 0.0)
     if HAS_GRAD_ENTROPY:

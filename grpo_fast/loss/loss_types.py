@@ -49,7 +49,9 @@ class Reduction(Enum):
             return rows / batch_rows
         if self is Reduction.TOKEN_MEAN:
             return tokens / max(batch_tokens, 1)
-        return 1.0
+        if self is Reduction.GLOBAL_TOKEN_MEAN:
+            return 1.0
+        raise NotImplementedError(f"no micro-batch share for reduction {self.value!r}")
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,9 @@ def reduction_weights(
     if reduction is Reduction.GLOBAL_TOKEN_MEAN and num_items_in_batch is not None:
         count = torch.as_tensor(num_items_in_batch, dtype=mask.dtype, device=mask.device)
         return mask / count.clamp(min=1.0)
-    # TOKEN_MEAN, and GLOBAL_TOKEN_MEAN without a global count: this call's active tokens.
-    return mask / mask.sum().clamp(min=1.0)
+    if reduction in (Reduction.TOKEN_MEAN, Reduction.GLOBAL_TOKEN_MEAN):  # the latter without a global count
+        return mask / mask.sum().clamp(min=1.0)
+    raise NotImplementedError(f"loss_type {config.loss_type!r}: no token weights for reduction {reduction.value!r}")
 
 
 def entropy_weights(layout: TokenLayout) -> torch.Tensor:

@@ -58,11 +58,13 @@ def naive_grpo_loss(
     if objective is Objective.CISPO:
         clamped = torch.clamp(coef_1, max=eps_high).detach()
         per_token_loss = -clamped * adv * logp
-    else:
+    elif objective is Objective.CLIPPED:
         coef_2 = torch.clamp(coef_1, 1 - config.epsilon_low, 1 + eps_high)
         if config.delta is not None:
             coef_1 = torch.clamp(coef_1, max=config.delta)
         per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    else:
+        raise NotImplementedError(f"reference: no objective {objective.value!r}")
     if is_weights is not None:
         weights = is_weights.to(logp.dtype)
         per_token_loss = per_token_loss * (weights.unsqueeze(1) if weights.dim() == 1 else weights)
@@ -75,9 +77,11 @@ def naive_grpo_loss(
         loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
     elif reduction is Reduction.CONSTANT_LENGTH:
         loss = (per_token_loss * mask).sum() / (batch * (config.max_completion_length or length))
-    else:
+    elif reduction is Reduction.GLOBAL_TOKEN_MEAN:
         normaliser = mask.sum() if num_items_in_batch is None else torch.as_tensor(float(num_items_in_batch))
         loss = (per_token_loss * mask).sum() / normaliser.clamp(min=1.0)
+    else:
+        raise NotImplementedError(f"reference: no reduction {reduction.value!r}")
     if config.entropy_coef != 0.0:
         loss = loss - config.entropy_coef * (entropy * mask).sum() / mask.sum().clamp(min=1.0)
 
