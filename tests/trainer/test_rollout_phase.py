@@ -1,0 +1,72 @@
+"""The rollout phase on its own: a real engine (transformers generation of the tiny model), real reward
+functions, and DAPO's dynamic sampling replacing the groups whose rewards are all equal."""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.rollout.hf_engine import HFEngine
+from grpo_fast.trainer import load_config
+from grpo_fast.trainer.data_sampler import PromptSampler
+from grpo_fast.trainer.rollout_phase import PromptEncoder, RolloutPhase, stop_token_ids
+from grpo_fast.trainer.scoring import RewardSet
+
+G = 4
+
+
+def flat_on_even_prompts(prompts, completions, **_):
+    """1.0 for every completion of an even-numbered prompt (a zero-variance group); otherwise 1.0 for the
+    completions that repeat their prompt's digit, a reward that varies within a group."""
+    return [1.0 if int(p) % 2 == 0 else float(p in c) for p, c in zip(prompts, completions, strict=True)]
+
+
+def _phase(dynamic: bool, rounds: int = 3):
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok, seed=1)
+    overrides = [f"rollout.num_generations={G}", "rollout.max_completion_length=6", "run.prompts_per_step=3"]
+    overrides += [f"grpo.dynamic_sampling={str(dynamic).lower()}", f"grpo.max_resample_rounds={rounds}"]
+    cfg = load_config(None, overrides)
+    rows = [{"prompt": str(i)} for i in range(10)]
+    phase = RolloutPhase(
+        cfg,
+        rows,
+        PromptEncoder(tok, cfg.data),
+        RewardSet([flat_on_even_prompts]),
+        PromptSampler(len(rows), seed=0),
+        stop_token_ids(tok, []),
+    )
+    return phase, HFEngine(model, tok)
+
+
+def _groups(values, size=G):
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+def test_batch_is_groups_of_g_with_their_prompts_and_rewards():
+    phase, engine = _phase(dynamic=False)
+    batch = phase.collect(engine, step=0)
+    assert len(batch.completions) == len(batch.prompt_ids) == batch.rewards.numel() == 3 * G
+    assert batch.generated == batch.completions and batch.resample_rounds == 0
+    for prompts, completions, rewards in zip(
+        _groups(batch.prompt_ids), _groups(batch.completions), _groups(batch.rewards), strict=True
+    ):
+        assert all(p == prompts[0] for p in prompts)
+        digit = engine.tokenizer.decode(prompts[0]).strip()
+        want = flat_on_even_prompts([digit] * G, [c.text for c in completions])
+        torch.testing.assert_close(rewards, torch.tensor(want))
+    assert batch.generated_rewards_per_func.shape == (3 * G, 1)
+
+
+def test_dynamic_sampling_replaces_zero_variance_groups():
+    phase, engine = _phase(dynamic=True)
+    batch = phase.collect(engine, step=0)
+    kept = _groups(batch.rewards)
+    flat = [bool((g == g[0]).all()) for g in kept]
+    generated_groups = len(batch.generated) // G
+    assert len(kept) == 3
+    assert batch.frac_zero_var_groups > 0 and batch.resample_rounds >= 1  # even prompts were drawn and dropped
+    assert generated_groups > 3
+    # Zero-variance groups are kept only when the rounds ran out without enough others.
+    assert not any(flat) or batch.resample_rounds == 3
+    assert batch.generated_rewards.numel() == len(batch.generated) == generated_groups * G
