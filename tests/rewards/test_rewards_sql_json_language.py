@@ -82,6 +82,68 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"ty
 
 
 @pytest.mark.parametrize(
+    ("attack", "reference"),
+    [
+        # Each attack returns the reference's value when it is allowed to run, so it would earn 1.0.
+        ("SELECT length(printf('%.*c', 100000000, 'x'))", "SELECT 100000000"),  # a 100 MB string
+        ("SELECT length(replace(hex(zeroblob(50000000)), '0', 'ab'))", "SELECT 200000000"),
+        ("SELECT length(zeroblob(1000000000))", "SELECT 1000000000"),  # a function off the allow-list
+        ("SELECT length(randomblob(8))", "SELECT 8"),
+        ("SELECT load_extension('/nonexistent')", "SELECT NULL"),
+        # A recursive CTE doubling a string to 268 MB.
+        (
+            "WITH RECURSIVE r(s) AS (SELECT 'x' UNION ALL SELECT s || s FROM r WHERE length(s) < 200000000) "
+            "SELECT max(length(s)) FROM r",
+            "SELECT 268435456",
+        ),
+        # 400 values of 500 kB each, each under the size bound, sorted in memory at once (~200 MB of heap).
+        (
+            "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r LIMIT 400) "
+            "SELECT count(*) FROM (SELECT printf('%.*c', 500000, 'x') || i AS v FROM r ORDER BY v)",
+            "SELECT 400",
+        ),
+    ],
+)
+def test_sql_memory_size_and_function_bounds(attack, reference):
+    assert _sql(reference, reference) == 1.0  # the reference itself is fine
+    reward = _sql(attack, reference, timeout_s=60, max_value_bytes=1 << 20, max_memory_bytes=16 << 20)
+    assert reward == 0.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "reference", "reward"),
+    [
+        # ORDER BY inside a window, a subquery, a CTE or a string literal does not make the result ordered.
+        (
+            "SELECT name, row_number() OVER (ORDER BY age) FROM people ORDER BY name DESC",
+            "SELECT name, row_number() OVER (ORDER BY age) FROM people",
+            1.0,
+        ),
+        (
+            "SELECT name FROM people ORDER BY name DESC",
+            "SELECT name FROM (SELECT name FROM people ORDER BY age)",
+            1.0,
+        ),
+        (
+            "SELECT name FROM people ORDER BY name DESC",
+            "WITH young AS (SELECT name FROM people ORDER BY age LIMIT 3) SELECT name FROM young",
+            1.0,
+        ),
+        ("SELECT 'order by', name FROM people ORDER BY name DESC", "SELECT 'order by', name FROM people", 1.0),
+        # The outermost ORDER BY (also after a window or a compound select) does.
+        (
+            "SELECT name, row_number() OVER (ORDER BY age) FROM people ORDER BY name DESC",
+            "SELECT name, row_number() OVER (ORDER BY age) FROM people ORDER BY name",
+            0.0,
+        ),
+        ("SELECT name FROM people ORDER BY name DESC", "SELECT name FROM people UNION SELECT 'x' ORDER BY 1", 0.0),
+    ],
+)
+def test_sql_only_the_outer_order_by_orders_the_comparison(completion, reference, reward):
+    assert _sql(completion, reference) == reward
+
+
+@pytest.mark.parametrize(
     ("completion", "reward"),
     [
         ('{"name": "x", "n": 3}', 1.0),
