@@ -16,10 +16,17 @@ Guards against gaming: with `require_slot` (default) an answer outside any slot 
 than `max_distinct_answers` different slot contents earn nothing (listing candidates); an empty slot
 or one longer than `max_answer_chars` earns nothing; a slot that lists several values parses as a set
 and does not equal a single reference value.
+
+Time limit: parsing and comparing one answer may take `timeout_s` seconds (`2^{2^{40}}` would take
+hours), after which it earns 0. math-verify enforces this with SIGALRM, which only a process's main
+thread can use; called from any other thread, `math_accuracy` sends its work to a one-process
+`RewardPool`, whose worker runs it on its main thread and is killed past `timeout_s` + 5 s.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import re
 import threading
@@ -36,7 +43,8 @@ log = logging.getLogger(__name__)
 
 _CONFIG = (LatexExtractionConfig(), ExprExtractionConfig())
 _SCIENTIFIC = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+))\s*[eE]\s*([-+]?\d+)\s*$")
-_MATH_TIMEOUT_S = 5
+_REFERENCE_TIMEOUT_S = 5
+_POOL_GRACE_S = 5.0
 
 
 def math_accuracy(
@@ -48,6 +56,7 @@ def math_accuracy(
     require_slot: bool = True,
     max_distinct_answers: int = 3,
     max_answer_chars: int = 1000,
+    timeout_s: int = 5,
     **_: Any,
 ) -> list[float | None]:
     """1.0 / 0.0 per completion for its final answer against `answer` (dataset column: one reference
@@ -59,20 +68,20 @@ def math_accuracy(
         whole completion (False).
     max_distinct_answers: more different slot contents than this earns 0.
     max_answer_chars: a final answer longer than this earns 0 (keeps sympy off huge inputs).
+    timeout_s: whole seconds one answer may take to parse and compare; past it the answer earns 0.
     """
     texts = completion_texts(completions)
     references = broadcast_column("answer", answer, len(texts))
-    return [
-        score_answer(
-            text,
-            ref,
-            pattern=pattern,
-            require_slot=require_slot,
-            max_distinct_answers=max_distinct_answers,
-            max_answer_chars=max_answer_chars,
-        )
-        for text, ref in zip(texts, references, strict=True)
-    ]
+    options = dict(
+        pattern=pattern,
+        require_slot=require_slot,
+        max_distinct_answers=max_distinct_answers,
+        max_answer_chars=max_answer_chars,
+        timeout_s=timeout_s,
+    )
+    if threading.current_thread() is not threading.main_thread():
+        return _score_in_worker(texts, references, options)
+    return [score_answer(text, ref, **options) for text, ref in zip(texts, references, strict=True)]
 
 
 def score_answer(
@@ -83,8 +92,9 @@ def score_answer(
     require_slot: bool = True,
     max_distinct_answers: int = 3,
     max_answer_chars: int = 1000,
+    timeout_s: int = 5,
 ) -> float | None:
-    """Reward of one completion text against one reference (see `math_accuracy`)."""
+    """Reward of one completion text against one reference (see `math_accuracy`); on the main thread."""
     gold = parse_reference(reference)
     if gold is None:
         log.debug("math_accuracy: reference %r does not parse; reward skipped", reference)
@@ -93,13 +103,13 @@ def score_answer(
     if not slots:
         if require_slot:
             return 0.0
-        return float(_verify(gold, _parse(text[-max_answer_chars:])))
+        return float(_verify(gold, _parse(text[-max_answer_chars:], timeout_s), timeout_s))
     if len({normalize_slot(s.content) for s in slots}) > max_distinct_answers:
         return 0.0
     final = slots[-1].content.strip().strip("$").strip().rstrip(".")
     if not final or len(final) > max_answer_chars:
         return 0.0
-    return float(_verify(gold, _parse_slot(final)))
+    return float(_verify(gold, _parse_slot(final, timeout_s), timeout_s))
 
 
 @lru_cache(maxsize=4096)
@@ -107,7 +117,7 @@ def _parse_reference_str(reference: str) -> tuple | None:
     text = reference.strip().strip("$").strip()
     if not text:
         return None
-    parsed = _parse_slot(text)
+    parsed = _parse_slot(text, _REFERENCE_TIMEOUT_S)
     # math-verify falls back to the raw string when nothing parses; such a "reference" would match any
     # completion that copies the same broken text, so it counts as unparseable.
     if not any(not isinstance(p, str) for p in parsed):
@@ -128,21 +138,35 @@ def parse_reference(reference: Any) -> list | None:
     return list(parsed) if parsed else None
 
 
-def _parse_slot(content: str) -> list:
+def _parse_slot(content: str, timeout_s: int) -> list:
     m = _SCIENTIFIC.match(content)
     if m:
         content = f"{m.group(1)}\\times10^{{{m.group(2)}}}"
-    return _parse(f"\\boxed{{{content}}}")
+    return _parse(f"\\boxed{{{content}}}", timeout_s)
 
 
-def _timeout() -> int | None:
-    # math-verify enforces its timeouts with SIGALRM, which only the main thread may use.
-    return _MATH_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+def _parse(text: str, timeout_s: int) -> list:
+    return parse(text, extraction_config=_CONFIG, parsing_timeout=timeout_s)
 
 
-def _parse(text: str) -> list:
-    return parse(text, extraction_config=_CONFIG, parsing_timeout=_timeout())
+def _verify(gold: list, answer: list, timeout_s: int) -> bool:
+    return bool(answer) and verify(gold, answer, timeout_seconds=timeout_s)
 
 
-def _verify(gold: list, answer: list) -> bool:
-    return bool(answer) and verify(gold, answer, timeout_seconds=_timeout())
+def _score_in_worker(texts: list[str], references: list[Any], options: dict) -> list[float | None]:
+    """`math_accuracy` for a caller off the main thread: run in the shared one-process pool (its worker
+    scores on its main thread, where SIGALRM works); a worker stuck in C code past the grace is killed
+    and the answer earns 0."""
+    from grpo_fast.rewards.pool import RewardPool
+
+    timeout_s = options["timeout_s"]
+    with _POOL_LOCK:
+        if timeout_s not in _POOLS:
+            _POOLS[timeout_s] = RewardPool(workers=1, timeout=timeout_s + _POOL_GRACE_S, failure_reward=0.0)
+            atexit.register(_POOLS[timeout_s].close)
+        fn = functools.partial(math_accuracy, **options)
+        return _POOLS[timeout_s].score([fn], ["" for _ in texts], texts, {"answer": references}).rewards[0]
+
+
+_POOLS: dict[int, object] = {}  # timeout_s -> RewardPool, started on first use off the main thread
+_POOL_LOCK = threading.Lock()

@@ -169,3 +169,38 @@ def test_without_required_slot_falls_back_to_whole_text():
 def test_answer_slots_nested_braces():
     slots = answer_slots("\\boxed{\\frac{1}{\\sqrt{2}}} and <answer>x</answer>")
     assert [s.content for s in slots] == ["\\frac{1}{\\sqrt{2}}", "x"]
+
+
+SLOW_ANSWER = r"\boxed{2^{2^{40}}}"  # sympy would spend hours on it
+
+
+def test_time_limit_holds_off_the_main_thread():
+    import threading
+    import time
+
+    out = {}
+
+    def score():
+        start = time.monotonic()
+        out["rewards"] = math_accuracy(["p"] * 2, [SLOW_ANSWER, r"\boxed{1/2}"], ["5", "0.5"], timeout_s=2)
+        out["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=score, daemon=True)
+    thread.start()
+    thread.join(40)
+    assert not thread.is_alive(), "math_accuracy ignored its time limit off the main thread"
+    assert out["rewards"] == [0.0, 1.0]
+    assert out["seconds"] < 30
+
+
+def test_time_limit_holds_in_a_worker_process():
+    import time
+
+    from grpo_fast.rewards import RewardPool
+
+    with RewardPool(workers=1, timeout=60) as pool:
+        pool.score([math_accuracy], ["p"], ["warm-up"], {"answer": ["1"]})
+        start = time.monotonic()
+        scores = pool.score([math_accuracy], ["p"], [SLOW_ANSWER], {"answer": ["5"]})
+    assert scores.rewards == [[0.0]] and not scores.failures  # its own limit (5 s), not the pool's kill
+    assert time.monotonic() - start < 30
