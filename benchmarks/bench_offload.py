@@ -101,7 +101,10 @@ def make_batch(vocab: int, sequences: int, prompt_len: int, completion_len: int,
         prompts.append(prompt)
         completions.append(Completion(torch.randint(3, vocab, (n,), generator=g).tolist(), [], "", "stop"))
     rewards = torch.rand(sequences, generator=g)
-    return RolloutBatch(prompts, completions, rewards, completions, rewards, rewards[:, None], 0.0, 0, 0.0, 0.0)
+    timings = dict(time_generate=0.0, time_score=0.0, time_score_pool=0.0)
+    return RolloutBatch(
+        prompts, completions, rewards, completions, rewards, rewards[:, None], 0.0, 0, **timings, reward_failures={}
+    )
 
 
 def state_snapshot(model, optimizer) -> dict[str, torch.Tensor]:

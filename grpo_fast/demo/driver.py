@@ -171,8 +171,7 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         "plots_dir": str(out / "plots"),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    if engine is None:
-        trainer.engine.close()
+    trainer.close()  # the reward workers, and the engine unless the caller passed one
     return summary
 
 

@@ -3,34 +3,41 @@
 Each reward takes the dataset columns it names (one value per completion) and returns one float, or
 None where it cannot judge, per completion. Run them through `RewardPool` / `score_completions` so a
 hanging or crashing verifier costs one reward, not the run. See docs/rewards.md.
+
+The names load on first use: importing the package (a reward worker process does) imports no
+verifier and none of their dependencies (math-verify, jsonschema).
 """
 
-from grpo_fast.rewards.code import SandboxLimits, code_tests
-from grpo_fast.rewards.columns import call_reward, required_columns
-from grpo_fast.rewards.format import think_format
-from grpo_fast.rewards.json_schema import json_schema
-from grpo_fast.rewards.language import language_consistency
-from grpo_fast.rewards.length import length_penalty, overlong_penalty
-from grpo_fast.rewards.math_answer import math_accuracy
-from grpo_fast.rewards.pool import Failure, RewardPool, Scores, score_completions
-from grpo_fast.rewards.sql import sql_execution
-from grpo_fast.rewards.text import completion_text
+import importlib
 
-__all__ = [
-    "Failure",
-    "RewardPool",
-    "Scores",
-    "SandboxLimits",
-    "call_reward",
-    "code_tests",
-    "completion_text",
-    "json_schema",
-    "language_consistency",
-    "length_penalty",
-    "math_accuracy",
-    "overlong_penalty",
-    "required_columns",
-    "score_completions",
-    "sql_execution",
-    "think_format",
-]
+_EXPORTS = {
+    "Failure": "pool",
+    "RewardPool": "pool",
+    "Scores": "pool",
+    "score_completions": "pool",
+    "SandboxLimits": "code",
+    "code_tests": "code",
+    "call_reward": "columns",
+    "required_columns": "columns",
+    "completion_text": "text",
+    "json_schema": "json_schema",
+    "language_consistency": "language",
+    "length_penalty": "length",
+    "overlong_penalty": "length",
+    "math_accuracy": "math_answer",
+    "sql_execution": "sql",
+    "think_format": "format",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'grpo_fast.rewards' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -28,9 +28,10 @@ def required_columns(fn: RewardFunc) -> list[str]:
     return names
 
 
-def select_columns(fn: RewardFunc, columns: Mapping[str, Sequence[Any]]) -> dict[str, Sequence[Any]]:
-    """The columns to pass to `fn`: all of them when it takes **kwargs (TRL passes every column),
-    else only those it names. Raises KeyError naming the function and the missing column."""
+def select_columns(fn: RewardFunc, columns: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns (or other keyword arguments) to pass to `fn`: all of them when it takes **kwargs (TRL
+    passes every column), else only those it names. Raises KeyError naming the function and the missing
+    column."""
     missing = [name for name in required_columns(fn) if name not in columns]
     if missing:
         raise KeyError(
@@ -44,10 +45,16 @@ def select_columns(fn: RewardFunc, columns: Mapping[str, Sequence[Any]]) -> dict
 
 
 def call_reward(
-    fn: RewardFunc, prompts: Sequence[Any], completions: Sequence[Any], columns: Mapping[str, Sequence[Any]]
+    fn: RewardFunc,
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: Mapping[str, Sequence[Any]],
+    call_kwargs: Mapping[str, Any] | None = None,
 ) -> list[float | None]:
-    """`fn(prompts, completions, **columns it takes)`, checked: one reward (float or None) per completion."""
-    rewards = fn(prompts, completions, **select_columns(fn, columns))
+    """`fn(prompts, completions, **columns and call_kwargs it takes)`, checked: one reward (float or None) per
+    completion. columns hold one value per completion; call_kwargs are passed as they are (TRL's
+    `trainer_state`)."""
+    rewards = fn(prompts, completions, **select_columns(fn, {**(call_kwargs or {}), **columns}))
     if len(rewards) != len(completions):
         raise ValueError(
             f"reward function {reward_name(fn)!r} returned {len(rewards)} rewards for {len(completions)} completions"

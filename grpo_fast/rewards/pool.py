@@ -11,6 +11,9 @@ and answer item by item; the timeout clock of an item starts when the previous a
 worker's start-up (imports) does not count: items go only to workers that said they are ready.
 Reward functions (and functools.partial of them) must be picklable: workers are started with
 "spawn" by default, which never forks a parent holding CUDA or threads.
+
+`score` blocks; `submit` queues the same work on one background thread of the pool and returns a
+`concurrent.futures.Future`, so a caller can generate more completions while these are scored.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -36,20 +40,24 @@ _STARTUP_S = 300.0  # a fresh worker imports the reward modules (seconds on a lo
 
 @dataclass(frozen=True)
 class Failure:
-    """One verifier failure: which function, which completion, "timeout" | "crash" | "error", details."""
+    """One verifier failure: which function (its name, and its position in the call's list), which
+    completion, "timeout" | "crash" | "error", details."""
 
     reward: str
     index: int
     kind: str
     message: str
+    function: int = 0
 
 
 @dataclass
 class Scores:
-    """Rewards `[num_funcs][num_completions]` (float or None) and the failures met on the way."""
+    """Rewards `[num_funcs][num_completions]` (float or None), the failures met on the way, and the wall
+    seconds the scoring took."""
 
     rewards: list[list[float | None]]
     failures: list[Failure] = field(default_factory=list)
+    seconds: float = 0.0
 
 
 def _worker_main(conn: Connection) -> None:
@@ -65,10 +73,11 @@ def _worker_main(conn: Connection) -> None:
             return
         batch_id, blob, items = message
         if batch_id != batch:
-            funcs, batch = pickle.loads(blob), batch_id
+            (funcs, call_kwargs), batch = pickle.loads(blob), batch_id
         for task, f, prompt, completion, row in items:
             try:
-                value = call_reward(funcs[f], [prompt], [completion], {k: [v] for k, v in row.items()})[0]
+                columns = {k: [v] for k, v in row.items()}
+                value = call_reward(funcs[f], [prompt], [completion], columns, call_kwargs)[0]
                 conn.send((task, "ok", value))
             except Exception:
                 conn.send((task, "error", traceback.format_exc(limit=5)))
@@ -115,6 +124,20 @@ class RewardPool:
         self._ctx = mp.get_context(mp_context)
         self._workers = [_Worker(self._ctx) for _ in range(workers)]
         self._batch = 0
+        self._background: ThreadPoolExecutor | None = None
+
+    def submit(
+        self,
+        reward_funcs: Sequence[RewardFunc],
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: Mapping[str, Sequence[Any]] | None = None,
+        call_kwargs: Mapping[str, Any] | None = None,
+    ) -> Future[Scores]:
+        """`score` on the pool's background thread (jobs run one after another); returns its Future."""
+        if self._background is None:
+            self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-pool")
+        return self._background.submit(self.score, reward_funcs, prompts, completions, columns, call_kwargs)
 
     def score(
         self,
@@ -122,9 +145,13 @@ class RewardPool:
         prompts: Sequence[Any],
         completions: Sequence[Any],
         columns: Mapping[str, Sequence[Any]] | None = None,
+        call_kwargs: Mapping[str, Any] | None = None,
     ) -> Scores:
-        """Every reward function on every completion. Columns are checked first: a function needing a
-        column that is absent raises KeyError naming it, before any work starts."""
+        """Every reward function on every completion. columns: one value per completion; call_kwargs:
+        passed as they are to every call of a function that takes them (e.g. TRL's `trainer_state`).
+        Columns are checked first: a function needing a column that is absent raises KeyError naming it,
+        before any work starts."""
+        start = time.perf_counter()
         columns = dict(columns or {})
         n = len(completions)
         if len(prompts) != n:
@@ -132,9 +159,10 @@ class RewardPool:
         for name, values in columns.items():
             if len(values) != n:
                 raise ValueError(f"column {name!r}: {len(values)} values for {n} completions")
-        per_func = [select_columns(fn, columns) for fn in reward_funcs]
+        per_func = [select_columns(fn, {**(call_kwargs or {}), **columns}) for fn in reward_funcs]
+        per_func = [{k: v for k, v in chosen.items() if k in columns} for chosen in per_func]
         self._batch += 1
-        blob = pickle.dumps(list(reward_funcs))
+        blob = pickle.dumps((list(reward_funcs), dict(call_kwargs or {})))
         items = deque(
             (f * n + i, f, prompts[i], completions[i], {k: v[i] for k, v in per_func[f].items()})
             for f in range(len(reward_funcs))
@@ -147,7 +175,7 @@ class RewardPool:
         def fail(task: int, kind: str, message: str) -> None:
             f, i = divmod(task, n)
             scores.rewards[f][i] = self.failure_reward
-            scores.failures.append(Failure(names[f], i, kind, message))
+            scores.failures.append(Failure(names[f], i, kind, message, f))
             log.warning("reward %s failed on completion %d (%s): %s", names[f], i, kind, message.strip()[-500:])
 
         while items or any(w.pending for w in self._workers):
@@ -189,6 +217,7 @@ class RewardPool:
                         raise RuntimeError(f"reward worker not ready after {_STARTUP_S} s")
                     fail(w.pending.popleft(), "timeout", f"no result within {self.timeout} s")
                     self._replace(w, items, by_task)
+        scores.seconds = time.perf_counter() - start
         return scores
 
     def _replace(self, worker: _Worker, items: deque, by_task: dict) -> None:
@@ -198,7 +227,10 @@ class RewardPool:
         self._workers[self._workers.index(worker)] = _Worker(self._ctx)
 
     def close(self) -> None:
-        """Stop the workers (idempotent)."""
+        """Finish the submitted jobs, then stop the workers (idempotent)."""
+        if self._background is not None:
+            self._background.shutdown(wait=True)
+            self._background = None
         for w in self._workers:
             if w.proc.is_alive():
                 try:

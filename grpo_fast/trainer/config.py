@@ -49,11 +49,19 @@ class DataConfig:
 @dataclass
 class RewardConfig:
     """funcs: reward specs of grpo_fast.rewards.registry: names ("math_accuracy", "exact_match" ...),
-    {name: ..., <option>: value} mappings, or "package.module:function"; weights: one per function
-    (default all 1)."""
+    {name: ..., <option>: value} mappings (`in_process: true` scores that function in the trainer's
+    process), or "package.module:function"; weights: one per function (default all 1).
+    workers: processes of the reward pool (0 scores everything in-process); timeout: seconds one
+    completion may take in one function before it costs its reward (failure_reward, None = skipped).
+    overlap_chunks: each generation round is split into this many chunks, the pool scoring one chunk
+    while the engine generates the next (1: generate everything, then score)."""
 
     funcs: list = field(default_factory=lambda: ["exact_match"])
     weights: list | None = None
+    workers: int = 2
+    timeout: float = 30.0
+    failure_reward: float | None = None
+    overlap_chunks: int = 2
 
 
 @dataclass
@@ -181,6 +189,8 @@ _POSITIVE = (
     "rollout.max_completion_length",
     "rollout.max_model_len",
     "rollout.sync_bucket_mb",
+    "reward.timeout",
+    "reward.overlap_chunks",
     "grpo.num_iterations",
     "run.max_steps",
     "run.prompts_per_step",
@@ -220,6 +230,8 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.grpo.overlong_buffer < 0 or cfg.grpo.overlong_buffer >= cfg.rollout.max_completion_length:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
+    if cfg.reward.workers < 0:
+        raise ValueError(f"reward.workers: expected >= 0, got {cfg.reward.workers}")
     if cfg.grpo.is_cap <= 0:
         raise ValueError("grpo.is_cap: expected > 0")
 

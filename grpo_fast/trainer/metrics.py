@@ -14,11 +14,13 @@ from grpo_fast.trainer.advantages import reward_stats
 
 
 def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> dict[str, float]:
-    """The rollout side of a step's metrics: rewards (overall and per function), zero-variance groups,
-    completion lengths and truncation over every completion generated this step, and throughput.
+    """The rollout side of a step's metrics: rewards (overall and per function, with each verifier's
+    failures), zero-variance groups, completion lengths and truncation over every completion generated this
+    step, and throughput.
 
     rollout: the step's RolloutBatch; times: seconds of "train", "sync" and the whole "step" (generation and
-    scoring times come from the rollout); the loss step's own metrics are added by the caller."""
+    scoring times come from the rollout: time/score is scoring on the critical path, time/score_pool the
+    reward pool's own time, mostly overlapped with generation); the loss step's metrics come from the caller."""
     lengths = torch.tensor([len(c.token_ids) for c in rollout.generated], dtype=torch.float32)
     mean, std = reward_stats(rollout.generated_rewards)
     out = {
@@ -35,10 +37,12 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
         col = col[~torch.isnan(col)]
         out[f"reward/{name}/mean"] = float(col.mean()) if col.numel() else math.nan
         out[f"reward/{name}/std"] = float(col.std()) if col.numel() > 1 else 0.0
+        out[f"reward/{name}/failures"] = float(rollout.reward_failures.get(name, 0))
     out.update(
         {
             "time/generate": rollout.time_generate,
             "time/score": rollout.time_score,
+            "time/score_pool": rollout.time_score_pool,
             "time/train": times["train"],
             "time/sync": times["sync"],
             "time/step": times["step"],

@@ -1,9 +1,15 @@
 """The rollout phase of a step: sample prompts, generate G completions each, score them, and (DAPO's
-dynamic sampling) replace groups whose rewards are all equal. Returns a `RolloutBatch`."""
+dynamic sampling) replace groups whose rewards are all equal. Returns a `RolloutBatch`.
+
+Scoring overlaps generation: a round's prompts are generated in `reward.overlap_chunks` chunks, and
+each chunk goes to the reward pool as soon as it exists, so the pool scores chunk k while the engine
+generates chunk k + 1. Only the scoring of the last chunk (and in-process functions) stays on the
+critical path; the step metrics report both that time and the pool's own."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +19,7 @@ from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.data_sampler import PromptSampler
-from grpo_fast.trainer.scoring import RewardSet
+from grpo_fast.trainer.scoring import RewardSet, TrainerState
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,8 @@ class RolloutBatch:
     reward (NaN when no reward function could score it).
     generated, generated_rewards [M], generated_rewards_per_func [M, F]: every completion generated this step,
     kept or not (dynamic sampling may generate more than B groups), for the step's metrics.
+    reward_failures: per reward function, the completions its verifier failed on (timeout, crash, error).
+    time_score: scoring on the critical path; time_score_pool: the reward pool's own time (mostly overlapped).
     """
 
     prompt_ids: list[list[int]]
@@ -36,6 +44,8 @@ class RolloutBatch:
     resample_rounds: int
     time_generate: float
     time_score: float
+    time_score_pool: float
+    reward_failures: dict[str, int]
 
 
 class PromptEncoder:
@@ -104,13 +114,12 @@ class RolloutPhase:
         cfg, g = self.config, self.config.rollout.num_generations
         want = cfg.run.prompts_per_step
         kept, spare, generated, rewards_all, per_func_all = [], [], [], [], []
-        t_gen = t_score = 0.0
+        times, failures = Counter(), Counter()
         rounds = 0
         while True:
             index = self.sampler.next(want - len(kept) if rounds else want)
             seed = (cfg.run.seed * 1_000_003 + step * 10_007 + rounds * 101) * 1000
-            prompt_ids, flat, per_func, rewards, times = self._generate_and_score(engine, index, seed)
-            t_gen, t_score = t_gen + times[0], t_score + times[1]
+            prompt_ids, flat, per_func, rewards = self._generate_and_score(engine, index, seed, step, times, failures)
             generated += flat
             rewards_all.append(rewards)
             per_func_all.append(per_func)
@@ -136,33 +145,52 @@ class RolloutPhase:
             generated_rewards_per_func=torch.cat(per_func_all),
             frac_zero_var_groups=float(zero_var.float().mean()),
             resample_rounds=rounds,
-            time_generate=t_gen,
-            time_score=t_score,
+            time_generate=times["generate"],
+            time_score=times["score"],
+            time_score_pool=times["score_pool"],
+            reward_failures=dict(failures),
         )
 
-    def _generate_and_score(self, engine: RolloutEngine, index: list[int], seed: int):
-        """G completions for each row of `index`: (prompt ids [P], completions [P*G], per-function rewards
-        [P*G, F], combined rewards with the overlong penalty [P*G], (generate seconds, score seconds))."""
-        cfg = self.config
+    def _generate_and_score(
+        self, engine: RolloutEngine, index: list[int], seed: int, step: int, times: Counter, failures: Counter
+    ):
+        """G completions for each row of `index`, generated chunk by chunk while the previous chunk is
+        scored: (prompt ids [P], completions [P*G], per-function rewards [P*G, F], combined rewards with the
+        overlong penalty [P*G]); adds the seconds spent to `times` and the verifier failures to `failures`."""
+        cfg, n = self.config, self.config.rollout.num_generations
         prompt_ids = self.prompts.encode_rows(self.rows, index, cache=True)
-        spec = SamplingSpec(
-            n=cfg.rollout.num_generations,
-            max_tokens=cfg.rollout.max_completion_length,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
-            stop_token_ids=self.stop_ids,
-            seed=seed,
-        )
-        t0 = time.perf_counter()
-        flat = [c for group in engine.generate(prompt_ids, spec) for c in group]
-        t_gen = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        per_func = self.rewards.score([self.rows[i] for i in index for _ in range(spec.n)], [c.text for c in flat])
+        state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
+        chunk = max(1, -(-len(index) // cfg.reward.overlap_chunks))
+        flat, pending = [], []
+        for start in range(0, len(index), chunk):
+            spec = SamplingSpec(
+                n=n,
+                max_tokens=cfg.rollout.max_completion_length,
+                temperature=cfg.rollout.temperature,
+                top_p=cfg.rollout.top_p,
+                top_k=cfg.rollout.top_k,
+                stop_token_ids=self.stop_ids,
+                seed=seed + start * n,  # request i of the round keeps seed + i * n however the round is split
+            )
+            t0 = time.perf_counter()
+            part = [c for group in engine.generate(prompt_ids[start : start + chunk], spec) for c in group]
+            times["generate"] += time.perf_counter() - t0
+            rows = [self.rows[i] for i in index[start : start + chunk] for _ in range(n)]
+            pending.append(self.rewards.submit(rows, [c.text for c in part], [c.token_ids for c in part], state))
+            flat += part
+        scored = [p.result() for p in pending]
+        for s in scored:
+            times["score"] += s.seconds_critical
+            times["score_pool"] += s.seconds_pool
+            failures.update(s.failures)
+        per_func = torch.cat([s.per_func for s in scored])
         rewards = self.rewards.combine(per_func)
         if cfg.grpo.overlong_buffer > 0:
-            max_len, buffer, factor = spec.max_tokens, cfg.grpo.overlong_buffer, cfg.grpo.overlong_penalty_factor
-            rewards = rewards + torch.tensor(
-                [soft_overlong_penalty(len(c.token_ids), max_len, buffer, factor) for c in flat]
+            max_len, buffer, factor = (
+                cfg.rollout.max_completion_length,
+                cfg.grpo.overlong_buffer,
+                cfg.grpo.overlong_penalty_factor,
             )
-        return prompt_ids, flat, per_func, rewards, (t_gen, time.perf_counter() - t0)
+            penalties = [soft_overlong_penalty(len(c.token_ids), max_len, buffer, factor) for c in flat]
+            rewards = rewards + torch.tensor(penalties)
+        return prompt_ids, flat, per_func, rewards

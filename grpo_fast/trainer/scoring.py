@@ -1,23 +1,105 @@
-"""The run's reward functions: resolved from their specs, scored per completion, combined with weights."""
+"""The run's reward functions: resolved from their specs, scored per completion (in worker processes by
+default), combined with their weights.
+
+Each function is called as TRL calls it: `fn(prompts=..., completions=..., completion_ids=...,
+trainer_state=..., **dataset_columns)`, taking what it names (everything with **kwargs); completions are
+chat messages `[{"role": "assistant", "content": text}]` when the prompt is a list of messages, else
+text. A function with a required `max_completion_length` parameter gets the rollout's (so DAPO's
+`overlong_penalty` needs only its buffer).
+
+Where a function runs: in the run's `RewardPool` (worker processes with a per-completion timeout; a
+verifier that hangs, crashes or raises costs that completion's reward, counted in the step's
+`reward/<name>/failures`), unless its spec says `in_process: true` (cheap functions, no isolation) or
+it cannot be pickled for a worker (a lambda or closure: scored in-process, with a warning).
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import logging
 import math
-from collections.abc import Sequence
+import pickle
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 
-from grpo_fast.rewards.columns import reward_name
+from grpo_fast.rewards.columns import call_reward, reward_name
+from grpo_fast.rewards.pool import RewardPool, Scores
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.trainer.advantages import combine_rewards
 
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """Passed to reward functions as `trainer_state` (the fields of transformers' TrainerState they read)."""
+
+    global_step: int
+    max_steps: int
+
+
+@dataclass(frozen=True)
+class ScoredBatch:
+    """per_func [N, F] rewards (NaN where a function returned None or failed); failures per function (metric
+    name -> count); seconds_critical: in-process scoring plus the wait for the pool after generation (what
+    scoring adds to the step); seconds_pool: the pool's own wall time on this batch (overlapped or not)."""
+
+    per_func: torch.Tensor
+    failures: dict[str, int]
+    seconds_critical: float
+    seconds_pool: float
+
+
+class PendingScores:
+    """Scores being computed: the in-process functions' results now, the pooled ones from a Future."""
+
+    def __init__(self, per_func: torch.Tensor, seconds: float, pooled: list[int], future: Future | None, names):
+        self._per_func, self._seconds, self._names = per_func, seconds, names
+        self._pooled, self._future = pooled, future
+
+    def result(self) -> ScoredBatch:
+        start = time.perf_counter()
+        failures: Counter = Counter()
+        seconds_pool = 0.0
+        if self._future is not None:
+            scores: Scores = self._future.result()
+            for j, column in zip(self._pooled, scores.rewards, strict=True):
+                self._per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in column])
+            failures.update(self._names[self._pooled[f.function]] for f in scores.failures)
+            seconds_pool = scores.seconds
+        waited = time.perf_counter() - start
+        return ScoredBatch(self._per_func, dict(failures), self._seconds + waited, seconds_pool)
+
 
 class RewardSet:
-    """Reward functions (specs of grpo_fast.rewards.registry) with one weight each (default 1) and a
-    distinct metric name each (the function's name, suffixed when two share it)."""
+    """Reward functions with one weight each (default 1) and a distinct metric name each (the function's
+    name, suffixed when two share it); scores through a RewardPool of `workers` processes (0: all
+    in-process) with `timeout` seconds per completion, `failure_reward` for a failed one."""
 
-    def __init__(self, specs: Sequence, weights: Sequence[float] | None = None) -> None:
-        self.funcs = [reward_from_spec(s) for s in specs]
+    def __init__(
+        self,
+        specs: Sequence,
+        weights: Sequence[float] | None = None,
+        *,
+        workers: int = 2,
+        timeout: float = 30.0,
+        failure_reward: float | None = None,
+        max_completion_length: int | None = None,
+    ) -> None:
+        self.funcs, self.in_process = [], []
+        for spec in specs:
+            in_process = isinstance(spec, Mapping) and bool(spec.get("in_process", False))
+            if isinstance(spec, Mapping):
+                spec = {k: v for k, v in spec.items() if k != "in_process"}
+            fn = _with_max_completion_length(reward_from_spec(spec), max_completion_length)
+            self.funcs.append(fn)
+            self.in_process.append(in_process or workers == 0 or not _picklable(fn))
         self.weights = list(weights) if weights is not None else [1.0] * len(self.funcs)
         if len(self.weights) != len(self.funcs):
             raise ValueError(f"reward.weights: {len(self.weights)} weights for {len(self.funcs)} reward functions")
@@ -25,25 +107,74 @@ class RewardSet:
         for fn in self.funcs:
             name = reward_name(fn)
             self.names.append(name if name not in self.names else f"{name}_{len(self.names)}")
+        for name, fn, local in zip(self.names, self.funcs, self.in_process, strict=True):
+            if local and workers and not _picklable(fn):
+                logger.warning("reward %s cannot be pickled for a worker process: scored in-process", name)
+        self._pool_options = dict(workers=workers, timeout=timeout, failure_reward=failure_reward)
+        self._pool: RewardPool | None = None
 
     @property
     def full_reward(self) -> float:
         """The combined reward of a completion every function scores 1."""
         return float(sum(self.weights))
 
-    def score(self, rows: list[dict], completions: list[str]) -> torch.Tensor:
-        """[N, F] rewards (NaN where a function returned None) for rows[i] / completions[i]; every dataset
-        column but the prompt goes to the functions by name (TRL's convention)."""
+    def submit(
+        self, rows: list[dict], texts: list[str], completion_ids: list[list[int]], state: TrainerState
+    ) -> PendingScores:
+        """Start scoring completion i (text, token ids) of dataset row rows[i]: in-process functions run now,
+        pooled ones in the background; `.result()` waits for them."""
         prompts = [r["prompt"] for r in rows]
+        completions = [
+            [{"role": "assistant", "content": t}] if isinstance(p, list) else t
+            for p, t in zip(prompts, texts, strict=True)
+        ]
         columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
-        out = torch.full((len(rows), len(self.funcs)), math.nan)
-        for j, (fn, name) in enumerate(zip(self.funcs, self.names, strict=True)):
-            values = fn(prompts=prompts, completions=completions, **columns)
-            if len(values) != len(rows):
-                raise ValueError(f"reward function {name} returned {len(values)} values for {len(rows)} completions")
-            out[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
-        return out
+        columns["completion_ids"] = completion_ids
+        call_kwargs = {"trainer_state": state}
+        per_func = torch.full((len(rows), len(self.funcs)), math.nan)
+        start = time.perf_counter()
+        for j, fn in enumerate(self.funcs):
+            if self.in_process[j]:
+                values = call_reward(fn, prompts, completions, columns, call_kwargs)
+                per_func[:, j] = torch.tensor([math.nan if v is None else v for v in values])
+        seconds = time.perf_counter() - start
+        pooled = [j for j, local in enumerate(self.in_process) if not local]
+        future = None
+        if pooled and rows:
+            funcs = [self.funcs[j] for j in pooled]
+            future = self._get_pool().submit(funcs, prompts, completions, columns, call_kwargs)
+        return PendingScores(per_func, seconds, pooled, future, self.names)
 
     def combine(self, per_func: torch.Tensor) -> torch.Tensor:
         """[N, F] -> [N] weighted sum (see advantages.combine_rewards)."""
         return combine_rewards(per_func, self.weights)
+
+    def _get_pool(self) -> RewardPool:
+        if self._pool is None:
+            self._pool = RewardPool(**self._pool_options)
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes (a later `submit` starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def _picklable(fn) -> bool:
+    try:
+        pickle.dumps(fn)
+    except Exception:  # noqa: BLE001 - any failure to pickle means "cannot go to a worker"
+        return False
+    return True
+
+
+def _with_max_completion_length(fn, max_completion_length: int | None):
+    """`fn` with max_completion_length bound when it requires one that the spec did not give."""
+    if max_completion_length is None:
+        return fn
+    param = inspect.signature(fn).parameters.get("max_completion_length")
+    if param is None or param.default is not param.empty:
+        return fn
+    return functools.partial(fn, max_completion_length=max_completion_length)
+

@@ -29,7 +29,7 @@ from grpo_fast.trainer.loss_step import LossStep
 from grpo_fast.trainer.metrics import MetricsLogger, step_metrics
 from grpo_fast.trainer.offload import TrainerStateOffloader, memory_snapshot
 from grpo_fast.trainer.rollout_phase import PromptEncoder, RolloutPhase, stop_token_ids
-from grpo_fast.trainer.scoring import RewardSet
+from grpo_fast.trainer.scoring import RewardSet, TrainerState
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +77,21 @@ class GRPOTrainer:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.rewards = RewardSet(funcs, cfg.reward.weights)
+        self.rewards = RewardSet(
+            funcs,
+            cfg.reward.weights,
+            workers=cfg.reward.workers,
+            timeout=cfg.reward.timeout,
+            failure_reward=cfg.reward.failure_reward,
+            max_completion_length=cfg.rollout.max_completion_length,
+        )
         self.train_rows = _as_rows(train_dataset)
         self.eval_rows = _as_rows(eval_dataset) if eval_dataset is not None else None
         if cfg.run.eval_max_prompts and self.eval_rows:
             self.eval_rows = self.eval_rows[: cfg.run.eval_max_prompts]
         self.output_dir = Path(cfg.run.output_dir)
         self.engine = engine
+        self._owns_engine = engine is None
 
         if cfg.model.gradient_checkpointing:
             model.config.use_cache = False
@@ -137,6 +145,13 @@ class GRPOTrainer:
         self.tokenizer.save_pretrained(path)
         return str(path)
 
+    def close(self) -> None:
+        """Stop the reward worker processes, and the rollout engine when the trainer built it."""
+        self.rewards.close()
+        if self.engine is not None and self._owns_engine:
+            self.engine.close()
+            self.engine = None
+
     def sync_weights(self) -> dict:
         t0 = time.perf_counter()
         out = self.engine.load_weights(trainer_weights(self.model))
@@ -161,9 +176,11 @@ class GRPOTrainer:
             seed=0,
         )
         t0 = time.perf_counter()
-        outs = self.engine.generate(ids, spec)
+        outs = [group[0] for group in self.engine.generate(ids, spec)]
+        state = TrainerState(global_step=self.step, max_steps=self.config.run.max_steps)
+        scored = self.rewards.submit(self.eval_rows, [c.text for c in outs], [c.token_ids for c in outs], state)
+        rewards = self.rewards.combine(scored.result().per_func)
         self.timers["eval"] += time.perf_counter() - t0
-        rewards = self.rewards.combine(self.rewards.score(self.eval_rows, [g[0].text for g in outs]))
         return {
             "eval/accuracy": float((rewards >= self.rewards.full_reward - 1e-6).float().mean()),
             "eval/reward_mean": float(torch.nan_to_num(rewards, nan=0.0).mean()),

@@ -70,7 +70,8 @@ def test_trainer_builds_and_drives_a_plug_in_engine(tmp_path, name):
     trainer.train()
     (engine,) = CountingEngine.built
     assert trainer.engine is engine and engine.seed == 5
-    assert engine.generate_calls == 2 and engine.syncs == 3  # one sync at start, one per step
+    assert engine.generate_calls == 2 * 2  # 2 steps x 2 overlap chunks
+    assert engine.syncs == 3  # at the start and after each step
 
 
 def test_auto_picks_the_first_available_engine():
