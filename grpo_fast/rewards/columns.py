@@ -9,9 +9,19 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 RewardFunc = Callable[..., list]
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What the trainer passes reward functions as `trainer_state` (the fields of transformers'
+    TrainerState that reward functions read: a curriculum on the step, say)."""
+
+    global_step: int
+    max_steps: int
 
 _POSITIONAL = ("prompts", "completions")
 

@@ -8,7 +8,9 @@ kills and replaces the worker if needed, and carries on with the rest of the bat
 Work unit: one (reward function, completion) pair, called as `fn([prompt], [completion], **columns)`
 with the row's column values, so a timeout measures one completion. Workers receive items in chunks
 and answer item by item; the timeout clock of an item starts when the previous answer arrived. A
-worker's start-up (imports) does not count: items go only to workers that said they are ready.
+worker's start-up (imports) does not count: items go only to workers that said they are ready; nor does
+loading a batch's functions (unpickling imports their modules): the clock starts when the worker says
+it has loaded them.
 Reward functions (and functools.partial of them) must be picklable: workers are started with
 "spawn" by default, which never forks a parent holding CUDA or threads.
 
@@ -74,6 +76,7 @@ def _worker_main(conn: Connection) -> None:
         batch_id, blob, items = message
         if batch_id != batch:
             (funcs, call_kwargs), batch = pickle.loads(blob), batch_id
+            conn.send("loaded")
         for task, f, prompt, completion, row in items:
             try:
                 columns = {k: [v] for k, v in row.items()}
@@ -182,10 +185,11 @@ class RewardPool:
             for w in self._workers:
                 if w.ready and items and not w.pending:
                     chunk = [items.popleft() for _ in range(min(_CHUNK, len(items)))]
-                    w.conn.send((self._batch, blob if w.batch != self._batch else None, chunk))
+                    loading = w.batch != self._batch
+                    w.conn.send((self._batch, blob if loading else None, chunk))
                     w.batch = self._batch
                     w.pending.extend(item[0] for item in chunk)
-                    w.deadline = time.monotonic() + self.timeout
+                    w.deadline = time.monotonic() + (_STARTUP_S if loading else self.timeout)
             busy = [w for w in self._workers if w.pending or not w.ready]
             left = min(w.deadline for w in busy) - time.monotonic()
             ready = wait([w.conn for w in busy], timeout=max(0.0, left))
@@ -204,6 +208,9 @@ class RewardPool:
                         continue
                     if message == "ready":
                         w.ready = True
+                        continue
+                    if message == "loaded":
+                        w.deadline = time.monotonic() + self.timeout
                         continue
                     task, status, value = message
                     w.pending.popleft()

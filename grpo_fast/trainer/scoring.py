@@ -28,20 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_fast.rewards.columns import call_reward, reward_name
+from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name
 from grpo_fast.rewards.pool import RewardPool, Scores
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.trainer.advantages import combine_rewards
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainerState:
-    """Passed to reward functions as `trainer_state` (the fields of transformers' TrainerState they read)."""
-
-    global_step: int
-    max_steps: int
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,12 @@ def test_missing_column_names_it(pool):
 def test_column_length_mismatch_names_it(pool):
     with pytest.raises(ValueError, match="answer"):
         pool.score([math_accuracy], ["p"] * 2, ["x", "y"], {"answer": ["1"]})
+
+
+def test_loading_the_functions_does_not_count_against_the_timeout():
+    """Unpickling a verifier imports its module (3 s here); the 2 s per-completion clock starts after."""
+    from slow_import_verifier import slow_to_load
+
+    with RewardPool(workers=1, timeout=2.0) as pool:
+        scores = pool.score([slow_to_load], ["p"] * 2, ["a", "b"])
+    assert scores.rewards == [[1.0, 1.0]] and not scores.failures

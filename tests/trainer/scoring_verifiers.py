@@ -1,0 +1,39 @@
+"""Reward functions for the trainer's scoring tests (module level, so that pool workers can unpickle them).
+Each returns a value that shows what it was given."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def completion_length(prompts, completions, completion_ids, **_):
+    """The number of token ids it received per completion."""
+    return [float(len(ids)) for ids in completion_ids]
+
+
+def global_step(prompts, completions, trainer_state, **_):
+    """trainer_state.global_step, passed as it is (not one per completion)."""
+    return [float(trainer_state.global_step)] * len(completions)
+
+
+def chat_shaped(prompts, completions, **_):
+    """1.0 for a completion given as [{"role": "assistant", "content": ...}], 0.0 for plain text."""
+    return [float(isinstance(c, list) and c[0]["role"] == "assistant") for c in completions]
+
+
+def column_value(prompts, completions, difficulty, **_):
+    """The dataset column `difficulty` of each completion's row."""
+    return [float(d) for d in difficulty]
+
+
+def misbehaving(prompts, completions, **_):
+    """Hangs on "hang", kills its process on "crash", raises on "raise", else rewards 1.0."""
+    text = completions[0] if isinstance(completions[0], str) else completions[0][0]["content"]
+    if text == "hang":
+        time.sleep(3600)
+    if text == "crash":
+        os._exit(3)
+    if text == "raise":
+        raise RuntimeError("verifier bug")
+    return [1.0]

@@ -1,0 +1,96 @@
+"""The trainer's scoring: TRL's reward arguments, the reward pool's isolation, in-process functions."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+
+import pytest
+import torch
+from scoring_verifiers import chat_shaped, column_value, completion_length, global_step, misbehaving
+
+from grpo_fast.rewards import overlong_penalty
+from grpo_fast.trainer.scoring import RewardSet, TrainerState
+
+STATE = TrainerState(global_step=7, max_steps=10)
+
+
+@pytest.fixture(scope="module")
+def pooled():
+    rewards = RewardSet([completion_length, global_step, chat_shaped, column_value], workers=2, timeout=30)
+    yield rewards
+    rewards.close()
+
+
+def _score(rewards, rows, texts, ids=None):
+    ids = ids if ids is not None else [[1] * (i + 1) for i in range(len(texts))]
+    return rewards.submit(rows, texts, ids, STATE).result()
+
+
+def test_reward_functions_get_what_trl_passes(pooled):
+    rows = [{"prompt": "p", "difficulty": 3}, {"prompt": [{"role": "user", "content": "p"}], "difficulty": 5}]
+    scored = _score(pooled, rows, ["a", "b"], ids=[[1, 2, 3], [4]])
+    assert pooled.in_process == [False] * 4  # all of them went to the worker processes
+    torch.testing.assert_close(scored.per_func, torch.tensor([[3.0, 7.0, 0.0, 3.0], [1.0, 7.0, 1.0, 5.0]]))
+    assert scored.failures == {} and scored.seconds_pool > 0
+
+
+def test_in_process_option_and_unpicklable_functions_run_here():
+    caller = []
+
+    def thread_name(prompts, completions, **_):  # a closure: cannot go to a worker
+        caller.append(threading.current_thread().name)
+        return [1.0] * len(completions)
+
+    rewards = RewardSet([thread_name, {"name": "exact_match", "in_process": True}], workers=2)
+    scored = _score(rewards, [{"prompt": "p", "answer": "x"}], ["x"])
+    assert rewards.in_process == [True, True] and rewards._pool is None  # no worker was started
+    assert caller == [threading.current_thread().name]
+    torch.testing.assert_close(scored.per_func, torch.tensor([[1.0, 1.0]]))
+
+
+def test_a_failing_verifier_costs_one_reward_each_and_is_counted():
+    rewards = RewardSet([misbehaving, completion_length], workers=2, timeout=3)
+    try:
+        texts = ["ok", "hang", "crash", "raise", "ok"]
+        scored = _score(rewards, [{"prompt": "p"}] * 5, texts)
+    finally:
+        rewards.close()
+    first = scored.per_func[:, 0].tolist()
+    assert first[0] == 1.0 and first[4] == 1.0 and all(math.isnan(v) for v in first[1:4])
+    torch.testing.assert_close(scored.per_func[:, 1], torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
+    assert scored.failures == {"misbehaving": 3}
+
+
+def test_length_rewards_need_no_glue():
+    """overlong_penalty by name with only its buffer: the trainer's token ids and max_completion_length."""
+    rewards = RewardSet([{"name": "overlong_penalty", "overlong_buffer": 4}], workers=0, max_completion_length=8)
+    scored = _score(rewards, [{"prompt": "p"}] * 3, ["a", "b", "c"], ids=[[0] * 2, [0] * 6, [0] * 9])
+    torch.testing.assert_close(scored.per_func[:, 0], torch.tensor([0.0, -0.5, -1.0]))
+    bound = RewardSet([overlong_penalty], workers=0, max_completion_length=8)  # a bare callable too
+    with pytest.raises(KeyError, match="overlong_buffer"):
+        _score(bound, [{"prompt": "p"}], ["a"])
+
+
+def test_trainer_counts_verifier_failures_in_its_metrics(tmp_path):
+    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+    from grpo_fast.trainer import GRPOTrainer, load_config
+
+    tok = build_char_tokenizer()
+    opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
+    opts += ["run.prompts_per_step=2", "run.max_steps=1", "run.eval_every=0", "run.save_final=false"]
+    opts += ["run.plots=false", "run.tensorboard=false", "run.progress=false", f"run.output_dir={tmp_path}"]
+    opts += ["reward.timeout=5"]
+    trainer = GRPOTrainer(
+        build_tiny_model(tok), [misbehaving, completion_length], [{"prompt": "1"}, {"prompt": "2"}],
+        config=load_config(None, opts), tokenizer=tok,
+    )  # fmt: skip
+    try:
+        metrics = trainer.train()
+    finally:
+        trainer.close()
+    assert metrics["reward/misbehaving/failures"] == 0.0  # random completions of the tiny model never say "hang"
+    assert metrics["reward/completion_length/mean"] > 0
+    assert metrics["time/score_pool"] > 0 and metrics["time/score"] >= 0
+    assert os.path.exists(tmp_path / "metrics.jsonl")
