@@ -23,10 +23,12 @@ ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 
 ADD = "def add(a, b):\n    return a + b\n"
 needs_namespaces = pytest.mark.skipif(isolation() != "namespaces", reason="needs root and unshare")
 needs_uid = pytest.mark.skipif(isolation() == "rlimits", reason="needs root (runs programs as another uid)")
+# Without namespaces (not root, or unshare refused) these tests run their (benign) programs unsandboxed, by choice.
+UNSANDBOXED = isolation() != "namespaces"
 
 
 def score(program: str, tests=ADD_TESTS, **kw) -> float | None:
-    return code_tests(["p"], [program], [tests], limits=LIMITS, **kw)[0]
+    return code_tests(["p"], [program], [tests], limits=LIMITS, allow_unsandboxed=UNSANDBOXED, **kw)[0]
 
 
 def sandbox_processes() -> list[int]:
@@ -80,9 +82,10 @@ def test_pluggable_runner():
 
 def test_cases_parsing():
     case = parse_assert("x = 2\nassert f(x) == [1, 2]")
-    assert (case.setup, case.expr, case.truth, case.expected) == ("x = 2", "f(x)", False, [1, 2])
-    assert parse_assert("assert f(1) == g(2)").expected_src == "g(2)"
-    assert parse_assert("assert is_prime(7)").truth
+    assert case.probe() == {"steps": [{"run": "x = 2", "items": [{"expr": "f(x)"}]}]}
+    assert case.clean == () and case.problem is None
+    assert [i.expr for i in parse_assert("assert f(1) == g(2)").candidate[0].items] == ["f(1)", "g(2)"]
+    assert [i.expr for i in parse_assert("assert is_prime(7)").candidate[0].items] == ["is_prime(7)", "bool(__v[0])"]
     with pytest.raises(ValueError, match="tests"):
         parse_cases(["x = 1"])
     with pytest.raises(ValueError, match="tests"):

@@ -9,24 +9,34 @@ without isolate, "binds": [host paths shown read-only], "uid": int or null (stay
 "limits": {...}, "files": {name: text},
 "runs": [{"argv": [...], "stdin": str | null, "probes": [probe, ...] | null}]}.
 Result: {"runs": [{"exit": int | null, "timed_out": bool, "stdout": str, "stderr": str,
-"output_exceeded": bool, "loaded": bool, "probes": [{"ok": bool, "value": str | null, "error": str}]}]}
+"output_exceeded": bool, "loaded": bool, "probes": [{"answer": {...}} | {"error": str}]}]}
 
 With `isolate`: the launcher (PID 1 of a fresh PID namespace, in its own mount and network namespaces)
-builds a read-only root from a small tmpfs holding read-only binds of `binds` and /dev, a fresh /proc,
-and a size-limited tmpfs at /sandbox (the only writable place, /tmp points to it), then chroots into
-it. Every run is a child that drops to `uid` (no supplementary groups, no_new_privs), applies the
-resource limits, and execs with a scrubbed environment. After each run, kill(-1) empties the PID
-namespace. Without `isolate`: same limits and timeouts in a temporary working directory, as `uid`
-when given (root without namespaces; afterwards every process of that uid is killed), else as the
-current user (afterwards the run's process group is killed).
+builds a read-only root from a small tmpfs holding read-only binds of `binds`, a minimal /dev (binds
+of null, zero, full, random and urandom; fd/stdin/stdout/stderr links; a private tmpfs /dev/shm), a
+fresh /proc, and a size-limited tmpfs at /sandbox (the only other writable place, /tmp points to it),
+then chroots into it. Every run is a child that drops to `uid` (no supplementary groups,
+no_new_privs), applies the resource limits, and execs with a scrubbed environment. After each run,
+kill(-1) empties the PID namespace: a setsid() or double fork inside does not escape it. Without
+`isolate`: same limits and timeouts in a temporary working directory, as `uid` when given (root
+without namespaces; afterwards every process of that uid is killed), else as the current user
+(afterwards the run's process group is killed, then every process that escaped it: the launcher is a
+child subreaper, so orphans of the run are re-parented to it and found by their parent pid).
 
-Probe protocol (Python assert tests, see probe_runner.py): the runner loads the program, writes
-{"loaded": true} on fd 3, then for each probe the launcher writes one JSON line on fd 4 and waits for
-one JSON line back on fd 3, within `wall_s` per probe. A runner that dies is restarted for the next
-probe; one that never loads fails every probe.
+Probe protocol (Python assert tests, see probe_runner.py): the runner's channel is one end of a
+socketpair, placed at a random fd number that the launcher writes on the runner's stdin (obscurity
+only). The runner loads the program and says {"loaded": true}; then, for each probe, the launcher
+checks that nothing arrived since the last answer, adds a fresh random token to the probe, sends it,
+and accepts as answer the next line only if it carries that token, within `wall_s` per probe.
+So every accepted answer was written after that probe was issued and is the only one for it; early,
+extra, duplicated, tokenless or mistokened lines fail the probe, and the runner is replaced for the
+next probes. A runner that dies or times out is also replaced; one that never loads fails every probe.
+The token does not stop the program from answering in the runner's place (it shares the runner's
+interpreter and can read the token); what it bounds is what an answer can be (see plan.py).
 """
 
 import ctypes
+import fcntl
 import json
 import os
 import resource
@@ -37,7 +47,16 @@ import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_NO_NEW_PRIVS = 38
+PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 38, 36
+AF_UNIX, SOCK_STREAM, SOCK_CLOEXEC = 1, 1, 0o2000000
+DEVICES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = {
+    "fd": "/proc/self/fd",
+    "stdin": "/proc/self/fd/0",
+    "stdout": "/proc/self/fd/1",
+    "stderr": "/proc/self/fd/2",
+}
+NOFILE = 256
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/sandbox",
@@ -77,8 +96,7 @@ def build_root(job):
         elif os.path.isdir(host):
             os.makedirs(target, exist_ok=True)
             _bind_ro(host, target, MS_NOSUID | MS_NODEV)
-    os.makedirs(root + "/dev")
-    _bind_ro("/dev", root + "/dev")
+    _build_dev(root + "/dev", limits)
     os.makedirs(root + "/proc")
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.makedirs(root + "/sandbox")
@@ -94,12 +112,35 @@ def build_root(job):
     return "/sandbox"
 
 
+def _build_dev(dev, limits):
+    """/dev with what Python needs and nothing else of the host (no GPUs, disks, ttys, host /dev/shm):
+    each device node bound alone, read-only (writing a device node reaches the device, not the file
+    system, so /dev/null still takes output; the read-only directory keeps the nodes from being
+    replaced), links to the process's own fds, and a private size-limited /dev/shm."""
+    os.makedirs(dev)
+    for name in DEVICES:
+        with open(f"{dev}/{name}", "w"):
+            pass  # the mount point
+        _mount(f"/dev/{name}", f"{dev}/{name}", None, MS_BIND)
+        _mount(None, f"{dev}/{name}", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, f"{dev}/{name}")
+    os.makedirs(dev + "/shm")
+    options = f"size={limits['disk_bytes']},mode=1777"
+    _mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
+
+
 def _child(job, argv, fds, workdir):
-    """In the forked child: wire fds 0-4, limits, drop privileges, exec. Never returns."""
+    """In the forked child: wire `fds` ({number in the child: fd here}), limits, drop privileges, exec.
+    Never returns."""
     try:
-        for target, fd in enumerate(fds):
+        # Move every source above the targets first, so that no dup2 overwrites a source not yet moved.
+        moved = {target: fcntl.fcntl(fd, fcntl.F_DUPFD, NOFILE) for target, fd in fds.items()}
+        for target, fd in moved.items():
             os.dup2(fd, target)
-        os.closerange(len(fds), 1 << 16)
+        keep = sorted(fds)
+        for low, high in zip(keep, keep[1:] + [1 << 16], strict=True):
+            os.closerange(low + 1, high)
         os.setsid()
         limits = job["limits"]
         for name, value in (
@@ -108,7 +149,7 @@ def _child(job, argv, fds, workdir):
             ("RLIMIT_FSIZE", limits["file_bytes"]),
             ("RLIMIT_NPROC", limits["nproc"]),
             ("RLIMIT_CORE", 0),
-            ("RLIMIT_NOFILE", 256),
+            ("RLIMIT_NOFILE", NOFILE),
         ):
             resource.setrlimit(getattr(resource, name), (value, value))
         if job["uid"] is not None:
@@ -124,71 +165,94 @@ def _child(job, argv, fds, workdir):
 
 
 class _Process:
-    """One run's child with its pipes: stdin, stdout, stderr, results (fd 3), probes (fd 4)."""
+    """One run's child with its pipes (stdin, stdout, stderr) and, for probe runs, its channel: our end
+    of a socketpair whose other end the child has at a random fd number, sent on its stdin."""
 
-    def __init__(self, job, argv, stdin_text, workdir):
-        pipes = [os.pipe() for _ in range(5)]
-        child_ends = [pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1], pipes[4][0]]
+    def __init__(self, job, argv, stdin_text, workdir, channel=False):
+        (stdin_r, stdin_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
+        child_fds = {0: stdin_r, 1: out_w, 2: err_w}
+        self.channel = None
+        if channel:
+            number = 10 + int.from_bytes(os.urandom(4), "big") % (NOFILE - 16)
+            self.channel, child_fds[number] = _socketpair()
+            stdin_text = f"{number}\n"
         self.pid = os.fork()
         if self.pid == 0:
-            _child(job, argv, child_ends, workdir)
-        for fd in child_ends:
+            _child(job, argv, child_fds, workdir)
+        for fd in child_fds.values():
             os.close(fd)
-        self.stdout, self.stderr, self.results = pipes[1][0], pipes[2][0], pipes[3][0]
-        self.probes = pipes[4][1]
-        self.out = {self.stdout: bytearray(), self.stderr: bytearray(), self.results: bytearray()}
-        self.open = set(self.out)
+        self.stdout, self.stderr = out_r, err_r
+        readers = [out_r, err_r] + ([self.channel] if channel else [])
+        self.out = {fd: bytearray() for fd in readers}
+        self.open = set(readers)
+        self.outgoing = {stdin_w: (stdin_text or "").encode()}
+        if channel:
+            self.outgoing[self.channel] = b""
+        for fd in self.outgoing:
+            os.set_blocking(fd, False)
         self.exceeded = False
         self.limit = job["limits"]["output_bytes"]
-        stdin_w = pipes[0][1]
-        self.pending_stdin = (stdin_text or "").encode()
-        self.stdin = stdin_w
-        os.set_blocking(stdin_w, False)
-        if not self.pending_stdin:
-            os.close(stdin_w)
-            self.stdin = None
+        self._flush(stdin_w)
+
+    def _flush(self, fd):
+        """Write what is pending on `fd` (dropped if the child closed its end); close stdin once done."""
+        try:
+            written = os.write(fd, self.outgoing[fd][:65536]) if self.outgoing[fd] else 0
+            self.outgoing[fd] = self.outgoing[fd][written:]
+        except (BrokenPipeError, ConnectionResetError):
+            self.outgoing[fd] = b""
+        if fd != self.channel and not self.outgoing[fd]:
+            del self.outgoing[fd]
+            os.close(fd)
+
+    def _round(self, timeout):
+        """One select: write what is pending, read what has arrived."""
+        writers = [fd for fd, data in self.outgoing.items() if data]
+        readable, writable, _ = select.select(list(self.open), writers, [], max(timeout, 0))
+        for fd in writable:
+            if fd in self.outgoing:
+                self._flush(fd)
+        for fd in readable:
+            try:
+                data = os.read(fd, 65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                self.open.discard(fd)
+            self.out[fd] += data
+            if sum(len(b) for b in self.out.values()) > self.limit:
+                self.exceeded = True
+
+    def _take_line(self):
+        buffer = self.out[self.channel]
+        if b"\n" not in buffer:
+            return None
+        line, _, rest = bytes(buffer).partition(b"\n")
+        self.out[self.channel] = bytearray(rest)
+        return line
 
     def pump(self, deadline, until_line=False):
-        """Move bytes until the child's output ends (or, with until_line, a full line is on fd 3), the
-        output limit is hit, or the deadline passes. Returns the line (until_line) or None."""
+        """Move bytes until the child's output ends (or, with until_line, a full line is on the channel),
+        the output limit is hit, or the deadline passes. Returns the line (until_line) or None."""
         while self.open:
-            if until_line and b"\n" in self.out[self.results]:
-                line, _, rest = bytes(self.out[self.results]).partition(b"\n")
-                self.out[self.results] = bytearray(rest)
+            line = self._take_line() if until_line else None
+            if line is not None:
                 return line
             left = deadline - time.monotonic()
             if left <= 0 or self.exceeded:
                 return None
-            writers = [self.stdin] if self.stdin is not None else []
-            readable, writable, _ = select.select(list(self.open), writers, [], left)
-            if writable:
-                try:
-                    n = os.write(self.stdin, self.pending_stdin[:65536])
-                    self.pending_stdin = self.pending_stdin[n:]
-                except BrokenPipeError:
-                    self.pending_stdin = b""
-                if not self.pending_stdin:
-                    os.close(self.stdin)
-                    self.stdin = None
-            for fd in readable:
-                data = os.read(fd, 65536)
-                if not data:
-                    self.open.discard(fd)
-                self.out[fd] += data
-                if sum(len(b) for b in self.out.values()) > self.limit:
-                    self.exceeded = True
-        if until_line and b"\n" in self.out[self.results]:
-            line, _, rest = bytes(self.out[self.results]).partition(b"\n")
-            self.out[self.results] = bytearray(rest)
-            return line
-        return None
+            self._round(left)
+        return self._take_line() if until_line else None
+
+    def quiet(self):
+        """Whether nothing arrived on the channel beyond the lines taken (checks what is in flight)."""
+        if self.open:
+            self._round(0)
+        return not self.out[self.channel]
 
     def send(self, message):
-        try:
-            os.write(self.probes, (json.dumps(message) + "\n").encode())
-            return True
-        except OSError:
-            return False
+        """Queue one JSON line on the channel, written while pumping."""
+        self.outgoing[self.channel] += (json.dumps(message) + "\n").encode()
 
     def finish(self, job):
         """Kill everything the run left behind and reap the child; returns its exit code."""
@@ -197,16 +261,31 @@ class _Process:
         elif job["uid"] is not None:
             _kill_uid(job["uid"])
         else:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for fd in list(self.out) + [self.probes] + ([self.stdin] if self.stdin is not None else []):
+            _kill_group(self.pid)
+        for fd in set(self.out) | set(self.outgoing):
             os.close(fd)
         _, status = os.waitpid(self.pid, 0)
         if job["isolate"]:
             _reap_all()
+        else:
+            _kill_descendants()
         return os.waitstatus_to_exitcode(status)
+
+
+def _socketpair():
+    """A connected pair of Unix stream sockets, as fds (libc: the socket module costs ~5 ms to import)."""
+    fds = (ctypes.c_int * 2)()
+    if _libc.socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"socketpair: {os.strerror(err)}")
+    return fds[0], fds[1]
+
+
+def _kill_group(pgid):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _kill_uid(uid):
@@ -233,6 +312,42 @@ def _reap_all():
             time.sleep(0.001)
 
 
+def _kill_descendants(patience_s=2.0):
+    """Without namespaces: kill and reap the processes a run left behind outside its process group
+    (setsid, double fork). The launcher is a child subreaper, so they are re-parented to it when their
+    parents die; each pass kills the current children, whose own children come up for the next pass.
+    A program that keeps forking faster than this for `patience_s` leaves the rest running."""
+    end = time.monotonic() + patience_s
+    while time.monotonic() < end:
+        while True:  # reap what already exited
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                return
+        for pid in _children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)
+
+
+def _children():
+    """PIDs whose parent is this process (from /proc)."""
+    me, children = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rpartition(b")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me:
+                children.append(int(entry))
+    return children
+
+
 def _text(data, limit=20000):
     return bytes(data[:limit]).decode("utf-8", "replace")
 
@@ -252,39 +367,56 @@ def _run_plain(job, run, workdir):
 
 
 def _run_probes(job, run, workdir):
+    """The probe protocol (module doc): one answer per probe, in order, restarting the runner when it
+    dies, times out or says anything but the answer to the probe just sent."""
     wall, probes = job["limits"]["wall_s"], run["probes"]
     answers, loaded = [], False
     while len(answers) < len(probes):
-        proc = _Process(job, run["argv"], None, workdir)
-        line = proc.pump(time.monotonic() + wall, until_line=True)
-        if line is None or not _decode(line).get("loaded"):
+        proc = _Process(job, run["argv"], None, workdir, channel=True)
+        if _decode(proc.pump(time.monotonic() + wall, until_line=True)).get("loaded") is not True:
             proc.finish(job)
             break
         loaded = True
         while len(answers) < len(probes):
-            if not proc.send(probes[len(answers)]):
+            answer, trusted = _ask(proc, probes[len(answers)], wall)
+            answers.append(answer)
+            if not trusted:
                 break
-            line = proc.pump(time.monotonic() + wall, until_line=True)
-            if line is None:
-                answers.append({"ok": False, "value": None, "error": "no answer (timeout, crash or exit)"})
-                break
-            answers.append(_decode(line))
         proc.finish(job)
-    answers += [{"ok": False, "value": None, "error": "program did not load"}] * (len(probes) - len(answers))
+    answers += [{"error": "program did not load"}] * (len(probes) - len(answers))
     return {"loaded": loaded, "probes": answers}
 
 
+def _ask(proc, probe, wall):
+    """Send one probe with a fresh token and read its answer: ({"answer": ...} or {"error": ...}, whether
+    the runner may go on)."""
+    if not proc.quiet():
+        return {"error": "the runner wrote before the probe was sent"}, False
+    token = os.urandom(16).hex()
+    proc.send({**probe, "token": token})
+    message = _decode(proc.pump(time.monotonic() + wall, until_line=True))
+    if not message:
+        return {"error": "no answer (timeout, crash, exit or malformed line)"}, False
+    # A plain comparison: timing reveals nothing the program cannot read in its own interpreter anyway.
+    if message.pop("token", None) != token:
+        return {"error": "answer without this probe's token"}, False
+    return {"answer": message}, True
+
+
 def _decode(line):
+    """The JSON object on `line`, or {} (no line, not JSON, not an object)."""
     try:
-        message = json.loads(line)
+        message = json.loads(line) if line is not None else {}
     except ValueError:
-        return {"ok": False, "value": None, "error": "malformed answer"}
-    return message if isinstance(message, dict) else {"ok": False, "value": None, "error": "malformed answer"}
+        return {}
+    return message if isinstance(message, dict) else {}
 
 
 def main():
     job = json.loads(sys.stdin.read())
     sys.stdin.close()
+    if not job["isolate"]:
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     workdir = build_root(job) if job["isolate"] else job["workdir"]
     if not job["isolate"] and job["uid"] is not None:
         os.chown(workdir, job["uid"], job["uid"])

@@ -3,23 +3,29 @@
 Isolation, strongest available (see `isolation()`):
 - "namespaces" (root, and `unshare` permitted): the launcher starts in new mount, network and PID
   namespaces; the program sees a read-only root made of read-only binds of the system and Python
-  directories only (no home, no dataset, no test files), a fresh /proc showing only its own processes,
-  no network interface but a down loopback, and one writable size-limited tmpfs, /sandbox (also
-  /tmp). It runs as a fresh random uid (so RLIMIT_NPROC, which root ignores, holds, and it can signal
-  nothing but its own processes), with no supplementary groups and no_new_privs.
-- "uid" (root, but `unshare` refused): no namespaces; the program still runs as a fresh random uid
-  in a temporary working directory it owns, so it cannot write root-owned files, signal other
-  processes, or exceed RLIMIT_NPROC; it CAN read world-readable files, write world-writable
-  directories (/tmp) and use the network. The interpreter must be readable by other users (one under
-  /root, mode 0700, is not: every run then fails with exit code 127). Logged as a warning once.
-- "rlimits" (not root): resource limits, timeouts and scrubbed environment only, as the current
-  user: no protection of that user's files or processes, nor of the network. Logged as a warning.
+  directories only (no home, no dataset, no test files), a minimal /dev (null, zero, full, random,
+  urandom, fd links and a private /dev/shm: no GPU, disk or tty nodes), a fresh /proc showing only its
+  own processes, no network interface but a down loopback, and one writable size-limited tmpfs,
+  /sandbox (also /tmp). It runs as a fresh random uid (so RLIMIT_NPROC, which root ignores, holds, and
+  it can signal nothing but its own processes), with no supplementary groups and no_new_privs.
+  This is the only level `run_sandboxed` and `code_tests` use unless told `allow_unsandboxed=True`.
+- "uid" (root, but `unshare` refused), UNSAFE: no namespaces; the program still runs as a fresh random
+  uid in a temporary working directory it owns, so it cannot write root-owned files, signal other
+  processes, or exceed RLIMIT_NPROC, and every process of that uid is killed after each run; it CAN
+  read world-readable files (the host's /dev included), write world-writable directories (/tmp) and
+  use the network. The interpreter must be readable by other users (one under /root, mode 0700, is
+  not: every run then fails with exit code 127).
+- "rlimits" (not root), UNSAFE: resource limits, timeouts and scrubbed environment only, as the
+  current user: the program can read and write that user's files, signal its processes (the caller's
+  included), use the network, and start processes outside the launcher's reach (through other
+  services: ssh, cron, systemd); what it leaves among the launcher's descendants (setsid and double
+  forks included) is killed after each run, best effort.
 
 Always: CPU seconds, address space, file size, process count and open-file limits; a wall-clock limit
 per run (and per test) after which the whole run is killed (SIGKILL to the PID namespace, or to the
-process group started with start_new_session); stdout/stderr capped; environment reduced to a fixed
-PATH/HOME/TMPDIR/locale. The launcher itself runs under an overall deadline and its process group
-is killed if it overruns, so nothing outlives a call.
+sandbox uid, or to the process group and then the launcher's re-parented orphans); stdout/stderr
+capped; environment reduced to a fixed PATH/HOME/TMPDIR/locale. The launcher itself runs under an
+overall deadline and its process group is killed if it overruns, so nothing outlives a call.
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ class SandboxLimits:
 def isolation() -> str:
     """The isolation level this process can build: "namespaces", "uid" or "rlimits" (see module doc)."""
     if os.geteuid() != 0:
-        log.warning("sandbox: not root; programs run as this user with rlimits only (no fs/network isolation)")
+        log.warning("sandbox: not root; programs could only run as this user with rlimits (no fs/network isolation)")
         return "rlimits"
     if shutil.which("unshare"):
         probe = subprocess.run([*_NAMESPACES, "true"], capture_output=True, timeout=30)
@@ -87,8 +93,23 @@ def isolation() -> str:
         reason = probe.stderr.decode().strip()
     else:
         reason = "no unshare binary"
-    log.warning("sandbox: namespaces unavailable (%s); programs run as an unprivileged uid only", reason)
+    log.warning("sandbox: namespaces unavailable (%s); programs could only run as an unprivileged uid", reason)
     return "uid"
+
+
+def require_isolation(allow_unsandboxed: bool = False) -> None:
+    """Raise unless programs can run in namespaces, or the caller accepts running them without."""
+    level = isolation()
+    if level == "namespaces" or allow_unsandboxed:
+        return
+    raise RuntimeError(
+        f"code sandbox: this machine only allows isolation level {level!r} "
+        f"({'root, but unshare of mount/network/PID namespaces is refused' if level == 'uid' else 'not root'}), "
+        "so untrusted programs would run with access to the host's files, processes and network. Run as root "
+        "where `unshare --mount --net --pid --fork true` works (in a container: one allowed to unshare, e.g. "
+        "started with --privileged or with CAP_SYS_ADMIN and no seccomp/AppArmor block on unshare and mount), "
+        "or pass allow_unsandboxed=True to run them anyway (UNSAFE: only for trusted programs)."
+    )
 
 
 def _binds(python: str) -> list[str]:
@@ -105,13 +126,17 @@ def run_sandboxed(
     runs: Sequence[Mapping[str, Any]],
     limits: SandboxLimits = SandboxLimits(),
     python: str = sys.executable,
+    *,
+    allow_unsandboxed: bool = False,
 ) -> list[dict[str, Any]]:
     """Write `files` into a fresh sandbox, execute each run there in turn, return one result per run.
 
     A run is {"argv": [...], "stdin": str | None} (a program reading stdin), or {"argv": [...],
     "probes": [...]} (the probe protocol of `_launcher.py`). Result keys: see `_launcher.py`.
-    A launcher that fails or overruns yields {"error": ...} for every run.
+    A launcher that fails or overruns yields {"error": ...} for every run. Raises RuntimeError when
+    namespaces are unavailable, unless `allow_unsandboxed` (UNSAFE, see the module doc).
     """
+    require_isolation(allow_unsandboxed)
     level = isolation()
     probes = max((len(r.get("probes") or ()) for r in runs), default=0)
     cpu_s = limits.cpu_s or (math.ceil(limits.wall_s) + 1) * (probes + 1)
