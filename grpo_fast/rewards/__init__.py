@@ -20,7 +20,7 @@ _EXPORTS = {
     "call_reward": "columns",
     "required_columns": "columns",
     "completion_text": "text",
-    "json_schema": "json_schema",
+    "json_schema": "json_validation",
     "language_consistency": "language",
     "length_penalty": "length",
     "overlong_penalty": "length",

@@ -28,7 +28,7 @@ REWARD_FUNCTIONS = Registry(
         "think_format": "grpo_fast.rewards.format:think_format",
         "overlong_penalty": "grpo_fast.rewards.length:overlong_penalty",
         "length_penalty": "grpo_fast.rewards.length:length_penalty",
-        "json_schema": "grpo_fast.rewards.json_schema:json_schema",
+        "json_schema": "grpo_fast.rewards.json_validation:json_schema",
         "sql_execution": "grpo_fast.rewards.sql:sql_execution",
         "language_consistency": "grpo_fast.rewards.language:language_consistency",
         "exact_match": "grpo_fast.data.tasks:exact_match_reward",

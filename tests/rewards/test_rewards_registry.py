@@ -53,3 +53,10 @@ def test_plug_in_rewards_by_registration_or_import_path():
     REWARD_FUNCTIONS.register("shouting_test_only", shouting)
     assert reward_from_spec("shouting_test_only")(["p"], ["HI"]) == [1.0]
     assert reward_from_spec("grpo_fast.data.tasks:exact_match_reward")(["p"], ["4"], answer=["4"]) == [1.0]
+
+
+def test_code_tests_takes_its_sandbox_limits_from_a_config_mapping():
+    fn = reward_from_spec({"name": "code_tests", "limits": {"wall_s": 0.5}})
+    slow = "import time\ntime.sleep(5)\ndef f(x):\n    return x\n"
+    assert fn(["p"], [slow], tests=[["assert f(1) == 1"]]) == [0.0]  # killed at 0.5 s
+    assert fn(["p"], ["def f(x):\n    return x\n"], tests=[["assert f(1) == 1"]]) == [1.0]

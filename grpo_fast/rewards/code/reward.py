@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,7 @@ def code_tests(
     completions: Sequence[Any],
     tests: Sequence[Any],
     *,
-    limits: SandboxLimits | None = None,
+    limits: SandboxLimits | Mapping[str, Any] | None = None,
     runner: Runner | None = None,
     python: str = sys.executable,
     allow_unsandboxed: bool = False,
@@ -78,11 +78,14 @@ def code_tests(
 ) -> list[float | None]:
     """Fraction of each row's `tests` passed by the completion's program (see module doc).
 
-    limits: sandbox limits (wall-clock per test, memory, ...; default SandboxLimits()). runner: language runner for
+    limits: sandbox limits (wall-clock per test, memory, ...; default SandboxLimits(); a mapping of its fields, as a
+        YAML config gives them, works too). runner: language runner for
     stdin/stdout tests (default Python). python: interpreter for Python programs and assert tests.
     allow_unsandboxed: run programs even where namespaces are unavailable (UNSAFE; default: raise RuntimeError).
     """
     require_isolation(allow_unsandboxed)
+    if isinstance(limits, Mapping):
+        limits = SandboxLimits(**limits)
     sandbox = _Sandbox(limits or SandboxLimits(), runner or PythonRunner(python), python, allow_unsandboxed)
     texts = completion_texts(completions)
     rows = broadcast_column("tests", tests, len(texts)) if isinstance(tests, (list, tuple)) else [tests] * len(texts)
