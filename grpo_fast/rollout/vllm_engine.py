@@ -101,7 +101,8 @@ class VLLMEngine(RolloutEngine):
         self.startup_seconds = time.perf_counter() - t0
         self.model_dtype = self.llm.llm_engine.model_config.dtype
         self.sync_bucket_bytes = sync_bucket_bytes
-        self.asleep = False
+        self.asleep: set[str] = set()  # the vLLM sleep tags ("weights", "kv_cache") now asleep
+        self.weights_stale = False  # a weight sync started and did not finish
         self.num_syncs = 0
 
     @classmethod
@@ -126,8 +127,11 @@ class VLLMEngine(RolloutEngine):
     # -- generation -------------------------------------------------------------------------------------
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingSpec) -> list[list[Completion]]:
-        if self.asleep:
-            self.wake_up()
+        if self.weights_stale:
+            raise RuntimeError(
+                "the last weight sync failed: the engine's weights may be partly stale; load_weights again"
+            )
+        self.wake_up()
         params = []
         for i in range(len(prompt_token_ids)):
             params.append(
@@ -158,10 +162,13 @@ class VLLMEngine(RolloutEngine):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
         """Wakes the weights (GPU sleep mode), streams `weights` in bounded buckets through
-        `reload_weights(weights_iterator=...)`, resets the prefix cache, then wakes the KV cache."""
+        `reload_weights(weights_iterator=...)`, resets the prefix cache, then wakes the KV cache.
+
+        Exception-safe: the engine's record of what is asleep always matches vLLM's, and after a failed
+        reload `generate` refuses to run (the weights may be half old, half new) until a reload succeeds."""
         t0 = time.perf_counter()
-        if self.asleep:
-            self.llm.wake_up(tags=["weights"])
+        self._wake({"weights"})
+        self.weights_stale = True
         stats: dict = {}
         device = "cuda" if self.on_gpu else "cpu"
         iterator = iter_weight_buckets(
@@ -170,10 +177,10 @@ class VLLMEngine(RolloutEngine):
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iterator, "is_checkpoint_format": True})
         if not stats.get("tensors"):
             raise RuntimeError("weight sync pushed no tensors (an empty iterator would leave stale weights)")
-        self.llm.reset_prefix_cache()
-        if self.asleep:
-            self.llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
+        if self.llm.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM could not reset its prefix cache after the weight sync (requests still running?)")
+        self.weights_stale = False
+        self._wake({"kv_cache"})
         self.num_syncs += 1
         return {
             "sync/seconds": time.perf_counter() - t0,
@@ -184,14 +191,19 @@ class VLLMEngine(RolloutEngine):
     def sleep(self) -> None:
         if self.sleep_level and not self.asleep:
             self.llm.sleep(level=self.sleep_level)
-            self.asleep = True
+            self.asleep = {"weights", "kv_cache"}
 
     def wake_up(self) -> None:
-        if self.asleep:
-            if self.sleep_level == 2:
-                raise RuntimeError("level-2 sleep discarded the weights: wake it with load_weights(...)")
-            self.llm.wake_up()
-            self.asleep = False
+        if "weights" in self.asleep and self.sleep_level == 2:
+            raise RuntimeError("level-2 sleep discarded the weights: wake it with load_weights(...)")
+        self._wake({"weights", "kv_cache"})
+
+    def _wake(self, tags: set[str]) -> None:
+        """Wake the sleeping ones among `tags` (each at most once), in vLLM's order: weights, then KV cache."""
+        for tag in ("weights", "kv_cache"):
+            if tag in tags and tag in self.asleep:
+                self.llm.wake_up(tags=[tag])
+                self.asleep = self.asleep - {tag}
 
     def close(self) -> None:
         llm = getattr(self, "llm", None)
