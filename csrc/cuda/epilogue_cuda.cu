@@ -2,7 +2,7 @@
 // torch has CUDA and nvcc is found (setup.py). Checks as on CPU (ops.h) plus device / dtype checks;
 // the kernels themselves are in epilogue_kernels.cuh.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -50,7 +50,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cuda(const at::Tens
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const auto opts = logits.options().dtype(at::kFloat);
   auto logp = at::empty({rows}, opts), entropy = at::empty({rows}, opts), lse = at::empty({rows}, opts);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_tile(logits, [&](auto tag) {
     using T = decltype(tag);
     const cudaError_t err = cuda::launch_logprob_stats<T>(
@@ -69,7 +69,7 @@ void logprob_grad_cuda(const at::Tensor& logits, const at::Tensor& targets, cons
   check_cuda_tile(kGradOp, logits);
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t rows = logits.size(0), vocab = logits.size(1);
-  auto stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_tile(logits, [&](auto tag) {
     using T = decltype(tag);
     const cudaError_t err = cuda::launch_logprob_grad<T>(

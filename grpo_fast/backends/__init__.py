@@ -13,19 +13,25 @@ name a `token_loss` implementation of layer 2 (default: grpo_fast.loss.token_mat
 | cuda   | CUDA   | grpo_fast._C: cuBLAS GEMMs + CUDA epilogue |
 | cpu    | CPU    | grpo_fast._C: ATen GEMMs + OpenMP epilogue |
 
+"auto" takes the first backend of `_AUTO_ORDER` that loads and passes a one-time self-check on the
+device (a tiny forward and backward against the torch backend): a backend that fails to compile or
+computes wrong numbers on this machine is skipped with one warning. The choice is cached per process
+and device type.
+
 Nothing here touches the GPU at import time.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 
 import torch
 
 from .chunked import TORCH_BACKEND, ChunkedBackend, LogprobStats
 
-__all__ = ["ChunkedBackend", "LogprobStats", "available_backends", "get_backend"]
+__all__ = ["ChunkedBackend", "LogprobStats", "available_backends", "get_backend", "self_check"]
 
 # name -> (module, attribute, device types it runs on)
 _REGISTRY = {
@@ -36,6 +42,9 @@ _REGISTRY = {
 }
 # "auto" tries these in order for each device type.
 _AUTO_ORDER = {"cuda": ("triton", "cuda", "torch"), "cpu": ("cpu", "torch")}
+_AUTO_CHOICE: dict[str, object] = {}  # device type -> the backend "auto" settled on
+
+logger = logging.getLogger(__name__)
 
 
 def _load(name: str):
@@ -56,20 +65,54 @@ def _runs_on(name: str, device: torch.device) -> bool:
 def get_backend(name: str, device: torch.device):
     """Resolve `name` ("auto" or one of the table) for tensors on `device`."""
     if name == "auto":
-        for candidate in _AUTO_ORDER.get(device.type, ("torch",)):
-            if not _runs_on(candidate, device):
-                continue
-            try:
-                return _load(candidate)
-            except ImportError:
-                continue
-        return TORCH_BACKEND
+        if device.type not in _AUTO_CHOICE:
+            _AUTO_CHOICE[device.type] = _choose_auto(device)
+        return _AUTO_CHOICE[device.type]
     if name not in _REGISTRY:
         raise ValueError(f"backend: expected 'auto' or one of {tuple(_REGISTRY)}, got {name!r}")
     if not _runs_on(name, device):
         hint = " (set TRITON_INTERPRET=1 to run Triton kernels on CPU)" if name == "triton" else ""
         raise ValueError(f"backend: {name!r} does not run on {device.type} tensors{hint}")
     return _load(name)
+
+
+def _choose_auto(device: torch.device):
+    """The first backend of _AUTO_ORDER that loads and passes `self_check` here; torch otherwise."""
+    for candidate in _AUTO_ORDER.get(device.type, ()):
+        if candidate == "torch" or not _runs_on(candidate, device):
+            continue
+        try:
+            backend = _load(candidate)
+        except ImportError:
+            continue
+        problem = self_check(backend, device)
+        if problem is None:
+            return backend
+        logger.warning("backend %r failed its self-check on %s and is skipped: %s", candidate, device.type, problem)
+    return TORCH_BACKEND
+
+
+def self_check(backend, device: torch.device) -> str | None:
+    """None if `backend` matches the torch backend on a tiny problem on `device` (forward statistics and
+    the gradients of hidden and weight, fp32, odd sizes), else what went wrong."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 48, generator=gen).to(device)
+    weight = (torch.randn(301, 48, generator=gen) / 7).to(device)
+    targets = torch.randint(0, 301, (37,), generator=gen).to(device)
+    grad_logp, grad_entropy = (torch.randn(37, generator=gen).to(device) for _ in range(2))
+    try:
+        want = TORCH_BACKEND.forward(hidden, weight, None, targets, 1.25)
+        got = backend.forward(hidden, weight, None, targets, 1.25)
+        want_grads = TORCH_BACKEND.backward(hidden, weight, None, targets, 1.25, want, grad_logp, grad_entropy)
+        got_grads = backend.backward(hidden, weight, None, targets, 1.25, got, grad_logp, grad_entropy)
+    except Exception as err:  # noqa: BLE001 - compile errors, launch failures, missing symbols: all mean "skip it"
+        return f"{type(err).__name__}: {err}"
+    pairs = [(got.logprobs, want.logprobs), (got.entropy, want.entropy), (got_grads[0], want_grads[0])]
+    pairs.append((got_grads[1], want_grads[1]))
+    for name, (a, b) in zip(("logprobs", "entropy", "grad_hidden", "grad_weight"), pairs, strict=True):
+        if a.shape != b.shape or not torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-4):
+            return f"{name} differs from the torch backend by {(a.float() - b.float()).abs().max().item():.3g}"
+    return None
 
 
 def available_backends(device: torch.device) -> list[str]:

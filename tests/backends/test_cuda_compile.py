@@ -113,3 +113,57 @@ def test_cuda_kernel_math_on_host(tmp_path):
         assert abs(lse - ref_lse) <= 1e-6 * max(1.0, abs(ref_lse)), rows
         assert abs(ent - ref_ent) <= 1e-5 * max(1.0, abs(ref_ent)), rows
         assert grad_err <= 1e-5, rows  # fp32 rounding of lse at |z| ~ 1e4
+
+
+def _cuda_torch_include(cache: Path) -> Path | None:
+    """Include directory of a CUDA build of torch: the installed one when it is a CUDA build, else the
+    headers of the newest torch wheel pip can fetch (a CUDA build on Linux), unpacked once into `cache`."""
+    import torch
+    from torch.utils.cpp_extension import include_paths
+
+    if torch.version.cuda is not None:
+        return Path(include_paths()[0])
+    include = cache / "torch" / "include"
+    if not (include / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").exists():
+        import sys
+        import zipfile
+
+        wheels = cache / "wheel"
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "torch>=2.11"]
+        if subprocess.run([*cmd, "-d", str(wheels)], capture_output=True, timeout=1800).returncode != 0:
+            return None
+        for wheel in wheels.glob("torch-*.whl"):
+            with zipfile.ZipFile(wheel) as archive:
+                archive.extractall(cache, [n for n in archive.namelist() if n.startswith("torch/include/")])
+            wheel.unlink()
+    return include if (include / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").exists() else None
+
+
+@pytest.fixture(scope="module")
+def cuda_torch_include(tmp_path_factory):
+    include = _cuda_torch_include(Path.home() / ".cache" / "grpo_fast" / "cuda-torch-headers")
+    if include is None:
+        pytest.skip("no CUDA build of torch (installed, or fetchable by pip) to take headers from")
+    return include
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("source", sorted(p.name for p in CSRC.rglob("*.c*") if p.suffix in (".cpp", ".cu")))
+def test_cuda_compile_binding_objects(tmp_path, cuda_torch_include, source):
+    """Every .cpp and .cu of csrc/, with GRPO_FAST_WITH_CUDA, compiles to an object file for sm_90 against
+    a CUDA torch's real headers (nothing stubbed): what a CUDA `pip install -e .` builds."""
+    import sysconfig
+
+    path = next(CSRC.rglob(source))
+    std = "c++20" if "C++20" in (cuda_torch_include / "ATen" / "ATen.h").read_text() else "c++17"
+    includes = [f"-I{cuda_torch_include}", f"-I{cuda_torch_include / 'torch/csrc/api/include'}", f"-I{CSRC}"]
+    includes.append(f"-I{sysconfig.get_paths()['include']}")
+    defines = ["-DGRPO_FAST_WITH_CUDA", "-DTORCH_EXTENSION_NAME=_C", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    if path.suffix == ".cu":
+        cmd = [NVCC, f"-std={std}", "-arch=sm_90", "-O1", "--expt-relaxed-constexpr"]
+    else:
+        cmd = ["g++", f"-std={std}", "-O1", "-fopenmp", "-fPIC"]
+    cmd += [*includes, *defines, "-c", str(path), "-o", str(tmp_path / f"{path.stem}.o")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-4000:]

@@ -1,0 +1,61 @@
+"""backend="auto" skips a backend that fails to run or computes wrong numbers here (one warning), and
+remembers its choice for the process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+
+import pytest
+import torch
+
+import grpo_fast.backends as backends
+from grpo_fast.backends.chunked import TORCH_BACKEND, ChunkedBackend, TorchEpilogue
+
+
+class _RaisingEpilogue(TorchEpilogue):
+    def stats(self, z, targets):
+        raise RuntimeError("kernel launch failed")
+
+
+class _OffByOneEpilogue(TorchEpilogue):
+    def stats(self, z, targets):
+        logp, entropy, lse = super().stats(z, targets)
+        return logp + 1.0, entropy, lse
+
+
+@pytest.fixture
+def fake_backends(monkeypatch):
+    """Two broken backends placed first in "auto"'s order on CPU, and a fresh choice cache."""
+    module = types.ModuleType("fake_backends")
+    module.RAISING = ChunkedBackend("raising", _RaisingEpilogue(), 1 << 20, 1 << 20)
+    module.WRONG = ChunkedBackend("wrong", _OffByOneEpilogue(), 1 << 20, 1 << 20)
+    monkeypatch.setitem(sys.modules, "fake_backends", module)
+    monkeypatch.setitem(backends._REGISTRY, "raising", ("fake_backends", "RAISING", ("cpu",)))
+    monkeypatch.setitem(backends._REGISTRY, "wrong", ("fake_backends", "WRONG", ("cpu",)))
+    monkeypatch.setitem(backends._AUTO_ORDER, "cpu", ("raising", "wrong", "cpu", "torch"))
+    monkeypatch.setattr(backends, "_AUTO_CHOICE", {})
+    return module
+
+
+def test_auto_skips_failing_backends_once(fake_backends, caplog):
+    with caplog.at_level(logging.WARNING, logger="grpo_fast.backends"):
+        chosen = backends.get_backend("auto", torch.device("cpu"))
+        again = backends.get_backend("auto", torch.device("cpu"))
+    assert chosen is again
+    assert chosen.name in ("cpu", "torch")  # "cpu" when the extension is built
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages  # one warning per broken backend, not one per call
+    assert "'raising' failed its self-check" in messages[0] and "kernel launch failed" in messages[0]
+    assert "'wrong' failed its self-check" in messages[1] and "logprobs differs" in messages[1]
+
+
+def test_an_explicit_choice_is_not_second_guessed(fake_backends):
+    assert backends.get_backend("wrong", torch.device("cpu")) is fake_backends.WRONG
+
+
+def test_self_check_accepts_the_real_backends():
+    for name in backends.available_backends(torch.device("cpu")):
+        assert backends.self_check(backends.get_backend(name, torch.device("cpu")), torch.device("cpu")) is None
+    assert backends.self_check(TORCH_BACKEND, torch.device("cpu")) is None
