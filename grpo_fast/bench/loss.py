@@ -125,9 +125,8 @@ def make_step(name: str, batch: LossBatch, config: GRPOLossConfig) -> tuple[Call
     return step, [hidden, weight]
 
 
-def measure_memory(name, shape, dtype, config, device) -> int:
+def measure_memory(name: str, batch: LossBatch, config: GRPOLossConfig, device: torch.device) -> int:
     """Peak bytes above inputs + weight + their gradients during one forward+backward (after a warm-up)."""
-    batch = make_batch(*shape, dtype=dtype, device=device)
     step, leaves = make_step(name, batch, config)
     step()  # warm-up: lazy initialisation, thread pools, compiled kernels
     grad_bytes = sum(t.numel() * t.element_size() for t in leaves)
@@ -147,7 +146,10 @@ def measure_memory(name, shape, dtype, config, device) -> int:
     return rss_bytes("VmHWM") - before - grad_bytes
 
 
-def run(shapes, dtype_name: str, device: torch.device, config: GRPOLossConfig, names, repeats: int) -> list[dict]:
+def run(
+    shapes, dtype_name: str, device: torch.device, config: GRPOLossConfig, names, repeats: int, on_shape=None
+) -> list[dict]:
+    """Rows of every variant at every shape; `on_shape(rows so far)` after each shape (partial results)."""
     dtype = DTYPES[dtype_name]
     rows = []
     for shape in shapes:
@@ -182,21 +184,28 @@ def run(shapes, dtype_name: str, device: torch.device, config: GRPOLossConfig, n
                     row["speedup_vs_naive"] = timings["naive"]["median_s"] / timing["median_s"]
                 row["tflops_effective"] = row["flops_per_step"] / timing["median_s"] / 1e12
                 if name != "gemm3":  # a variant that failed to run is not run again for its memory
-                    row["peak_extra_bytes"] = memory_of(name, shape, dtype_name, device, config)
+                    row["peak_extra_bytes"] = memory_of(name, batch, shape, dtype_name, device, config)
             rows.append(row)
         del batch
+        _relate_to_naive(rows)
+        if on_shape is not None:
+            on_shape(rows)
+    return rows
+
+
+def _relate_to_naive(rows: list[dict]) -> None:
     naive_peaks = {(r["N"], r["H"], r["V"]): r.get("peak_extra_bytes") for r in rows if r["variant"] == "naive"}
     for row in rows:
         naive_peak = naive_peaks.get((row["N"], row["H"], row["V"]))
         if naive_peak and row.get("peak_extra_bytes") is not None:
             row["peak_extra_vs_naive"] = row["peak_extra_bytes"] / naive_peak
-    return rows
 
 
-def memory_of(name, shape, dtype_name, device, config) -> int | None:
+def memory_of(name, batch, shape, dtype_name, device, config) -> int | None:
+    """On CUDA: measured on the shape's batch, here. On CPU: in a fresh interpreter (peak RSS)."""
     if device.type == "cuda":
         try:
-            return measure_memory(name, shape, DTYPES[dtype_name], config, device)
+            return measure_memory(name, batch, config, device)
         except Exception:  # noqa: BLE001 - out of memory or a broken variant: no number, the run goes on
             return None
         finally:
@@ -262,21 +271,22 @@ def main(args: argparse.Namespace) -> int:
     else:
         config = GRPOLossConfig(loss_type=args.loss_type, beta=args.beta)
     if args.measure_memory:
-        peak = measure_memory(args.measure_memory, args.shapes[0], DTYPES[dtype_name], config, device)
-        print(json.dumps({"peak_extra_bytes": peak}))
+        batch = make_batch(*args.shapes[0], dtype=DTYPES[dtype_name], device=str(device))
+        print(json.dumps({"peak_extra_bytes": measure_memory(args.measure_memory, batch, config, device)}))
         return 0
     shapes = args.shapes or DEFAULT_SHAPES[device.type]
     names = args.variants or variants(device, args.workspace_mb)
-    rows = run(shapes, dtype_name, device, config, names, args.repeats)
+    environment = environment_stamp(device)
+
+    def write(rows: list[dict]) -> None:
+        if args.out:
+            write_json(
+                args.out, {"benchmark": "loss", "environment": environment, "config": config.__dict__, "results": rows}
+            )
+
+    rows = run(shapes, dtype_name, device, config, names, args.repeats, on_shape=write)
     print(format_table(rows))
-    payload = {
-        "benchmark": "loss",
-        "environment": environment_stamp(device),
-        "config": config.__dict__,
-        "results": rows,
-    }
     if args.out:
-        write_json(args.out, payload)
         print(f"wrote {args.out}")
     return 0
 

@@ -43,31 +43,35 @@ def make_loss_batch(
 ) -> LossBatch:
     """A batch whose hidden/weight give logits of standard deviation ~logit_scale, a completion mask
     with ragged right padding (about `active_fraction` active), and old/ref logprobs that differ from
-    the current ones by noise of scale `drift` (so clipping and KL are exercised)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    the current ones by noise of scale `drift` (so clipping and KL are exercised).
+
+    Everything is drawn and computed on `device` (a real-shape batch never touches the CPU); the same seed
+    gives the same batch on the same device type."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     aux = torch.float64 if dtype == torch.float64 else torch.float32
-    hidden = torch.randn(batch, length, hidden_size, generator=gen) * (logit_scale / hidden_size**0.5) ** 0.5
-    weight = torch.randn(vocab, hidden_size, generator=gen) * (logit_scale / hidden_size**0.5) ** 0.5
-    ids = torch.randint(0, vocab, (batch, length), generator=gen)
-    lengths = (length * (1 - (1 - active_fraction) * 2 * torch.rand(batch, generator=gen))).long().clamp(1, length)
-    mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
+
+    def randn(*shape, **kwargs):
+        return torch.randn(*shape, generator=gen, device=device, **kwargs)
+
+    hidden = randn(batch, length, hidden_size) * (logit_scale / hidden_size**0.5) ** 0.5
+    weight = randn(vocab, hidden_size) * (logit_scale / hidden_size**0.5) ** 0.5
+    ids = torch.randint(0, vocab, (batch, length), generator=gen, device=device)
+    spread = torch.rand(batch, generator=gen, device=device)
+    lengths = (length * (1 - (1 - active_fraction) * 2 * spread)).long().clamp(1, length)
+    mask = torch.arange(length, device=device).unsqueeze(0) < lengths.unsqueeze(1)
     with torch.no_grad():
         current = fused_logprobs(hidden.to(aux), weight.to(aux), ids, backend="torch")
-    old = current + drift * torch.randn(batch, length, generator=gen, dtype=aux)
-    ref = current + drift * torch.randn(batch, length, generator=gen, dtype=aux)
-    is_weights = (1 + 0.2 * torch.randn(batch, length, generator=gen)).clamp(0.5, 2.0)
-    advantages = torch.randn(batch, generator=gen)
-
-    def to(x, kind):
-        return x.to(device=device, dtype=kind)
-
+    old = current + drift * randn(batch, length, dtype=aux)
+    ref = current + drift * randn(batch, length, dtype=aux)
+    is_weights = (1 + 0.2 * randn(batch, length)).clamp(0.5, 2.0)
+    advantages = randn(batch)
     return LossBatch(
-        hidden=to(hidden, dtype),
-        weight=to(weight, dtype),
-        completion_ids=ids.to(device),
-        completion_mask=mask.to(device),
-        advantages=to(advantages, aux),
-        old_logprobs=to(old, aux),
-        ref_logprobs=to(ref, aux),
-        is_weights=to(is_weights, aux),
+        hidden=hidden.to(dtype),
+        weight=weight.to(dtype),
+        completion_ids=ids,
+        completion_mask=mask,
+        advantages=advantages.to(aux),
+        old_logprobs=old,
+        ref_logprobs=ref,
+        is_weights=is_weights.to(aux),
     )
