@@ -1,13 +1,21 @@
 """`grpo-fast demo`: the R1 recipe in miniature, entirely local.
 
 1. Build a tiny Qwen2 model and a character tokenizer from the seed (nothing downloaded).
-2. Cold-start SFT on *noisy* demonstrations of the task "(a*7)%10=" — a weak teacher that is right only
-   `sft_correct_fraction` of the time and otherwise makes one systematic mistake (answer + 1 mod 10).
-   SFT seeds the output format and puts real probability on the right answer, but greedy decoding
-   follows the teacher's majority, so held-out accuracy starts low.
-3. GRPO with real rollouts (vLLM when installed, else transformers) and the exact-match reward sharpens
-   the policy towards the verifiably correct answers; held-out accuracy (greedy) is measured before and
-   after RL on prompts never seen in training.
+2. Cold-start SFT on *noisy* demonstrations: a weak teacher that is right only `sft_correct_fraction` of
+   the time and otherwise makes one systematic mistake. SFT seeds the output format and puts real
+   probability on the right answer, but greedy decoding follows the teacher's majority, so held-out
+   accuracy starts low.
+3. GRPO with real rollouts (vLLM when installed, else transformers) and a verifiable reward sharpens the
+   policy towards the verifiably correct answers; held-out accuracy (greedy) is measured before and after
+   RL on prompts never seen in training.
+
+Tasks (`DemoConfig.task`):
+- "modular": "(a*7)%10=" -> the digit; reward: exact match.
+- "code": "mul 7 mod 10:" -> a program "def f(x):return x*7%10"; reward: `code_tests`, the hidden assert
+  tests run in the code sandbox through the trainer's reward pool; the teacher's mistake is multiplier
+  + 1. With `forge_fraction` > 0 a rollout engine wrapper replaces that share of the completions with
+  programs that try to forge the sandbox's answers (`FORGED_PROGRAMS`): the summary reports the reward
+  they earned next to the reward of the same wrong function written honestly.
 
 Writes DIR/summary.json, DIR/metrics.jsonl and DIR/plots/*.png.
 """
@@ -24,20 +32,30 @@ from pathlib import Path
 
 import torch
 
-from grpo_fast.data.tasks import exact_match_reward, modular_arithmetic_dataset
+from grpo_fast.data.tasks import code_functions_dataset, modular_arithmetic_dataset
 from grpo_fast.demo.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
+from grpo_fast.rollout.base import Completion, RolloutEngine
 
 logger = logging.getLogger(__name__)
+
+# Programs that compute the wrong function f(x) = 0 and try to make the harness accept other answers:
+# forged answer lines on every open file descriptor at import time, and a patched interpreter.
+HONEST_WRONG_PROGRAM = "f=lambda x:0"
+FORGED_PROGRAMS = (
+    "import os\nf=lambda x:0\nfor fd in range(3, 1024):\n    try:\n"
+    '        os.write(fd, b\'{"loaded": true}\\n\' + b\'{"ok": true, "value": "True"}\\n\' * 64)\n'
+    "    except OSError:\n        pass\n",
+    "import builtins, math, operator\nf=lambda x:0\nbuiltins.abs = lambda x: 0\n"
+    "builtins.all = lambda x: True\nmath.isclose = lambda *a, **k: True\noperator.eq = lambda a, b: True\n",
+)
 
 
 @dataclass
 class DemoConfig:
     output_dir: str = "runs/demo"
+    task: str = "modular"
     seed: int = 0
     engine: str = "auto"
-    multiplier: int = 7
-    modulus: int = 10
-    max_operand: int = 1000
     num_train: int = 800
     num_eval: int = 200
     sft_steps: int = 60
@@ -48,29 +66,98 @@ class DemoConfig:
     num_generations: int = 8
     rl_lr: float = 1e-3
     eval_every: int = 10
+    forge_fraction: float = 0.0
     progress: bool = True
 
 
-def _noisy_teacher(rows: list[dict], fraction: float, modulus: int, seed: int) -> list[tuple[str, str]]:
-    rng = random.Random(seed)
-    pairs = []
-    for r in rows:
-        ans = int(r["answer"])
-        pairs.append((r["prompt"], str(ans if rng.random() < fraction else (ans + 1) % modulus)))
-    return pairs
+@dataclass(frozen=True)
+class DemoTask:
+    """Rows to train and evaluate on, the noisy teacher's (prompt, completion) pairs, the reward specs."""
+
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    teacher_pairs: list[tuple[str, str]]
+    rewards: list
+    max_completion_length: int
+
+
+def build_task(cfg: DemoConfig) -> DemoTask:
+    rng = random.Random(cfg.seed)
+    if cfg.task == "modular":
+        task = dict(modulus=10, max_operand=1000, ops="*", fixed_b=7)
+        eval_rows = modular_arithmetic_dataset(cfg.num_eval, seed=cfg.seed + 1, **task)
+        train_rows = modular_arithmetic_dataset(
+            cfg.num_train, seed=cfg.seed + 2, exclude={r["prompt"] for r in eval_rows}, **task
+        )
+        pairs = [
+            (r["prompt"], r["answer"] if rng.random() < cfg.sft_correct_fraction else str((int(r["answer"]) + 1) % 10))
+            for r in train_rows
+        ]
+        return DemoTask(train_rows, eval_rows, pairs, ["exact_match"], max_completion_length=4)
+    if cfg.task == "code":
+        rows = code_functions_dataset(seed=cfg.seed)
+        eval_rows, train_rows = rows[: len(rows) // 4], rows[len(rows) // 4 :]
+        pairs = []
+        for r in train_rows:
+            _, k, _, m = r["prompt"].rstrip(":").split()
+            wrong = f"def f(x):return x*{int(k) + 1}%{m}"
+            pairs.append((r["prompt"], r["answer"] if rng.random() < cfg.sft_correct_fraction else wrong))
+        return DemoTask(train_rows, eval_rows, pairs, ["code_tests"], max_completion_length=28)
+    raise ValueError(f"task: expected 'modular' or 'code', got {cfg.task!r}")
+
+
+class ForgingEngine(RolloutEngine):
+    """A rollout engine that passes through `inner`'s completions but replaces a `fraction` of them (chosen
+    at random) with one of FORGED_PROGRAMS; `is_forged(completion)` tells them apart."""
+
+    name = "forging"
+
+    def __init__(self, inner: RolloutEngine, fraction: float, seed: int) -> None:
+        self.inner, self.fraction, self.rng = inner, fraction, random.Random(seed)
+        self.shares_trainer_model = inner.shares_trainer_model
+        self._forged: dict[int, Completion] = {}  # by id; holding them keeps their ids from being reused
+
+    @classmethod
+    def from_config(cls, config, *, model, tokenizer, export_model):
+        raise NotImplementedError("ForgingEngine wraps an engine built elsewhere")
+
+    def generate(self, prompt_token_ids, sampling):
+        groups = self.inner.generate(prompt_token_ids, sampling)
+        if sampling.temperature == 0:  # held-out evaluation stays honest
+            return groups
+        out = []
+        for group in groups:
+            out.append([self._maybe_forge(c) for c in group])
+        return out
+
+    def _maybe_forge(self, completion: Completion) -> Completion:
+        if self.rng.random() >= self.fraction:
+            return completion
+        # The trainer trains on the token ids; the reward sees the forged text.
+        forged = Completion(completion.token_ids, completion.logprobs, self.rng.choice(FORGED_PROGRAMS), "stop")
+        self._forged[id(forged)] = forged
+        return forged
+
+    def is_forged(self, completion: Completion) -> bool:
+        return self._forged.get(id(completion)) is completion
+
+    def load_weights(self, weights):
+        return self.inner.load_weights(weights)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def wake_up(self) -> None:
+        self.inner.wake_up()
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     """Runs the demo; `engine` reuses an existing rollout engine of the same tiny architecture (tests)."""
     from grpo_fast.loss import GRPOLossConfig
-    from grpo_fast.trainer.config import (
-        ModelConfig,
-        OptimConfig,
-        RewardConfig,
-        RolloutConfig,
-        RunConfig,
-        TrainConfig,
-    )
+    from grpo_fast.trainer.config import ModelConfig, OptimConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
     from grpo_fast.trainer.sft import sft_train
     from grpo_fast.trainer.trainer import GRPOTrainer, set_seed
 
@@ -84,32 +171,22 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, TinyModelSpec(), seed=cfg.seed)
-    task = dict(modulus=cfg.modulus, max_operand=cfg.max_operand, ops="*", fixed_b=cfg.multiplier)
-    eval_rows = modular_arithmetic_dataset(cfg.num_eval, seed=cfg.seed + 1, **task)
-    train_rows = modular_arithmetic_dataset(
-        cfg.num_train, seed=cfg.seed + 2, exclude={r["prompt"] for r in eval_rows}, **task
-    )
+    task = build_task(cfg)
 
     t0 = time.perf_counter()
     sft_losses = sft_train(
-        model,
-        tokenizer,
-        _noisy_teacher(train_rows, cfg.sft_correct_fraction, cfg.modulus, cfg.seed),
-        steps=cfg.sft_steps,
-        batch_size=64,
-        lr=cfg.sft_lr,
-        seed=cfg.seed,
+        model, tokenizer, task.teacher_pairs, steps=cfg.sft_steps, batch_size=64, lr=cfg.sft_lr, seed=cfg.seed
     )
     seconds_sft = time.perf_counter() - t0
     model_dir = save_tiny(model, tokenizer, out / "sft_model")
 
     config = TrainConfig(
         model=ModelConfig(path=str(model_dir)),
-        reward=RewardConfig(funcs=["exact_match"]),
+        reward=RewardConfig(funcs=task.rewards),
         rollout=RolloutConfig(
             engine=cfg.engine,
             num_generations=cfg.num_generations,
-            max_completion_length=4,
+            max_completion_length=task.max_completion_length,
             temperature=1.0,
             dtype="float32",
             max_model_len=64,
@@ -129,16 +206,29 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
             progress=cfg.progress,
         ),
     )
+    forged, others = [], []  # (prompt token ids, reward) of the forged completions; rewards of the others
+
+    def record_forged(trainer, rollout, metrics):
+        batch = zip(rollout.prompt_ids, rollout.completions, rollout.rewards.tolist(), strict=True)
+        for prompt_ids, completion, reward in batch:
+            if trainer.engine.is_forged(completion):
+                forged.append((tuple(prompt_ids), reward))
+            else:
+                others.append(reward)
+
     trainer = GRPOTrainer(
         model,
-        [exact_match_reward],
-        train_rows,
+        task.rewards,
+        task.train_rows,
         config=config,
-        eval_dataset=eval_rows,
+        eval_dataset=task.eval_rows,
         tokenizer=tokenizer,
         engine=engine,
+        callbacks=[record_forged] if cfg.forge_fraction > 0 else (),
     )
     trainer._ensure_engine()
+    if cfg.forge_fraction > 0:
+        trainer.engine = ForgingEngine(trainer.engine, cfg.forge_fraction, cfg.seed)
     trainer.sync_weights()
     before = trainer.evaluate()
     t_rl = time.perf_counter()
@@ -147,9 +237,12 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     after = trainer.evaluate()
     history = trainer.metrics.history
     summary = {
+        "task": cfg.task,
         "accuracy_before_rl": before["eval/accuracy"],
         "accuracy_after_rl": after["eval/accuracy"],
         "improvement_pp": 100.0 * (after["eval/accuracy"] - before["eval/accuracy"]),
+        "reward_before_rl": before["eval/reward_mean"],
+        "reward_after_rl": after["eval/reward_mean"],
         "steps": trainer.step,
         "seconds_total": time.perf_counter() - t_start,
         "seconds_sft": seconds_sft,
@@ -159,8 +252,8 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         "seconds_train": trainer.timers["train"],
         "seconds_sync": trainer.timers["sync"],
         "seconds_eval": trainer.timers["eval"],
-        "rollout_engine": trainer.engine.name,
-        "engine_startup_seconds": getattr(trainer.engine, "startup_seconds", 0.0),
+        "rollout_engine": getattr(trainer.engine, "inner", trainer.engine).name,
+        "engine_startup_seconds": getattr(getattr(trainer.engine, "inner", trainer.engine), "startup_seconds", 0.0),
         "sft_final_loss": sft_losses[-1] if sft_losses else None,
         "reward_first_step": history[1]["reward/mean"] if len(history) > 1 else None,
         "reward_last_step": history[-1].get("reward/mean"),
@@ -170,9 +263,36 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         "metrics_jsonl": str(trainer.metrics.path),
         "plots_dir": str(out / "plots"),
     }
+    if cfg.forge_fraction > 0:
+        rows = {tuple(trainer.prompts.encode(r["prompt"])): r for r in task.train_rows}
+        summary |= _forging_summary([(rows[ids], reward) for ids, reward in forged], others)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     trainer.close()  # the reward workers, and the engine unless the caller passed one
     return summary
+
+
+def _forging_summary(forged: list[tuple[dict, float]], others: list[float]) -> dict:
+    """Each forged completion's reward against the reward of the same wrong function, written honestly,
+    on the same row (the forgery is worth something only where it earns more)."""
+    from grpo_fast.rewards import code_tests
+
+    rows = {r["prompt"]: r for r, _ in forged}
+    honest = dict(
+        zip(
+            rows,
+            code_tests(list(rows), [HONEST_WRONG_PROGRAM] * len(rows), [r["tests"] for r in rows.values()]),
+            strict=True,
+        )
+    )
+    gains = [reward - honest[row["prompt"]] for row, reward in forged]
+    return {
+        "forged_completions": len(forged),
+        "forged_reward_mean": sum(r for _, r in forged) / max(len(forged), 1),
+        "honest_wrong_reward_mean": sum(honest[row["prompt"]] for row, _ in forged) / max(len(forged), 1),
+        "forged_above_honest": sum(gain > 1e-9 for gain in gains),
+        "forged_gain_max": max(gains, default=0.0),
+        "other_completions_reward_mean": sum(others) / max(len(others), 1),
+    }
 
 
 def main(cfg: DemoConfig) -> dict:
@@ -183,4 +303,11 @@ def main(cfg: DemoConfig) -> dict:
         f"after {summary['steps']} GRPO steps ({summary['rollout_engine']} rollouts); "
         f"{summary['seconds_total']:.0f} s total. Summary: {cfg.output_dir}/summary.json"
     )
+    if "forged_reward_mean" in summary:
+        print(
+            f"forged-answer programs: {summary['forged_completions']} completions, mean reward "
+            f"{summary['forged_reward_mean']:.3f}; the same wrong function written honestly on the same rows: "
+            f"{summary['honest_wrong_reward_mean']:.3f}; forged completions above their honest reward: "
+            f"{summary['forged_above_honest']}"
+        )
     return summary
