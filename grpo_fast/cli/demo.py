@@ -11,6 +11,13 @@ def register(subparsers) -> None:
     d = subparsers.add_parser("demo", help="tiny local model: cold-start SFT + GRPO on CPU, accuracy before/after")
     defaults = DemoConfig()
     d.add_argument("--output-dir", default=defaults.output_dir)
+    d.add_argument("--task", choices=("modular", "code"), default=defaults.task)
+    d.add_argument(
+        "--forge-fraction",
+        type=float,
+        default=defaults.forge_fraction,
+        help="code task: share of completions replaced by answer-forging programs",
+    )
     d.add_argument("--seed", type=int, default=defaults.seed)
     d.add_argument("--engine", choices=("auto", "vllm", "hf"), default=defaults.engine)
     d.add_argument("--rl-steps", type=int, default=defaults.rl_steps)
@@ -24,6 +31,8 @@ def _demo(args: argparse.Namespace) -> int:
 
     cfg = DemoConfig(
         output_dir=args.output_dir,
+        task=args.task,
+        forge_fraction=args.forge_fraction,
         seed=args.seed,
         engine=args.engine,
         rl_steps=args.rl_steps,

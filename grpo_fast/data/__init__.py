@@ -3,6 +3,7 @@
 from grpo_fast.data.loading import load_prompt_dataset
 from grpo_fast.data.tasks import (
     TASKS,
+    code_functions_dataset,
     countdown_dataset,
     countdown_reward,
     exact_match_reward,
@@ -11,6 +12,7 @@ from grpo_fast.data.tasks import (
 
 __all__ = [
     "TASKS",
+    "code_functions_dataset",
     "countdown_dataset",
     "countdown_reward",
     "exact_match_reward",

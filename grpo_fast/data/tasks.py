@@ -7,6 +7,8 @@ function follows TRL's convention `fn(prompts, completions, **columns) -> list[f
   prompts (different operands) test the rule, not memorised strings.
 - countdown: "3,5,7>22=" -> any expression using each number exactly once that evaluates to the target,
   e.g. "3*5+7". Rows keep the reference solution in "answer".
+- code functions: "mul 7 mod 10:" -> a Python program defining f with f(x) = x*7 % 10, checked by hidden
+  assert tests in the code sandbox (`code_tests`, column "tests"); e.g. "def f(x):return x*7%10".
 """
 
 from __future__ import annotations
@@ -128,9 +130,45 @@ def _safe_eval(expr: str) -> int | None:
         return None
 
 
+def code_functions_dataset(
+    n: int | None = None,
+    seed: int = 0,
+    multipliers: tuple[int, ...] = tuple(range(2, 10)),
+    moduli: tuple[int, ...] = tuple(range(5, 13)),
+    exclude: set[str] | None = None,
+) -> list[dict]:
+    """Rows for every (k, m) of multipliers x moduli (shuffled by `seed`, the first `n` when given):
+    prompt "mul {k} mod {m}:", a reference program in "answer", and four hidden tests in "tests" that a
+    program defining f(x) = x*k % m passes (equality, a comprehension, a tolerance, a truth test).
+    Prompts in `exclude` are skipped."""
+    rows = []
+    for k in multipliers:
+        for m in moduli:
+            prompt = f"mul {k} mod {m}:"
+            if prompt in (exclude or ()):
+                continue
+            tests = [
+                f"assert f(3) == {3 * k % m}",
+                f"assert all(f(x) == x * {k} % {m} for x in [5, 6])",
+                f"assert abs(f(11) - {11 * k % m}) < 1e-9",
+                f"assert not f({m})",
+            ]
+            rows.append({"prompt": prompt, "answer": f"def f(x):return x*{k}%{m}", "tests": tests})
+    random.Random(seed).shuffle(rows)
+    return rows if n is None else rows[:n]
+
+
 TASKS = {
     "modular_arithmetic": (modular_arithmetic_dataset, [exact_match_reward]),
     "countdown": (countdown_dataset, [countdown_reward]),
+    "code_functions": (code_functions_dataset, ["code_tests"]),
 }
 
-__all__ = ["TASKS", "countdown_dataset", "countdown_reward", "exact_match_reward", "modular_arithmetic_dataset"]
+__all__ = [
+    "TASKS",
+    "code_functions_dataset",
+    "countdown_dataset",
+    "countdown_reward",
+    "exact_match_reward",
+    "modular_arithmetic_dataset",
+]

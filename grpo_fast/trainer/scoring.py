@@ -169,4 +169,3 @@ def _with_max_completion_length(fn, max_completion_length: int | None):
     if param is None or param.default is not param.empty:
         return fn
     return functools.partial(fn, max_completion_length=max_completion_length)
-

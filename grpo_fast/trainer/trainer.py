@@ -14,6 +14,7 @@ import math
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,8 @@ class GRPOTrainer:
     grpo_fast.rewards.registry). train_dataset / eval_dataset: `datasets.Dataset` or list of dicts with a
     "prompt" column (str or chat messages); other columns are passed to the reward functions. engine: an
     existing RolloutEngine to reuse (its weights are overwritten with the model's at the start of `train`).
+    callbacks: callables `(trainer, rollout, metrics)` run after each training step with the step's
+    RolloutBatch and metrics (inspect samples, extra logging, alarms).
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class GRPOTrainer:
         eval_dataset=None,
         tokenizer=None,
         engine: RolloutEngine | None = None,
+        callbacks: Sequence[Callable] = (),
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,6 +96,7 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.run.output_dir)
         self.engine = engine
         self._owns_engine = engine is None
+        self.callbacks = list(callbacks)
 
         if cfg.model.gradient_checkpointing:
             model.config.use_cache = False
@@ -293,6 +298,8 @@ class GRPOTrainer:
         out.update(mem)
         out["sync/bytes"] = sync.get("sync/bytes", 0.0)
         out["tokens_per_second/train"] = stats["train_tokens"] / max(t_train, 1e-9)
+        for callback in self.callbacks:
+            callback(self, rollout, out)
         return out
 
 

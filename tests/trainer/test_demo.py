@@ -37,3 +37,16 @@ def test_full_demo_default_settings(vllm_engine, tmp_path):
     """The README's demo with its defaults (100 RL steps): >= 30 points of held-out accuracy from RL."""
     summary = run_demo(DemoConfig(output_dir=str(tmp_path / "demo"), progress=False), engine=vllm_engine)
     assert summary["accuracy_after_rl"] - summary["accuracy_before_rl"] >= 0.30, summary
+
+
+@pytest.mark.slow
+def test_code_demo_learns_through_the_pool_and_forged_programs_earn_nothing_extra(vllm_engine, tmp_path):
+    """The code task: hidden tests in the sandbox, scored through the reward pool; a quarter of the
+    completions replaced by answer-forging programs, each earning no more than its wrong function."""
+    cfg = DemoConfig(
+        output_dir=str(tmp_path / "code"), task="code", rl_steps=20, eval_every=10, forge_fraction=0.25, progress=False
+    )
+    summary = run_demo(cfg, engine=vllm_engine)
+    assert summary["reward_after_rl"] - summary["reward_before_rl"] >= 0.1, summary
+    assert summary["forged_completions"] > 100
+    assert summary["forged_above_honest"] == 0 and summary["forged_gain_max"] <= 0, summary

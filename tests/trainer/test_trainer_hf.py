@@ -115,3 +115,12 @@ def test_resume_restores_rng_after_the_engine_starts(tmp_path, monkeypatch):
     opts = ["run.max_steps=1", "run.resume=true", "run.eval_every=0", "run.save_final=false", "run.plots=false"]
     _trainer(out, opts).train()
     assert torch.equal(seen[0], saved)
+
+
+def test_callbacks_see_every_step(tmp_path):
+    seen = []
+    t = _trainer(tmp_path / "run", ["run.max_steps=2", "run.eval_every=0", "run.save_final=false", "run.plots=false"])
+    t.callbacks.append(lambda trainer, rollout, metrics: seen.append((trainer.step, len(rollout.completions), metrics)))
+    t.train()
+    assert [(step, n) for step, n, _ in seen] == [(0, 16), (1, 16)]  # before the step counter moves on
+    assert all("reward/mean" in metrics for _, _, metrics in seen)
