@@ -163,12 +163,3 @@ TASKS = {
     "countdown": (countdown_dataset, [countdown_reward]),
     "code_functions": (code_functions_dataset, ["code_tests"]),
 }
-
-__all__ = [
-    "TASKS",
-    "code_functions_dataset",
-    "countdown_dataset",
-    "countdown_reward",
-    "exact_match_reward",
-    "modular_arithmetic_dataset",
-]

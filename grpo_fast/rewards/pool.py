@@ -129,18 +129,11 @@ class RewardPool:
         self._batch = 0
         self._background: ThreadPoolExecutor | None = None
 
-    def submit(
-        self,
-        reward_funcs: Sequence[RewardFunc],
-        prompts: Sequence[Any],
-        completions: Sequence[Any],
-        columns: Mapping[str, Sequence[Any]] | None = None,
-        call_kwargs: Mapping[str, Any] | None = None,
-    ) -> Future[Scores]:
-        """`score` on the pool's background thread (jobs run one after another); returns its Future."""
+    def submit(self, *args: Any, **kwargs: Any) -> Future[Scores]:
+        """`score(*args, **kwargs)` on the pool's background thread (jobs run one after another); its Future."""
         if self._background is None:
             self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-pool")
-        return self._background.submit(self.score, reward_funcs, prompts, completions, columns, call_kwargs)
+        return self._background.submit(self.score, *args, **kwargs)
 
     def score(
         self,
