@@ -9,8 +9,9 @@
 #   OUT=results_dir bash benchmarks/gpu_check.sh --dry-run  # any machine: every phase on CPU, tiny shapes
 #
 # The dry run executes each phase's command line on CPU (tiny shapes, no build, no nvidia-smi), so paths,
-# imports and JSON writing are tested by CI. Without network access, liger-kernel is installed from
-# .wheels/ when a wheel is there (`pip download --no-deps liger-kernel==0.8.5 -d .wheels`; git-ignored).
+# imports and JSON writing are tested by CI. Without network access, the peers come from .wheels/ when
+# wheels are there (`pip download --no-deps liger-kernel==0.8.5 trl==1.16.0 accelerate -d .wheels`;
+# git-ignored); the benchmark's trl variant also needs datasets and pandas, else it reports its ImportError.
 # Then: JSON results go under benchmarks/results/, headline numbers into README.md and benchmarks/NOTES.md.
 # Per-phase limits (seconds): BUILD_TIMEOUT 150, TESTS_TIMEOUT 150, BENCH_TIMEOUT 150; SHAPES and REPEATS
 # override the benchmark's.

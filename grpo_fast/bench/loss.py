@@ -4,6 +4,9 @@
   torch | cpu | cuda | triton   grpo_loss with that backend (whichever load on the device);
           `cpu@48` is the cpu backend with a 48 MiB logits workspace (--workspace-mb sweeps it)
   liger   Liger-Kernel's LigerFusedLinearGRPOLoss (when installed; torch.compile'd on CUDA only)
+  trl     TRL's fused head (trl.kernels.ChunkedLogProbFunction with the vocabulary tile TRL's trainers use:
+          cuBLAS tiles + Triton fold on CUDA, torch tiles elsewhere; the backward recomputes the tiles)
+          followed by TRL's loss in torch (when TRL is installed)
   gemm3   the three plain GEMMs of the same shapes (h Wᵀ, dz W, dzᵀ h): the speed of light,
           6·N·H·V FLOPs; every variant's time is also reported as a ratio to it.
 
@@ -26,7 +29,7 @@ import torch
 
 from grpo_fast import GRPOLossConfig, grpo_loss
 from grpo_fast.backends import available_backends
-from grpo_fast.testing.reference import naive_grpo_loss
+from grpo_fast.testing.reference import loss_from_logprobs, naive_grpo_loss
 from grpo_fast.testing.synthetic import LossBatch, make_loss_batch
 
 from .common import environment_stamp, reset_peak_rss, rss_bytes, run_json_subprocess, time_call, write_json
@@ -44,9 +47,9 @@ def make_batch(num_tokens: int, hidden_size: int, vocab: int, dtype: torch.dtype
     return make_loss_batch(num_tokens // length, length, hidden_size, vocab, dtype=dtype, device=device, seed=0)
 
 
-def liger_available() -> bool:
+def importable(module: str) -> bool:
     try:
-        import liger_kernel.chunked_loss  # noqa: F401
+        __import__(module)
     except Exception:  # noqa: BLE001 - any import failure means "not available"
         return False
     return True
@@ -63,8 +66,9 @@ def variants(device: torch.device, workspace_mib: list[int] | None = None) -> li
             names += [f"{backend}@{mib}" for mib in workspace_mib]
         else:
             names.append(backend)
-    if liger_available():
-        names.append("liger")
+    names += [
+        name for name, module in (("liger", "liger_kernel.chunked_loss"), ("trl", "trl.kernels")) if importable(module)
+    ]
     return [*names, "gemm3"]
 
 
@@ -110,6 +114,24 @@ def make_step(name: str, batch: LossBatch, config: GRPOLossConfig) -> tuple[Call
         def step():
             loss, _ = module(
                 hidden, weight, ids, mask.to(hidden.dtype), adv, ref_per_token_logps=ref, old_per_token_logps=old
+            )
+            loss.backward()
+
+    elif name == "trl":
+        from trl.kernels import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE  # the tile TRL's add_fused_lm_head uses
+
+        ids, mask, adv, old = per_token
+        outputs = ("entropy",) if config.entropy_coef else ()
+
+        def step():
+            logp, entropy, *_ = ChunkedLogProbFunction.apply(
+                hidden.view(-1, hidden.shape[-1]), weight, None, ids.view(-1), config.temperature,
+                _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs,
+            )  # fmt: skip
+            entropy = torch.zeros_like(logp) if entropy is None else entropy
+            loss, _ = loss_from_logprobs(
+                logp.view(ids.shape), entropy.view(ids.shape), mask, adv, old, ref, config=config
             )
             loss.backward()
 

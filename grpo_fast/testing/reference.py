@@ -36,11 +36,27 @@ def naive_grpo_loss(
     config: GRPOLossConfig = GRPOLossConfig(),
     bias=None,
 ):
-    """TRL's loss, line for line, on materialised logits. Returns (loss, metrics dict).
-
-    The loss type's objective and reduction (the loss-type table) pick TRL's formulas."""
-    objective, reduction = config.loss_spec.objective, config.loss_spec.reduction
+    """TRL's loss, line for line, on materialised logits. Returns (loss, metrics dict)."""
     logp, entropy = naive_logprobs_and_entropy(hidden, weight, completion_ids, config.temperature, bias)
+    return loss_from_logprobs(
+        logp, entropy, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights, num_items_in_batch, config
+    )
+
+
+def loss_from_logprobs(
+    logp,
+    entropy,
+    completion_mask,
+    advantages,
+    old_logprobs=None,
+    ref_logprobs=None,
+    is_weights=None,
+    num_items_in_batch=None,
+    config: GRPOLossConfig = GRPOLossConfig(),
+):
+    """TRL's `_compute_loss` from per-token logprobs and entropies [B, T] (however they were computed):
+    the loss type's objective and reduction (the loss-type table) pick TRL's formulas."""
+    objective, reduction = config.loss_spec.objective, config.loss_spec.reduction
     mask = completion_mask.to(logp.dtype)
     adv = advantages.to(logp.dtype)
     adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
@@ -70,7 +86,7 @@ def naive_grpo_loss(
         per_token_loss = per_token_loss * (weights.unsqueeze(1) if weights.dim() == 1 else weights)
     if config.beta != 0.0:
         per_token_loss = per_token_loss + config.beta * per_token_kl
-    batch, length = completion_ids.shape
+    batch, length = mask.shape
     if reduction is Reduction.SEQUENCE_MEAN:
         loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
     elif reduction is Reduction.TOKEN_MEAN:
