@@ -24,23 +24,12 @@ def naive_logprobs_and_entropy(hidden, weight, targets, temperature=1.0, bias=No
 
 
 def naive_grpo_loss(
-    hidden,
-    weight,
-    completion_ids,
-    completion_mask,
-    advantages,
-    old_logprobs=None,
-    ref_logprobs=None,
-    is_weights=None,
-    num_items_in_batch=None,
-    config: GRPOLossConfig = GRPOLossConfig(),
-    bias=None,
+    hidden, weight, completion_ids, *args, config: GRPOLossConfig = GRPOLossConfig(), bias=None, **kwargs
 ):
-    """TRL's loss, line for line, on materialised logits. Returns (loss, metrics dict)."""
+    """TRL's loss, line for line, on materialised logits: hidden [B, T, H], weight [V, H], completion_ids
+    [B, T], then `loss_from_logprobs`'s arguments from completion_mask on. Returns (loss, metrics dict)."""
     logp, entropy = naive_logprobs_and_entropy(hidden, weight, completion_ids, config.temperature, bias)
-    return loss_from_logprobs(
-        logp, entropy, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights, num_items_in_batch, config
-    )
+    return loss_from_logprobs(logp, entropy, *args, config=config, **kwargs)
 
 
 def loss_from_logprobs(
