@@ -101,9 +101,21 @@ def make_batch(vocab: int, sequences: int, prompt_len: int, completion_len: int,
         prompts.append(prompt)
         completions.append(Completion(torch.randint(3, vocab, (n,), generator=g).tolist(), [], "", "stop"))
     rewards = torch.rand(sequences, generator=g)
-    timings = dict(time_generate=0.0, time_score=0.0, time_score_pool=0.0)
     return RolloutBatch(
-        prompts, completions, rewards, completions, rewards, rewards[:, None], 0.0, 0, **timings, reward_failures={}
+        prompt_ids=prompts,
+        completions=completions,
+        rewards=rewards,
+        generated=completions,
+        generated_rows=list(range(sequences)),
+        generated_rewards=rewards,
+        generated_rewards_per_func=rewards[:, None],
+        frac_zero_var_groups=0.0,
+        frac_stuck_groups=0.0,
+        resample_rounds=0,
+        time_generate=0.0,
+        time_score=0.0,
+        time_score_pool=0.0,
+        reward_failures={},
     )
 
 

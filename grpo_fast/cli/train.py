@@ -1,4 +1,5 @@
-"""`grpo-fast train --config path.yaml [--set key=value ...] [--resume]`."""
+"""`grpo-fast train --config path.yaml [--set key=value ...] [--resume]`: the checks of
+grpo_fast.trainer.preflight first (skipped when resuming, or with --skip-checks), then training."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import json
 import os
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="GRPO training from a YAML config (see configs/)")
-    p.add_argument(
-        "--config", help="YAML file with the TrainConfig tree (model, data, reward, rollout, grpo, optim, run)"
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config, --set and --print-config (shared with `grpo-fast check`)."""
+    parser.add_argument(
+        "--config", help="YAML file with the TrainConfig tree (model, data, reward, rollout, loss, grpo, ...)"
     )
-    p.add_argument(
+    parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -21,25 +22,32 @@ def register(subparsers) -> None:
         metavar="KEY=VALUE",
         help="override one key, e.g. --set run.max_steps=50 (repeatable)",
     )
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="GRPO training from a YAML config (see configs/)")
+    add_config_arguments(p)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.set_defaults(func=_train)
+    p.add_argument("--skip-checks", action="store_true", help="start training without the checks")
+    p.set_defaults(func=_train, command_name="train")
 
 
-def _train(args: argparse.Namespace) -> int:
+def build_trainer(args: argparse.Namespace):
+    """(config, trainer) from the command line, or None after --print-config."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from grpo_fast.trainer.config import load_config
 
-    overrides = list(args.overrides) + (["run.resume=true"] if args.resume else [])
+    overrides = list(args.overrides) + (["run.resume=true"] if getattr(args, "resume", False) else [])
     try:
         cfg = load_config(args.config, overrides)
     except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"grpo-fast train: invalid config: {exc}") from None
+        raise SystemExit(f"grpo-fast {args.command_name}: invalid config: {exc}") from None
     if args.print_config:
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
-        return 0
+        return None
     if not cfg.model.path:
-        raise SystemExit("grpo-fast train: model.path is required")
+        raise SystemExit(f"grpo-fast {args.command_name}: model.path is required")
     from grpo_fast.data.loading import load_prompt_dataset
     from grpo_fast.trainer.trainer import GRPOTrainer
 
@@ -49,7 +57,34 @@ def _train(args: argparse.Namespace) -> int:
         evals = load_prompt_dataset(
             cfg.data.eval_source, prompt_column=cfg.data.prompt_column, **cfg.data.eval_task_kwargs
         )
-    trainer = GRPOTrainer(cfg.model.path, cfg.reward.funcs, train, config=cfg, eval_dataset=evals)
-    last = trainer.train()
+    return cfg, GRPOTrainer(cfg.model.path, cfg.reward.funcs, train, config=cfg, eval_dataset=evals)
+
+
+def run_checks(cfg, trainer) -> None:
+    from grpo_fast.data.loading import load_prompt_dataset
+    from grpo_fast.trainer.preflight import PreflightError
+
+    control = None
+    if cfg.check.sft_control_source:
+        control = load_prompt_dataset(cfg.check.sft_control_source).to_list()
+    try:
+        report = trainer.preflight(control)
+    except PreflightError as exc:
+        trainer.close()
+        raise SystemExit(f"grpo-fast: the run would learn a broken reward, not starting: {exc}") from None
+    print(report.text())
+
+
+def _train(args: argparse.Namespace) -> int:
+    built = build_trainer(args)
+    if built is None:
+        return 0
+    cfg, trainer = built
+    if not (args.skip_checks or cfg.run.resume):
+        run_checks(cfg, trainer)
+    try:
+        last = trainer.train()
+    finally:
+        trainer.close()
     print(json.dumps({k: v for k, v in last.items() if k.startswith(("reward/mean", "eval/"))}))
     return 0

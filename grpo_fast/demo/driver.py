@@ -17,7 +17,9 @@ Tasks (`DemoConfig.task`):
   programs that try to forge the sandbox's answers (`FORGED_PROGRAMS`): the summary reports the reward
   they earned next to the reward of the same wrong function written honestly.
 
-Writes DIR/summary.json, DIR/metrics.jsonl and DIR/plots/*.png.
+Before RL the checks of grpo_fast.trainer.preflight run (verifier self-test, reward scale, prompt difficulty,
+the held-out baseline); during RL the health alarms watch the run. Writes DIR/summary.json,
+DIR/metrics.jsonl, DIR/plots/*.png, DIR/audit.html and the run report DIR/report.md (and .html).
 """
 
 from __future__ import annotations
@@ -229,8 +231,8 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     trainer._ensure_engine()
     if cfg.forge_fraction > 0:
         trainer.engine = ForgingEngine(trainer.engine, cfg.forge_fraction, cfg.seed)
-    trainer.sync_weights()
-    before = trainer.evaluate()
+    preflight = trainer.preflight()  # verifier self-test, reward scale, difficulty, held-out baseline
+    before = {k.replace("start/", "eval/"): v for k, v in preflight.baselines.items()}
     t_rl = time.perf_counter()
     trainer.train()
     seconds_rl = time.perf_counter() - t_rl
@@ -243,6 +245,8 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         "improvement_pp": 100.0 * (after["eval/accuracy"] - before["eval/accuracy"]),
         "reward_before_rl": before["eval/reward_mean"],
         "reward_after_rl": after["eval/reward_mean"],
+        "preflight": preflight.to_dict(),
+        "alarms": [a.line() for a in trainer.health.alarms],
         "steps": trainer.step,
         "seconds_total": time.perf_counter() - t_start,
         "seconds_sft": seconds_sft,

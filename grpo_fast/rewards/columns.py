@@ -23,6 +23,7 @@ class TrainerState:
     global_step: int
     max_steps: int
 
+
 _POSITIONAL = ("prompts", "completions")
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES
+from grpo_fast.trainer.health import HealthThresholds
 
 
 @dataclass
@@ -149,6 +150,29 @@ class RunConfig:
 
 
 @dataclass
+class CheckConfig:
+    """The checks before a run (grpo_fast.trainer.preflight): difficulty_prompts x difficulty_samples
+    completions probe the prompts' pass rates (0 prompts skips it); sft_control_source, a dataset of
+    prompt/completion rows, adds an SFT-control baseline trained for sft_control_steps."""
+
+    difficulty_prompts: int = 16
+    difficulty_samples: int = 8
+    sft_control_source: str | None = None
+    sft_control_steps: int = 60
+
+
+@dataclass
+class HealthConfig(HealthThresholds):
+    """Alarms during the run (grpo_fast.trainer.health; thresholds documented there). stop_on: alarm names
+    that save a checkpoint and end the run. audit_every: steps between audit-trail entries (0 disables);
+    audit_samples: best and worst completions kept per entry."""
+
+    stop_on: list = field(default_factory=list)
+    audit_every: int = 10
+    audit_samples: int = 2
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -158,6 +182,8 @@ class TrainConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    check: CheckConfig = field(default_factory=CheckConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -230,6 +256,12 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.grpo.overlong_buffer < 0 or cfg.grpo.overlong_buffer >= cfg.rollout.max_completion_length:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
+    alarms = ("entropy_collapse", "length_inflation", "reward_hacking", "off_policy_drift", "collapse")
+    for name in cfg.health.stop_on:
+        if name not in alarms:
+            raise ValueError(f"health.stop_on: expected names among {alarms}, got {name!r}")
+    if cfg.health.window < 1:
+        raise ValueError(f"health.window: expected a positive value, got {cfg.health.window}")
     if cfg.reward.workers < 0:
         raise ValueError(f"reward.workers: expected >= 0, got {cfg.reward.workers}")
     if cfg.grpo.is_cap <= 0:

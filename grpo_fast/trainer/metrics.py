@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from grpo_fast.trainer.advantages import reward_stats
+from grpo_fast.trainer.health import reward_by_length
 
 
 def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> dict[str, float]:
@@ -27,10 +28,14 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
         "reward/mean": mean,
         "reward/std": std,
         "frac_zero_var_groups": rollout.frac_zero_var_groups,
+        "frac_stuck_groups": rollout.frac_stuck_groups,
         "resample_rounds": rollout.resample_rounds,
         "completion/length_mean": float(lengths.mean()),
         "completion/length_p95": float(torch.quantile(lengths, 0.95)),
         "completion/truncated_frac": float(np.mean([c.truncated for c in rollout.generated])),
+        "completion/reward_by_length_quartile": reward_by_length(
+            [len(c.token_ids) for c in rollout.generated], rollout.generated_rewards.tolist()
+        ),
     }
     for j, name in enumerate(reward_names):
         col = rollout.generated_rewards_per_func[:, j]

@@ -28,8 +28,11 @@ class RolloutBatch:
 
     prompt_ids, completions, rewards: [B*G], the prompt of each completion, the completion, and its combined
     reward (NaN when no reward function could score it).
-    generated, generated_rewards [M], generated_rewards_per_func [M, F]: every completion generated this step,
-    kept or not (dynamic sampling may generate more than B groups), for the step's metrics.
+    generated, generated_rows, generated_rewards [M], generated_rewards_per_func [M, F]: every completion
+    generated this step, kept or not (dynamic sampling may generate more than B groups), with the index of
+    its dataset row, for the step's metrics and the audit trail.
+    frac_zero_var_groups: generated groups whose rewards are all equal; frac_stuck_groups: those of them below the
+    full reward (identical and not all right: no signal and nothing learned).
     reward_failures: per reward function, the completions its verifier failed on (timeout, crash, error).
     time_score: scoring on the critical path; time_score_pool: the reward pool's own time (mostly overlapped).
     """
@@ -38,9 +41,11 @@ class RolloutBatch:
     completions: list[Completion]
     rewards: torch.Tensor
     generated: list[Completion]
+    generated_rows: list[int]
     generated_rewards: torch.Tensor
     generated_rewards_per_func: torch.Tensor
     frac_zero_var_groups: float
+    frac_stuck_groups: float
     resample_rounds: int
     time_generate: float
     time_score: float
@@ -113,7 +118,7 @@ class RolloutPhase:
     def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
         cfg, g = self.config, self.config.rollout.num_generations
         want = cfg.run.prompts_per_step
-        kept, spare, generated, rewards_all, per_func_all = [], [], [], [], []
+        kept, spare, generated, generated_rows, rewards_all, per_func_all = [], [], [], [], [], []
         times, failures = Counter(), Counter()
         rounds = 0
         while True:
@@ -121,6 +126,7 @@ class RolloutPhase:
             seed = (cfg.run.seed * 1_000_003 + step * 10_007 + rounds * 101) * 1000
             prompt_ids, flat, per_func, rewards = self._generate_and_score(engine, index, seed, step, times, failures)
             generated += flat
+            generated_rows += [i for i in index for _ in range(g)]
             rewards_all.append(rewards)
             per_func_all.append(per_func)
             for k in range(len(index)):
@@ -136,14 +142,17 @@ class RolloutPhase:
         kept = (kept + spare)[:want]
         generated_rewards = torch.cat(rewards_all)
         _, zero_var = group_advantages(generated_rewards, g, "none")
+        unsolved = ~(generated_rewards.view(-1, g) >= self.rewards.full_reward - 1e-6).all(dim=1)
         return RolloutBatch(
             prompt_ids=[p for p, _, _ in kept for _ in range(g)],
             completions=[c for _, cs, _ in kept for c in cs],
             rewards=torch.cat([r for _, _, r in kept]),
             generated=generated,
+            generated_rows=generated_rows,
             generated_rewards=generated_rewards,
             generated_rewards_per_func=torch.cat(per_func_all),
             frac_zero_var_groups=float(zero_var.float().mean()),
+            frac_stuck_groups=float((zero_var & unsolved).float().mean()),
             resample_rounds=rounds,
             time_generate=times["generate"],
             time_score=times["score"],

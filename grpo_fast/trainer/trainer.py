@@ -24,11 +24,15 @@ from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
 from grpo_fast.rollout.registry import create_engine
 from grpo_fast.rollout.weight_sync import trainer_weights
 from grpo_fast.trainer import checkpoint as ckpt
+from grpo_fast.trainer.audit import AuditTrail
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.data_sampler import PromptSampler
+from grpo_fast.trainer.health import HealthMonitor
 from grpo_fast.trainer.loss_step import LossStep
 from grpo_fast.trainer.metrics import MetricsLogger, step_metrics
 from grpo_fast.trainer.offload import TrainerStateOffloader, memory_snapshot
+from grpo_fast.trainer.preflight import PreflightReport, run_preflight
+from grpo_fast.trainer.report import write_report
 from grpo_fast.trainer.rollout_phase import PromptEncoder, RolloutPhase, stop_token_ids
 from grpo_fast.trainer.scoring import RewardSet, TrainerState
 
@@ -120,6 +124,10 @@ class GRPOTrainer:
         self.timers: dict[str, float] = defaultdict(float)
         self.metrics: MetricsLogger | None = None
         self.last_eval: dict = {}
+        self.last_rollout = None
+        self.health = HealthMonitor(cfg.health, self.rewards.names)
+        self.audit: AuditTrail | None = None
+        self.preflight_report: PreflightReport | None = None
 
     # -- the rollout engine -----------------------------------------------------------------------------
 
@@ -191,6 +199,28 @@ class GRPOTrainer:
             "eval/reward_mean": float(torch.nan_to_num(rewards, nan=0.0).mean()),
         }
 
+    # -- checks before, during and after the run -------------------------------------------------------
+
+    def preflight(self, sft_control_rows: list[dict] | None = None) -> PreflightReport:
+        """The checks before a run (grpo_fast.trainer.preflight); raises PreflightError when the verifier
+        self-test fails. The report is kept for the run report."""
+        self.preflight_report = run_preflight(self, sft_control_rows)
+        return self.preflight_report
+
+    def _watch(self, metrics: dict) -> bool:
+        """Alarms and the audit trail after a step (metrics gains health/...); True when an alarm asks to stop."""
+        cfg = self.config.health
+        alarms = self.health.observe(self.step, metrics)
+        if "eval/accuracy" in metrics:
+            saved = [int(p.name.split("-")[1]) for p in ckpt.list_checkpoints(self.output_dir / "checkpoints")]
+            alarms += self.health.observe_eval(self.step, metrics["eval/accuracy"], saved)
+        for alarm in alarms:
+            metrics[f"health/{alarm.name}"] = 1.0
+        metrics["health/alarms_total"] = float(len(self.health.alarms))
+        if cfg.audit_every and self.step % cfg.audit_every == 0 and self.last_rollout is not None:
+            self.audit.record(self.step, self.last_rollout, self.train_rows, self.rewards.names)
+        return any(alarm.name in cfg.stop_on for alarm in alarms)
+
     # -- checkpoints ------------------------------------------------------------------------------------
 
     def save(self) -> Path:
@@ -238,11 +268,15 @@ class GRPOTrainer:
             self.resume()
         self.metrics = MetricsLogger(self.output_dir, tensorboard=cfg.run.tensorboard)
         self.metrics.truncate_after(self.step)
+        self.audit = AuditTrail(self.output_dir, cfg.health.audit_samples)
+        self.audit.truncate_after(self.step)
         self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
         bar = _progress(cfg.run.max_steps, self.step, cfg.run.progress)
         last: dict = {}
+        stop = False
         if self.eval_rows and self.step == 0 and cfg.run.eval_every > 0:
             self.last_eval = self.evaluate()
+            self.health.observe_eval(0, self.last_eval["eval/accuracy"], [])
             self.metrics.log(0, dict(self.last_eval))
         while self.step < cfg.run.max_steps:
             last = self.training_step()
@@ -254,8 +288,13 @@ class GRPOTrainer:
             ):
                 self.last_eval = self.evaluate()
                 last.update(self.last_eval)
-            if self.step % cfg.run.log_every == 0 or self.step == cfg.run.max_steps:
+            stop = self._watch(last)
+            if self.step % cfg.run.log_every == 0 or self.step == cfg.run.max_steps or stop:
                 self.metrics.log(self.step, last)
+            if stop:
+                logger.error("stopping at step %d on a health alarm (health.stop_on); checkpoint saved", self.step)
+                self.save()
+                break
             if cfg.run.save_every and self.step % cfg.run.save_every == 0:
                 self.save()
             if bar is not None:
@@ -266,19 +305,22 @@ class GRPOTrainer:
                 )
         if bar is not None:
             bar.close()
-        if cfg.run.save_final:
+        if cfg.run.save_final and not stop:
             self.save()
         if cfg.run.plots:
             from grpo_fast.trainer.plots import save_plots
 
             save_plots(self.metrics.history, self.output_dir / "plots")
+        write_report(
+            self.output_dir, self.metrics.history, self.health.alarms, self.audit.records, self.preflight_report
+        )
         self.metrics.close()
         return last
 
     def training_step(self) -> dict:
         t_step = time.perf_counter()
         mem = memory_snapshot("generate")
-        rollout = self.rollout.collect(self.engine, self.step)
+        rollout = self.last_rollout = self.rollout.collect(self.engine, self.step)
         self.engine.sleep()
         self.offloader.reload()
         mem.update(memory_snapshot("train_start"))

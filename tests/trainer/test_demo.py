@@ -29,7 +29,12 @@ def test_demo_rl_improves_heldout_accuracy(vllm_engine, tmp_path):
     lines = (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])
     assert last["step"] == 40 and last["mismatch/abs_logprob_diff_mean"] < 1e-4
+    assert last["health/alarms_total"] == 0 and summary["alarms"] == []  # a healthy run raises no alarm
+    assert not summary["preflight"]["self_test_failures"] and summary["preflight"]["difficulty"]["prompts"] == 16
     assert (tmp_path / "demo" / "plots" / "training_curves.png").stat().st_size > 0
+    report = (tmp_path / "demo" / "report.md").read_text()
+    assert "## Before the run" in report and "- none fired" in report and "training_curves.png" in report
+    assert (tmp_path / "demo" / "report.html").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -1,0 +1,231 @@
+"""The launch checklist: checks before a run, alarms during it, the audit trail and the report after it.
+Each alarm is provoked on purpose with the tiny model on CPU (transformers engine) and must fire with the
+numbers that caused it; the rules are also checked on synthetic metric series."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+
+import pytest
+
+from grpo_fast.data.tasks import exact_match_reward, modular_arithmetic_dataset
+from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.rewards.self_test import Sample, describe
+from grpo_fast.trainer import GRPOTrainer, load_config
+from grpo_fast.trainer.health import HealthMonitor, HealthThresholds
+from grpo_fast.trainer.preflight import PreflightError
+from grpo_fast.trainer.sft import sft_train
+
+TASK = dict(modulus=10, max_operand=1000, ops="*", fixed_b=7)
+
+
+def longer_is_better(prompts, completions, **_):
+    """A hackable verifier: pays for length, whatever the answer."""
+    return [math.sqrt(len(c)) / 4.0 for c in completions]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def _sft(tokenizer, right: float, steps: int):
+    """The tiny model after a cold-start SFT on "(a*7)%10=" -> the digit, from a teacher right a `right`
+    share of the time: it answers short."""
+    model = build_tiny_model(tokenizer, seed=0)
+    rows = modular_arithmetic_dataset(200, seed=2, **TASK)
+    rng = random.Random(0)
+    pairs = [(r["prompt"], r["answer"] if rng.random() < right else str((int(r["answer"]) + 1) % 10)) for r in rows]
+    sft_train(model, tokenizer, pairs, steps=steps, batch_size=64, lr=3e-3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def sft_model(tokenizer):
+    return _sft(tokenizer, right=0.9, steps=80)
+
+
+@pytest.fixture(scope="module")
+def weak_sft_model(tokenizer):
+    return _sft(tokenizer, right=0.3, steps=60)
+
+
+def _trainer(tmp_path, model, tokenizer, funcs, overrides, evals=True):
+    opts = ["rollout.engine=hf", "rollout.num_generations=8", "run.prompts_per_step=8", "run.progress=false"]
+    opts += ["run.tensorboard=false", "run.plots=false", "run.save_final=false", "reward.workers=0"]
+    opts += ["check.difficulty_prompts=8", "check.difficulty_samples=4", f"run.output_dir={tmp_path}", *overrides]
+    rows = modular_arithmetic_dataset(200, seed=2, **TASK)
+    held_out = modular_arithmetic_dataset(32, seed=1, **TASK) if evals else None
+    return GRPOTrainer(
+        copy.deepcopy(model), funcs, rows, config=load_config(None, opts), eval_dataset=held_out, tokenizer=tokenizer
+    )
+
+
+def _alarms(trainer, name):
+    return [a for a in trainer.health.alarms if a.name == name]
+
+
+# -- provoked in real runs ------------------------------------------------------------------------------
+
+
+def test_a_length_paying_verifier_fires_length_inflation_and_reward_hacking(tmp_path, weak_sft_model, tokenizer):
+    opts = ["health.window=5", "rollout.max_completion_length=16", "run.max_steps=15", "optim.lr=3e-3"]
+    opts += ["run.eval_every=5", "health.audit_every=5"]
+    trainer = _trainer(tmp_path, weak_sft_model, tokenizer, [exact_match_reward, longer_is_better], opts)
+    trainer.train()
+    (inflation, *_) = _alarms(trainer, "length_inflation")
+    history = [r for r in trainer.metrics.history if "completion/length_mean" in r]
+    before = sum(r["completion/length_mean"] for r in history[:5]) / 5
+    assert f"mean length {before:.1f} ->" in inflation.message and "reward by length quartile" in inflation.message
+    hacking = " ".join(a.message for a in _alarms(trainer, "reward_hacking"))
+    assert "longer_is_better +" in hacking and "exact_match_reward -" in hacking  # one verifier rises, one falls
+    last = trainer.metrics.history[-1]
+    assert last["health/alarms_total"] == len(trainer.health.alarms) >= 2
+    audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in audit} == {5, 10, 15} and {"top", "bottom"} <= {r["rank"] for r in audit}
+    assert set(audit[0]["rewards"]) == {"exact_match_reward", "longer_is_better"} and audit[0]["prompt"]
+    assert "<table>" in (tmp_path / "audit.html").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "**length_inflation**" in report and "## Dashboard" in report and "## Audit samples" in report
+
+
+def test_a_destructive_learning_rate_fires_entropy_collapse(tmp_path, tokenizer):
+    opts = ["health.window=5", "rollout.max_completion_length=6", "run.max_steps=10", "optim.lr=5e-2"]
+    opts += ["run.eval_every=0"]
+    trainer = _trainer(tmp_path, build_tiny_model(tokenizer, seed=0), tokenizer, [longer_is_better], opts, evals=False)
+    trainer.train()
+    (alarm,) = _alarms(trainer, "entropy_collapse")
+    steps = trainer.metrics.history
+    first = sum(r["entropy"] for r in steps[:5]) / 5
+    last = sum(r["entropy"] for r in steps[5:10]) / 5
+    assert alarm.step == 10 and f"entropy {first:.3f} -> {last:.3f}" in alarm.message
+
+
+def test_off_policy_drift_and_collapse_stop_the_run_with_a_checkpoint(tmp_path, sft_model, tokenizer):
+    opts = ["health.window=3", "rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=3e-2"]
+    opts += ["grpo.num_iterations=4", "run.eval_every=2", "run.save_every=2", "health.stop_on=[collapse]"]
+    trainer = _trainer(tmp_path, sft_model, tokenizer, [exact_match_reward], opts)
+    trainer.train()
+    (drift, *_) = _alarms(trainer, "off_policy_drift")
+    clipped = trainer.metrics.history[1]["clip_ratio/region_mean"]  # history[0] is the step-0 evaluation
+    assert f"clipped fraction {clipped:.3f} (max 0.2)" in drift.message
+    (collapse,) = _alarms(trainer, "collapse")
+    evals = [r["eval/accuracy"] for r in trainer.metrics.history if "eval/accuracy" in r]
+    assert f"held-out accuracy {evals[-1]:.3f} is {evals[0] - evals[-1]:.3f} below its best" in collapse.message
+    assert trainer.step == collapse.step < 12  # stopped early ...
+    assert (tmp_path / "checkpoints" / f"step-{trainer.step:06d}").is_dir()  # ... with a checkpoint
+
+
+def test_the_demo_task_trained_sanely_raises_no_alarm(tmp_path, sft_model, tokenizer):
+    opts = ["rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=1e-3", "run.eval_every=4"]
+    trainer = _trainer(tmp_path, sft_model, tokenizer, [exact_match_reward], opts)
+    trainer.train()
+    assert trainer.health.alarms == []
+    assert "- none fired" in (tmp_path / "report.md").read_text()
+
+
+# -- before the run ---------------------------------------------------------------------------------------
+
+
+def test_preflight_on_an_unsolvable_task_warns_of_zero_variance(tmp_path, tokenizer):
+    trainer = _trainer(
+        tmp_path,
+        build_tiny_model(tokenizer, seed=0),
+        tokenizer,
+        [exact_match_reward],
+        ["rollout.max_completion_length=4"],
+    )
+    report = trainer.preflight()
+    assert report.difficulty["frac_always_fail"] == 1.0 and report.difficulty["frac_zero_variance"] == 1.0
+    assert any("zero reward variance" in w and "10% and 90%" in w for w in report.warnings)
+    assert report.baselines["start/accuracy"] == 0.0
+    assert not report.self_test_failures and {r.function for r in report.self_test} == {"exact_match_reward"}
+    trainer.close()
+
+
+def test_preflight_refuses_a_verifier_that_pays_a_bad_sample(tmp_path, tokenizer):
+    def contains_answer(prompts, completions, answer, **_):  # a prefix-matching verifier: gameable
+        return [float(str(a) in c) for c, a in zip(completions, answer, strict=True)]
+
+    describe(
+        contains_answer,
+        kind="accuracy",
+        reward_range=(0.0, 1.0),
+        samples=[
+            Sample("right", "4", {"answer": "4"}, True),
+            Sample("every digit listed", "0 1 2 3 4 5 6 7 8 9", {"answer": "4"}, False),
+        ],
+    )
+    trainer = _trainer(tmp_path, build_tiny_model(tokenizer, seed=0), tokenizer, [contains_answer], [])
+    with pytest.raises(PreflightError, match="good sample 'right' scores 1.0, not above bad sample 'every digit"):
+        trainer.preflight()
+    trainer.close()
+
+
+def test_preflight_warns_about_reward_scale(tmp_path, tokenizer):
+    specs = ["exact_match", "think_format", {"name": "length_penalty", "target_length": 4}]
+    opts = ["check.difficulty_prompts=0", f"reward.funcs={json.dumps(specs)}", "reward.weights=[1.0, 2.5, 1.0]"]
+    trainer = _trainer(tmp_path, build_tiny_model(tokenizer), tokenizer, specs, opts, False)
+    report = trainer.preflight()
+    assert any("length_penalty is unbounded" in w for w in report.warnings)
+    assert any(
+        "think_format is worth 0.500, more than 20% of the accuracy rewards (1.000)" in w for w in report.warnings
+    )
+    assert {r.function for r in report.self_test} == {"exact_match_reward", "think_format", "length_penalty"}
+    trainer.close()
+
+
+def test_every_builtin_verifier_passes_its_own_self_test(tmp_path, tokenizer):
+    from grpo_fast.rewards.registry import REWARD_FUNCTIONS
+
+    options = {"overlong_penalty": {"overlong_buffer": 4}, "length_penalty": {"target_length": 4}}
+    specs = [{"name": n, **options.get(n, {})} for n in REWARD_FUNCTIONS.names()]
+    trainer = _trainer(tmp_path, build_tiny_model(tokenizer), tokenizer, specs, ["check.difficulty_prompts=0"], False)
+    report = trainer.preflight()
+    assert not report.self_test_failures
+    assert {r.function for r in report.self_test} == set(trainer.rewards.names)
+    bad = {r.sample for r in report.self_test if not r.good}
+    assert {"many answers listed", "answer outside the slot", "forged test output"} <= bad
+    trainer.close()
+
+
+# -- the rules on synthetic metric series ------------------------------------------------------------------
+
+
+def _series(n, **metrics):
+    """n steps of metrics; each value a constant or a function of the step index."""
+    return [{k: (v(i) if callable(v) else v) for k, v in metrics.items()} for i in range(n)]
+
+
+def test_rules_stay_quiet_on_a_healthy_learning_run():
+    """Entropy falls and all-correct groups appear, but the reward rises: learning, not collapse."""
+    monitor = HealthMonitor(HealthThresholds(window=5), ["exact_match"])
+    healthy = _series(
+        30,
+        **{
+            "entropy": lambda i: 0.6 * 0.97**i,
+            "frac_zero_var_groups": lambda i: 0.2 + 0.02 * i,
+            "frac_stuck_groups": 0.05,
+            "reward/mean": lambda i: 0.5 + 0.015 * i,
+            "reward/exact_match/mean": lambda i: 0.5 + 0.015 * i,
+            "completion/length_mean": 2.0,
+            "completion/length_p95": 2.0,
+            "clip_ratio/region_mean": 0.01,
+        },
+    )
+    for step, metrics in enumerate(healthy, 1):
+        assert monitor.observe(step, metrics) == []
+    assert monitor.observe_eval(30, 0.8, []) == [] and monitor.observe_eval(35, 0.75, []) == []
+
+
+def test_collapse_names_the_last_good_checkpoint_and_alarms_cool_down():
+    monitor = HealthMonitor(HealthThresholds(window=4, collapse_drop=0.2), [])
+    monitor.observe_eval(0, 0.3, [])
+    monitor.observe_eval(10, 0.8, [0, 5, 10])
+    (alarm,) = monitor.observe_eval(20, 0.5, [0, 5, 10, 15, 20])
+    assert "0.300 below its best, 0.800 at step 10; the last good checkpoint is step-000010" in alarm.message
+    assert monitor.observe_eval(22, 0.4, [20]) == []  # within the window after the last alarm
+    assert len(monitor.observe_eval(24, 0.4, [20])) == 1
