@@ -21,8 +21,6 @@ import math
 import random
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from grpo_fast.rewards.columns import TrainerState, call_reward
 from grpo_fast.rewards.self_test import info_of
 from grpo_fast.rollout.base import SamplingSpec
@@ -173,7 +171,8 @@ def difficulty_probe(trainer, prompts: int, samples: int, report: PreflightRepor
 
 def baselines(trainer, sft_control_rows: list[dict] | None, sft_steps: int, report: PreflightReport) -> None:
     """Held-out accuracy of the starting model; of an SFT control trained on `sft_control_rows`
-    ({"prompt", "completion"}) when given. The engine gets the policy's weights back afterwards."""
+    ({"prompt", "completion"}) when given. The control is the policy itself, SFT-trained with its own
+    optimizer and evaluated through the engine; the policy's weights are restored (and synced) afterwards."""
     if not trainer.eval_rows:
         return
     start = trainer.evaluate()
@@ -181,20 +180,17 @@ def baselines(trainer, sft_control_rows: list[dict] | None, sft_steps: int, repo
     report.baselines["start/reward_mean"] = start["eval/reward_mean"]
     if not sft_control_rows:
         return
-    from grpo_fast.rollout.weight_sync import trainer_weights
     from grpo_fast.trainer.sft import sft_train
 
-    control = copy.deepcopy(trainer.model)
+    policy = copy.deepcopy(trainer.model.state_dict())
     pairs = [(r["prompt"], r["completion"]) for r in sft_control_rows]
-    sft_train(control, trainer.tokenizer, pairs, steps=sft_steps, seed=trainer.config.run.seed)
-    trainer.engine.load_weights(trainer_weights(control))
     try:
+        sft_train(trainer.model, trainer.tokenizer, pairs, steps=sft_steps, seed=trainer.config.run.seed)
+        trainer.sync_weights()
         report.baselines["sft_control/accuracy"] = trainer.evaluate()["eval/accuracy"]
     finally:
-        trainer.engine.load_weights(trainer_weights(trainer.model))
-        del control
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        trainer.model.load_state_dict(policy)
+        trainer.sync_weights()
 
 
 def run_preflight(trainer, sft_control_rows: list[dict] | None = None) -> PreflightReport:

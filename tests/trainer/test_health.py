@@ -232,3 +232,20 @@ def test_collapse_names_the_last_good_checkpoint_and_alarms_cool_down():
     assert "0.300 below its best, 0.800 at step 10; the last good checkpoint is step-000010" in alarm.message
     assert monitor.observe_eval(22, 0.4, [20]) == []  # within the window after the last alarm
     assert len(monitor.observe_eval(24, 0.4, [20])) == 1
+
+
+def test_an_sft_control_baseline_is_measured_and_the_policy_restored(tmp_path, tokenizer):
+    import torch
+
+    model = build_tiny_model(tokenizer, seed=0)
+    trainer = _trainer(tmp_path, model, tokenizer, [exact_match_reward], ["check.difficulty_prompts=0"])
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    control = [
+        {"prompt": r["prompt"], "completion": r["answer"]} for r in modular_arithmetic_dataset(200, seed=2, **TASK)
+    ]
+    report = trainer.preflight(sft_control_rows=control)
+    assert report.baselines["start/accuracy"] == 0.0 and report.baselines["sft_control/accuracy"] > 0.1
+    after = trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the policy itself is untouched
+    assert trainer.evaluate()["eval/accuracy"] == 0.0
+    trainer.close()
