@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 
 from grpo_fast.rewards.columns import TrainerState, call_reward
 from grpo_fast.rewards.self_test import info_of
-from grpo_fast.rollout.base import SamplingSpec
 from grpo_fast.trainer.advantages import group_advantages
+from grpo_fast.trainer.rollout_phase import training_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -137,15 +137,7 @@ def difficulty_probe(trainer, prompts: int, samples: int, report: PreflightRepor
     rng = random.Random(cfg.run.seed)
     index = rng.sample(range(len(trainer.train_rows)), min(prompts, len(trainer.train_rows)))
     ids = trainer.prompts.encode_rows(trainer.train_rows, index, cache=False)
-    spec = SamplingSpec(
-        n=samples,
-        max_tokens=cfg.rollout.max_completion_length,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        top_k=cfg.rollout.top_k,
-        stop_token_ids=trainer.stop_ids,
-        seed=cfg.run.seed,
-    )
+    spec = training_sampling(cfg, trainer.stop_ids, samples, cfg.run.seed)
     flat = [c for group in trainer.engine.generate(ids, spec) for c in group]
     rows = [trainer.train_rows[i] for i in index for _ in range(samples)]
     state = TrainerState(global_step=0, max_steps=cfg.run.max_steps)

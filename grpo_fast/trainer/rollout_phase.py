@@ -89,6 +89,20 @@ class PromptEncoder:
         return out
 
 
+def training_sampling(config: TrainConfig, stop_ids: tuple[int, ...], n: int, seed: int) -> SamplingSpec:
+    """The run's sampling settings (the `rollout` section) for n completions per prompt."""
+    r = config.rollout
+    return SamplingSpec(
+        n=n,
+        max_tokens=r.max_completion_length,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        stop_token_ids=stop_ids,
+        seed=seed,
+    )
+
+
 def stop_token_ids(tokenizer, stop: list[str]) -> tuple[int, ...]:
     """EOS and the single-token stop strings of rollout.stop."""
     ids = {tokenizer.eos_token_id} - {None}
@@ -172,15 +186,8 @@ class RolloutPhase:
         chunk = max(1, -(-len(index) // cfg.reward.overlap_chunks))
         flat, pending = [], []
         for start in range(0, len(index), chunk):
-            spec = SamplingSpec(
-                n=n,
-                max_tokens=cfg.rollout.max_completion_length,
-                temperature=cfg.rollout.temperature,
-                top_p=cfg.rollout.top_p,
-                top_k=cfg.rollout.top_k,
-                stop_token_ids=self.stop_ids,
-                seed=seed + start * n,  # request i of the round keeps seed + i * n however the round is split
-            )
+            # Request i of the round keeps seed + i * n however the round is split.
+            spec = training_sampling(cfg, self.stop_ids, n, seed + start * n)
             t0 = time.perf_counter()
             part = [c for group in engine.generate(prompt_ids[start : start + chunk], spec) for c in group]
             times["generate"] += time.perf_counter() - t0
