@@ -84,14 +84,15 @@ class RewardSet:
         failure_reward: float | None = None,
         max_completion_length: int | None = None,
     ) -> None:
-        self.funcs, self.in_process = [], []
+        self.funcs, self.in_process, unpicklable = [], [], []
         for spec in specs:
             in_process = isinstance(spec, Mapping) and bool(spec.get("in_process", False))
             if isinstance(spec, Mapping):
                 spec = {k: v for k, v in spec.items() if k != "in_process"}
             fn = _with_max_completion_length(reward_from_spec(spec), max_completion_length)
             self.funcs.append(fn)
-            self.in_process.append(in_process or workers == 0 or not _picklable(fn))
+            unpicklable.append(bool(workers) and not in_process and not _picklable(fn))
+            self.in_process.append(in_process or workers == 0 or unpicklable[-1])
         self.weights = list(weights) if weights is not None else [1.0] * len(self.funcs)
         if len(self.weights) != len(self.funcs):
             raise ValueError(f"reward.weights: {len(self.weights)} weights for {len(self.funcs)} reward functions")
@@ -99,8 +100,8 @@ class RewardSet:
         for fn in self.funcs:
             name = reward_name(fn)
             self.names.append(name if name not in self.names else f"{name}_{len(self.names)}")
-        for name, fn, local in zip(self.names, self.funcs, self.in_process, strict=True):
-            if local and workers and not _picklable(fn):
+        for name, warn in zip(self.names, unpicklable, strict=True):
+            if warn:
                 logger.warning("reward %s cannot be pickled for a worker process: scored in-process", name)
         self._pool_options = dict(workers=workers, timeout=timeout, failure_reward=failure_reward)
         self._pool: RewardPool | None = None
