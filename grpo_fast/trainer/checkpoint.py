@@ -106,6 +106,11 @@ def _recover_interrupted_resaves(root: Path) -> None:
                 os.replace(p, final)
 
 
+def saved_steps(root: str | Path) -> list[int]:
+    """The steps that have a complete checkpoint under `root`, ascending."""
+    return [int(_STEP_DIR.match(p.name).group(1)) for p in list_checkpoints(root)]
+
+
 def latest_checkpoint(root: str | Path) -> Path | None:
     found = list_checkpoints(root)
     return found[-1] if found else None

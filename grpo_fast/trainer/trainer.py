@@ -212,7 +212,7 @@ class GRPOTrainer:
         cfg = self.config.health
         alarms = self.health.observe(self.step, metrics)
         if "eval/accuracy" in metrics:
-            saved = [int(p.name.split("-")[1]) for p in ckpt.list_checkpoints(self.output_dir / "checkpoints")]
+            saved = ckpt.saved_steps(self.output_dir / "checkpoints")
             alarms += self.health.observe_eval(self.step, metrics["eval/accuracy"], saved)
         for alarm in alarms:
             metrics[f"health/{alarm.name}"] = 1.0
