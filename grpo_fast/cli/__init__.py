@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-COMMAND_MODULES = ("train", "check", "demo", "bench")
+COMMAND_MODULES = ("train", "check", "demo", "bench", "sample", "filter", "pipeline", "sft")
 
 
 def build_parser() -> argparse.ArgumentParser:

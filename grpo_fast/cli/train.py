@@ -9,11 +9,12 @@ import json
 import os
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """--config, --set and --print-config (shared with `grpo-fast check`)."""
-    parser.add_argument(
-        "--config", help="YAML file with the TrainConfig tree (model, data, reward, rollout, loss, grpo, ...)"
-    )
+def add_config_arguments(
+    parser: argparse.ArgumentParser,
+    config_help: str = "YAML file with the TrainConfig tree (model, data, reward, rollout, loss, grpo, ...)",
+) -> None:
+    """--config, --set and --print-config (shared with the other commands that read a config tree)."""
+    parser.add_argument("--config", help=config_help)
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -33,21 +34,36 @@ def register(subparsers) -> None:
     p.set_defaults(func=_train, command_name="train")
 
 
-def build_trainer(args: argparse.Namespace):
-    """(config, trainer) from the command line, or None after --print-config."""
+def load_cli_config(args: argparse.Namespace, extra_overrides: list[str] = ()):
+    """The TrainConfig of --config and --set (then `extra_overrides`), or None after --print-config; an
+    invalid config exits with the message."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from grpo_fast.trainer.config import load_config
 
-    overrides = list(args.overrides) + (["run.resume=true"] if getattr(args, "resume", False) else [])
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(args.config, [*args.overrides, *extra_overrides])
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"grpo-fast {args.command_name}: invalid config: {exc}") from None
     if args.print_config:
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return None
+    return cfg
+
+
+def build_trainer(args: argparse.Namespace):
+    """(config, trainer) from the command line, or None after --print-config."""
+    cfg = load_cli_config(args, ["run.resume=true"] if getattr(args, "resume", False) else [])
+    if cfg is None:
+        return None
     if not cfg.model.path:
         raise SystemExit(f"grpo-fast {args.command_name}: model.path is required")
+    return cfg, trainer_from_config(cfg)
+
+
+def trainer_from_config(cfg):
+    """A GRPOTrainer for the model, datasets and rewards `cfg` names."""
+    if not cfg.model.path:
+        raise ValueError("model.path: required (the policy to train)")
     from grpo_fast.data.loading import load_prompt_dataset
     from grpo_fast.trainer.trainer import GRPOTrainer
 
@@ -57,7 +73,7 @@ def build_trainer(args: argparse.Namespace):
         evals = load_prompt_dataset(
             cfg.data.eval_source, prompt_column=cfg.data.prompt_column, **cfg.data.eval_task_kwargs
         )
-    return cfg, GRPOTrainer(cfg.model.path, cfg.reward.funcs, train, config=cfg, eval_dataset=evals)
+    return GRPOTrainer(cfg.model.path, cfg.reward.funcs, train, config=cfg, eval_dataset=evals)
 
 
 def run_checks(cfg, trainer) -> None:

@@ -31,9 +31,11 @@ def modular_arithmetic_dataset(
     ops: str = "+",
     exclude: set[str] | None = None,
     fixed_b: int | None = None,
+    min_operand: int = 0,
 ) -> list[dict]:
-    """`n` rows of "(a op b)%m=" with answer str((a op b) mod m); a, b uniform in [0, max_operand) (b fixed to
-    `fixed_b` when given). Prompts in `exclude` are skipped (keeps held-out prompts out of training)."""
+    """`n` rows of "(a op b)%m=" with answer str((a op b) mod m); a, b uniform in [min_operand, max_operand)
+    (b fixed to `fixed_b` when given). Prompts in `exclude` are skipped (keeps held-out prompts out of
+    training); disjoint operand ranges do the same from a config file."""
     rng = random.Random(seed)
     rows, seen = [], set(exclude or ())
     attempts = 0
@@ -41,7 +43,7 @@ def modular_arithmetic_dataset(
         attempts += 1
         if attempts > 100 * n + 1000:
             raise ValueError("modular_arithmetic_dataset: prompt space too small for n distinct prompts")
-        a, b, op = rng.randrange(max_operand), rng.randrange(max_operand), rng.choice(ops)
+        a, b, op = rng.randrange(min_operand, max_operand), rng.randrange(min_operand, max_operand), rng.choice(ops)
         b = b if fixed_b is None else fixed_b
         prompt = f"({a}{op}{b})%{modulus}="
         if prompt in seen:

@@ -75,6 +75,17 @@ def build_tiny_model(tokenizer, spec: TinyModelSpec | None = None, seed: int = 0
     return model
 
 
+def build_tiny_reward_model(tokenizer, spec: TinyModelSpec | None = None, seed: int = 0):
+    """Random-init `Qwen2ForSequenceClassification` with one output (a scalar reward), the tiny policy's
+    shape. Untrained: it exercises the reward-model plumbing of local runs, it knows no preferences."""
+    from transformers import Qwen2ForSequenceClassification
+
+    config = build_tiny_model(tokenizer, spec, seed).config
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    return Qwen2ForSequenceClassification(config)
+
+
 def save_tiny(model, tokenizer, path: str | Path) -> Path:
     """Write model (safetensors) + tokenizer as a Hugging Face directory; returns the path."""
     path = Path(path)

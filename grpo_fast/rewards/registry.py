@@ -33,6 +33,7 @@ REWARD_FUNCTIONS = Registry(
         "language_consistency": "grpo_fast.rewards.language:language_consistency",
         "exact_match": "grpo_fast.data.tasks:exact_match_reward",
         "countdown": "grpo_fast.data.tasks:countdown_reward",
+        "reward_model": "grpo_fast.rewards.reward_model:reward_model",
     },
 )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grpo_fast.rewards.columns import RewardFunc
+from grpo_fast.rewards.routing import unrouted
 
 KINDS = ("accuracy", "format", "length", "other")
 
@@ -54,7 +55,9 @@ def describe(
 
 
 def info_of(fn: RewardFunc) -> tuple[RewardInfo | None, dict[str, Any]]:
-    """(RewardInfo of `fn` or of the function a functools.partial wraps, the partial's bound options)."""
+    """(RewardInfo of `fn` or of the function a functools.partial wraps, the partial's bound options); a
+    routed function (a spec's `when`) is described by the function it routes."""
+    fn = unrouted(fn)
     options = dict(getattr(fn, "keywords", None) or {})
     inner = getattr(fn, "func", fn)
     info = getattr(inner, "reward_info", None) or BUILTIN_INFO.get(getattr(inner, "__name__", ""))
@@ -162,4 +165,7 @@ BUILTIN_INFO: dict[str, RewardInfo] = {
             Sample("code instead of arithmetic", "__import__('os')", {"numbers": [1, 2, 3], "target": 6}, False),
         ),
     ),
+    # A learned reward model pays for what its training data preferred, not for a verified answer; no model is
+    # bundled, so it ships no samples (preflight says so), and its logits are unbounded (preflight warns).
+    "reward_model": RewardInfo("other", _fixed(-math.inf, math.inf)),
 }

@@ -7,6 +7,7 @@ defaults are documented once, there), grpo (the algorithm around the loss), opti
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -51,7 +52,8 @@ class DataConfig:
 class RewardConfig:
     """funcs: reward specs of grpo_fast.rewards.registry: names ("math_accuracy", "exact_match" ...),
     {name: ..., <option>: value} mappings (`in_process: true` scores that function in the trainer's
-    process), or "package.module:function"; weights: one per function (default all 1).
+    process; `when: {column: value or [values]}` scores only the rows that match), or
+    "package.module:function"; weights: one per function (default all 1).
     workers: processes of the reward pool (0 scores everything in-process); timeout: seconds one
     completion may take in one function before it costs its reward (failure_reward, None = skipped).
     overlap_chunks: each generation round is split into this many chunks, the pool scoring one chunk
@@ -173,6 +175,40 @@ class HealthConfig(HealthThresholds):
 
 
 @dataclass
+class SampleConfig:
+    """`grpo-fast sample` (grpo_fast.curate.sampling): samples_per_prompt completions of each of the first
+    max_prompts rows (None: all) at the rollout section's sampling settings, generated and committed
+    chunk_prompts at a time (a killed run resumes at the first unfinished chunk). The SFT set keeps the
+    verified-correct completions by grpo_fast.curate.rejection's rules: at most max_per_prompt (0: all),
+    prefer_shortest, dedupe, drop_truncated, and with `language` set only reasoning whose share in that
+    language is at least min_language_share."""
+
+    output_dir: str = "runs/sample"
+    samples_per_prompt: int = 8
+    max_prompts: int | None = None
+    chunk_prompts: int = 64
+    max_per_prompt: int = 1
+    prefer_shortest: bool = True
+    dedupe: bool = True
+    drop_truncated: bool = True
+    language: str | None = None
+    min_language_share: float = 0.95
+
+
+@dataclass
+class CurriculumConfig:
+    """The online pass-rate curriculum (grpo_fast.trainer.curriculum): before step 0 and every `every`
+    steps (0 disables), samples completions of the training prompts (at most max_prompts of them, drawn at
+    random; None: all) and trains only on the prompts whose pass rate lies in [low, high]."""
+
+    every: int = 0
+    low: float = 0.1
+    high: float = 0.9
+    samples: int = 8
+    max_prompts: int | None = None
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -184,6 +220,8 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     check: CheckConfig = field(default_factory=CheckConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -222,18 +260,15 @@ _POSITIVE = (
     "run.prompts_per_step",
     "run.micro_batch_size",
     "optim.lr",
+    "sample.samples_per_prompt",
+    "sample.chunk_prompts",
+    "curriculum.samples",
 )
 
 
 def validate(cfg: TrainConfig) -> None:
     """Raises ValueError naming the key for a bad value (types are checked by `from_dict`)."""
-    for key, choices in _CHOICES.items():
-        value = _get(cfg, key)
-        if str(value).lower() not in choices:
-            raise ValueError(f"{key}: expected one of {choices}, got {value!r}")
-    for key in _POSITIVE:
-        if not _get(cfg, key) > 0:
-            raise ValueError(f"{key}: expected a positive value, got {_get(cfg, key)!r}")
+    check_fields(cfg, _CHOICES, _POSITIVE)
     engine = cfg.rollout.engine
     if engine != "auto" and engine not in ROLLOUT_ENGINES and ":" not in engine:
         raise ValueError(
@@ -266,6 +301,29 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"reward.workers: expected >= 0, got {cfg.reward.workers}")
     if cfg.grpo.is_cap <= 0:
         raise ValueError("grpo.is_cap: expected > 0")
+    for section in ("sample", "curriculum"):
+        limit = _get(cfg, f"{section}.max_prompts")
+        if limit is not None and limit < 1:
+            raise ValueError(f"{section}.max_prompts: expected a positive count or null, got {limit!r}")
+    if not 0.0 <= cfg.curriculum.low <= cfg.curriculum.high <= 1.0:
+        raise ValueError(
+            f"curriculum.low/high: expected 0 <= low <= high <= 1, got {cfg.curriculum.low}, {cfg.curriculum.high}"
+        )
+    if cfg.curriculum.every < 0:
+        raise ValueError(f"curriculum.every: expected >= 0 (0 disables), got {cfg.curriculum.every}")
+
+
+def check_fields(cfg, choices: dict[str, tuple[str, ...]], positive: tuple[str, ...]) -> None:
+    """Raises ValueError naming the key of the first value outside its `choices` (dotted key -> allowed
+    strings, compared lower-case) or not > 0 among the dotted keys `positive` (None passes: unset)."""
+    for key, allowed in choices.items():
+        value = _get(cfg, key)
+        if str(value).lower() not in allowed:
+            raise ValueError(f"{key}: expected one of {allowed}, got {value!r}")
+    for key in positive:
+        value = _get(cfg, key)
+        if value is not None and not value > 0:
+            raise ValueError(f"{key}: expected a positive value, got {value!r}")
 
 
 def _get(cfg, dotted: str):
@@ -344,9 +402,17 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+def load_tree(cls: type, source: str | Path | dict | None = None, overrides: list[str] | None = None):
+    """A config dataclass tree `cls` from a YAML file or a nested dict (copied, not modified), then
+    `--set key=value` overrides."""
     data: dict = {}
-    if path is not None:
-        with open(path) as f:
+    if isinstance(source, dict):
+        data = copy.deepcopy(source)
+    elif source is not None:
+        with open(source) as f:
             data = yaml.safe_load(f) or {}
-    return from_dict(apply_overrides(data, overrides or []))
+    return from_dict(apply_overrides(data, overrides or []), cls)
+
+
+def load_config(path: str | Path | dict | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    return load_tree(TrainConfig, path, overrides)

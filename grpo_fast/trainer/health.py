@@ -161,15 +161,15 @@ class HealthMonitor:
         return None
 
     def _reward_hacking(self, step: int) -> Alarm | None:
+        """One alarm with every piece of evidence that holds (the train/held-out gap, the verifiers that part)."""
+        evidence = []
         reward = self._windows("reward/mean")
         if reward is not None and reward[1] - reward[0] >= self.t.reward_rise and len(self.evals) >= 2:
             (_, before), (_, after) = self.evals[-2:]
             if after <= before:
-                return Alarm(
-                    step,
-                    "reward_hacking",
+                evidence.append(
                     f"train reward {reward[0]:.3f} -> {reward[1]:.3f} while held-out accuracy {before:.3f} -> "
-                    f"{after:.3f}",
+                    f"{after:.3f}"
                 )
         changes = {}
         for name in self.reward_names:
@@ -180,8 +180,8 @@ class HealthMonitor:
         falling = [n for n, d in changes.items() if d <= -self.t.reward_rise]
         if rising and falling:
             detail = ", ".join(f"{n} {changes[n]:+.3f}" for n in rising + falling)
-            return Alarm(step, "reward_hacking", f"one verifier rises while another falls: {detail}")
-        return None
+            evidence.append(f"one verifier rises while another falls: {detail}")
+        return Alarm(step, "reward_hacking", "; ".join(evidence)) if evidence else None
 
     def _off_policy_drift(self, step: int) -> Alarm | None:
         recent = self.history[-self.t.window :]

@@ -12,8 +12,9 @@ PANELS = (
 )
 
 
-def save_plots(history: list[dict], output_dir: str | Path) -> list[Path]:
-    """One PNG per panel plus `training_curves.png` with all four; returns the paths written."""
+def save_plots(history: list[dict], output_dir: str | Path, panels: tuple[tuple[str, str], ...] = PANELS) -> list[Path]:
+    """One PNG per (metric key, title) panel plus `training_curves.png` with all of them, two per row;
+    returns the paths written."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,8 +23,11 @@ def save_plots(history: list[dict], output_dir: str | Path) -> list[Path]:
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for ax_all, (key, title) in zip(axes.flat, PANELS, strict=True):
+    rows = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(10, 3.5 * rows), squeeze=False)
+    for ax_all in axes.flat[len(panels) :]:
+        ax_all.set_visible(False)
+    for ax_all, (key, title) in zip(axes.flat, panels, strict=False):
         pts = [(r["step"], r[key]) for r in history if r.get(key) is not None]
         for ax in (ax_all, None):
             single = None

@@ -21,7 +21,11 @@ import math
 import random
 from dataclasses import asdict, dataclass, field
 
+import torch
+
+from grpo_fast.curate.pass_rates import sample_prompts
 from grpo_fast.rewards.columns import TrainerState, call_reward
+from grpo_fast.rewards.routing import unrouted
 from grpo_fast.rewards.self_test import info_of
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.rollout_phase import training_sampling
@@ -80,6 +84,7 @@ def verifier_self_test(rewards, report: PreflightReport) -> None:
     """Score every function's samples in this process (code still runs in its sandbox)."""
     state = TrainerState(global_step=0, max_steps=0)
     for fn, name in zip(rewards.funcs, rewards.names, strict=True):
+        fn = unrouted(fn)  # the samples test the verifier, not the rows its `when` routes to it
         info, _ = info_of(fn)
         if info is None or not info.samples:
             report.warnings.append(f"reward {name} has no self-test samples (grpo_fast.rewards.self_test.describe)")
@@ -138,13 +143,10 @@ def difficulty_probe(trainer, prompts: int, samples: int, report: PreflightRepor
     index = rng.sample(range(len(trainer.train_rows)), min(prompts, len(trainer.train_rows)))
     ids = trainer.prompts.encode_rows(trainer.train_rows, index, cache=False)
     spec = training_sampling(cfg, trainer.stop_ids, samples, cfg.run.seed)
-    flat = [c for group in trainer.engine.generate(ids, spec) for c in group]
-    rows = [trainer.train_rows[i] for i in index for _ in range(samples)]
     state = TrainerState(global_step=0, max_steps=cfg.run.max_steps)
-    scored = trainer.rewards.submit(rows, [c.text for c in flat], [c.token_ids for c in flat], state).result()
-    rewards = trainer.rewards.combine(scored.per_func)
-    passed = (rewards >= trainer.rewards.full_reward - 1e-6).float().view(len(index), samples).mean(1)
-    _, zero_var = group_advantages(rewards, samples, "none")
+    results = sample_prompts(trainer.engine, ids, trainer.train_rows, index, trainer.rewards, spec, state)
+    passed = torch.tensor([r.pass_rate for r in results])
+    _, zero_var = group_advantages(torch.cat([r.rewards for r in results]), samples, "none")
     report.difficulty = {
         "prompts": len(index),
         "samples": samples,

@@ -156,7 +156,8 @@ class RolloutPhase:
         kept = (kept + spare)[:want]
         generated_rewards = torch.cat(rewards_all)
         _, zero_var = group_advantages(generated_rewards, g, "none")
-        unsolved = ~(generated_rewards.view(-1, g) >= self.rewards.full_reward - 1e-6).all(dim=1)
+        full = self.rewards.full_rewards([self.rows[i] for i in generated_rows])
+        unsolved = ~(generated_rewards.view(-1, g) >= full.view(-1, g) - 1e-6).all(dim=1)
         return RolloutBatch(
             prompt_ids=[p for p, _, _ in kept for _ in range(g)],
             completions=[c for _, cs, _ in kept for c in cs],

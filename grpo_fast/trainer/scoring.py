@@ -11,6 +11,9 @@ Where a function runs: in the run's `RewardPool` (worker processes with a per-co
 verifier that hangs, crashes or raises costs that completion's reward, counted in the step's
 `reward/<name>/failures`), unless its spec says `in_process: true` (cheap functions, no isolation) or
 it cannot be pickled for a worker (a lambda or closure: scored in-process, with a warning).
+
+A spec's `when: {column: value or [values]}` routes its function to the rows whose columns match
+(grpo_fast.rewards.routing): the other rows get None from it, and `full_rewards` leaves it out of their bar.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name
 from grpo_fast.rewards.pool import RewardPool, Scores
 from grpo_fast.rewards.registry import reward_from_spec
+from grpo_fast.rewards.routing import RoutedReward
 from grpo_fast.trainer.advantages import combine_rewards
 
 logger = logging.getLogger(__name__)
@@ -87,9 +91,12 @@ class RewardSet:
         self.funcs, self.in_process, unpicklable = [], [], []
         for spec in specs:
             in_process = isinstance(spec, Mapping) and bool(spec.get("in_process", False))
+            when = spec.get("when") if isinstance(spec, Mapping) else None
             if isinstance(spec, Mapping):
-                spec = {k: v for k, v in spec.items() if k != "in_process"}
+                spec = {k: v for k, v in spec.items() if k not in ("in_process", "when")}
             fn = _with_max_completion_length(reward_from_spec(spec), max_completion_length)
+            if when is not None:
+                fn = RoutedReward(fn, when)
             self.funcs.append(fn)
             unpicklable.append(bool(workers) and not in_process and not _picklable(fn))
             self.in_process.append(in_process or workers == 0 or unpicklable[-1])
@@ -106,10 +113,13 @@ class RewardSet:
         self._pool_options = dict(workers=workers, timeout=timeout, failure_reward=failure_reward)
         self._pool: RewardPool | None = None
 
-    @property
-    def full_reward(self) -> float:
-        """The combined reward of a completion every function scores 1."""
-        return float(sum(self.weights))
+    def full_rewards(self, rows: list[dict]) -> torch.Tensor:
+        """[N] the combined reward of a completion of rows[i] that every function applying to that row scores 1
+        (the sum of their weights; a function routed away from the row by its `when` does not count): the
+        bar a completion must reach to count as solved."""
+        applies = [[not isinstance(fn, RoutedReward) or fn.matches(row) for fn in self.funcs] for row in rows]
+        weights = torch.tensor(self.weights, dtype=torch.float32)
+        return torch.tensor(applies, dtype=torch.float32).reshape(len(rows), len(self.funcs)) @ weights
 
     def submit(
         self, rows: list[dict], texts: list[str], completion_ids: list[list[int]], state: TrainerState

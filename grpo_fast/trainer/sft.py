@@ -1,12 +1,15 @@
 """Cold-start supervised fine-tuning on (prompt, completion) pairs — the R1 recipe's first stage, which
-seeds the output format before RL. The loss is the mean negative logprob of the completion tokens from
-`fused_logprobs` (no full logits)."""
+seeds the output format before RL — in memory, for the demo and the preflight's SFT control. Each step runs
+through grpo_fast.sft's trainer (the `grpo-fast sft` path): the loss is the mean negative logprob of the
+completion tokens from `fused_logprobs` (no full logits)."""
 
 from __future__ import annotations
 
 import torch
 
-from grpo_fast.trainer.policy import build_sequence_batch, completion_logprobs
+from grpo_fast.sft.config import SFTConfig, SFTDataConfig, SFTRunConfig
+from grpo_fast.sft.trainer import SFTTrainer
+from grpo_fast.trainer.config import OptimConfig
 
 
 def sft_train(
@@ -19,28 +22,22 @@ def sft_train(
     seed: int = 0,
     add_eos: bool = True,
 ) -> list[float]:
-    """Trains `model` in place for `steps` AdamW steps on random mini-batches of `pairs`; returns losses."""
+    """Trains `model` in place for `steps` AdamW steps, each on `batch_size` pairs drawn at random with
+    replacement (a generator seeded with `seed`; one padded micro-batch, no truncation); returns the losses.
+    Unlike `grpo-fast sft`'s epochs, the draw keeps the noisy demo teacher's SFT loose enough that greedy
+    decoding starts partly right (the demo and the health tests are calibrated on it)."""
     if steps <= 0 or not pairs:
         return []
-    device = next(model.parameters()).device
+    config = SFTConfig(
+        data=SFTDataConfig(max_length=None, packing=False, add_eos=add_eos),
+        optim=OptimConfig(lr=lr),
+        run=SFTRunConfig(max_steps=steps, micro_batch_tokens=None, micro_batch_size=batch_size, seed=seed),
+    )
+    trainer = SFTTrainer(config, model, tokenizer, dataset=[{"prompt": p, "completion": c} for p, c in pairs])
     g = torch.Generator().manual_seed(seed)
-    enc_p = [tokenizer(p)["input_ids"] for p, _ in pairs]
-    eos = [tokenizer.eos_token_id] if add_eos else []
-    enc_c = [tokenizer(c, add_special_tokens=False)["input_ids"] + eos for _, c in pairs]
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
-    model.train()
     losses = []
     for _ in range(steps):
-        idx = torch.randint(len(pairs), (batch_size,), generator=g).tolist()
-        batch = build_sequence_batch([enc_p[i] for i in idx], [enc_c[i] for i in idx], tokenizer.pad_token_id)
-        batch = batch.to(device)
-        lp = completion_logprobs(model, batch)
-        mask = batch.completion_mask.float()
-        loss = -(lp * mask).sum() / mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-    opt.zero_grad(set_to_none=True)
+        draw = torch.randint(len(trainer.examples), (batch_size,), generator=g).tolist()
+        losses.append(trainer.train_step([[[i] for i in draw]])["loss"])
+    trainer.optimizer.zero_grad(set_to_none=True)
     return losses

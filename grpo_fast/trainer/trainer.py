@@ -10,7 +10,6 @@ held-out evaluation, checkpoints and metrics.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections import defaultdict
@@ -26,11 +25,13 @@ from grpo_fast.rollout.weight_sync import trainer_weights
 from grpo_fast.trainer import checkpoint as ckpt
 from grpo_fast.trainer.audit import AuditTrail
 from grpo_fast.trainer.config import TrainConfig
+from grpo_fast.trainer.curriculum import PassRateCurriculum
 from grpo_fast.trainer.data_sampler import PromptSampler
 from grpo_fast.trainer.health import HealthMonitor
 from grpo_fast.trainer.loss_step import LossStep
 from grpo_fast.trainer.metrics import MetricsLogger, step_metrics
 from grpo_fast.trainer.offload import TrainerStateOffloader, memory_snapshot
+from grpo_fast.trainer.optim import build_optimizer, build_scheduler
 from grpo_fast.trainer.preflight import PreflightReport, run_preflight
 from grpo_fast.trainer.report import write_report
 from grpo_fast.trainer.rollout_phase import PromptEncoder, RolloutPhase, stop_token_ids
@@ -68,7 +69,9 @@ class GRPOTrainer:
         engine: RolloutEngine | None = None,
         callbacks: Sequence[Callable] = (),
     ) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from grpo_fast.data.tokenizer import load_tokenizer
 
         self.config = cfg = config or TrainConfig()
         set_seed(cfg.run.seed)
@@ -81,8 +84,8 @@ class GRPOTrainer:
             if torch.cuda.is_available():
                 model = model.cuda()
         self.model = model
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(cfg.model.path or model.name_or_path)
-        if self.tokenizer.pad_token_id is None:
+        self.tokenizer = tokenizer or load_tokenizer(cfg.model.path or model.name_or_path)
+        if self.tokenizer.pad_token_id is None:  # a tokenizer passed in
             self.tokenizer.pad_token = self.tokenizer.eos_token
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         self.rewards = RewardSet(
@@ -105,18 +108,12 @@ class GRPOTrainer:
         if cfg.model.gradient_checkpointing:
             model.config.use_cache = False
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=cfg.optim.lr,
-            betas=(cfg.optim.beta1, cfg.optim.beta2),
-            eps=cfg.optim.eps,
-            weight_decay=cfg.optim.weight_decay,
-        )
-        total = cfg.run.max_steps * cfg.grpo.num_iterations
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(cfg.optim, total))
+        self.optimizer = build_optimizer(model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.run.max_steps * cfg.grpo.num_iterations)
         self.loss_step = LossStep(cfg, model, self.optimizer, self.scheduler, self.tokenizer.pad_token_id)
         self.offloader = TrainerStateOffloader(model, self.optimizer, cfg.run.offload_optimizer, cfg.run.offload_params)
         self.sampler = PromptSampler(len(self.train_rows), cfg.run.seed)
+        self.curriculum = PassRateCurriculum(cfg.curriculum, len(self.train_rows), cfg.run.seed)
         self.prompts = PromptEncoder(self.tokenizer, cfg.data)
         self.stop_ids = stop_token_ids(self.tokenizer, cfg.rollout.stop)
         self.rollout = RolloutPhase(cfg, self.train_rows, self.prompts, self.rewards, self.sampler, self.stop_ids)
@@ -176,7 +173,7 @@ class GRPOTrainer:
 
     def evaluate(self) -> dict:
         """Held-out accuracy with greedy decoding: fraction of prompts whose reward reaches the maximum
-        (every weighted reward function at 1), and the mean reward."""
+        (every weighted reward function that applies to the row at 1), and the mean reward."""
         if not self.eval_rows:
             return {}
         self._ensure_engine()
@@ -195,7 +192,7 @@ class GRPOTrainer:
         rewards = self.rewards.combine(scored.result().per_func)
         self.timers["eval"] += time.perf_counter() - t0
         return {
-            "eval/accuracy": float((rewards >= self.rewards.full_reward - 1e-6).float().mean()),
+            "eval/accuracy": float((rewards >= self.rewards.full_rewards(self.eval_rows) - 1e-6).float().mean()),
             "eval/reward_mean": float(torch.nan_to_num(rewards, nan=0.0).mean()),
         }
 
@@ -229,6 +226,7 @@ class GRPOTrainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
+            "curriculum": self.curriculum.state_dict(),
             "timers": dict(self.timers),
             "config": self.config.to_dict(),
         }
@@ -249,6 +247,7 @@ class GRPOTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
+        self.curriculum.load_state_dict(state.get("curriculum", {"pass_rates": {}}))
         self.step = state["step"]
         self.timers.update(state.get("timers", {}))
         ckpt.set_rng_state(state["rng"])
@@ -320,6 +319,8 @@ class GRPOTrainer:
     def training_step(self) -> dict:
         t_step = time.perf_counter()
         mem = memory_snapshot("generate")
+        curriculum = self.curriculum.update(self, self.step) if self.curriculum.due(self.step) else {}
+        self.timers["curriculum"] += curriculum.get("time/curriculum", 0.0)
         rollout = self.last_rollout = self.rollout.collect(self.engine, self.step)
         self.engine.sleep()
         self.offloader.reload()
@@ -337,6 +338,7 @@ class GRPOTrainer:
         times = {"train": t_train, "sync": sync["time/sync"], "step": time.perf_counter() - t_step}
         out = step_metrics(rollout, self.rewards.names, times)
         out.update(stats)
+        out.update(curriculum)
         out.update(mem)
         out["sync/bytes"] = sync.get("sync/bytes", 0.0)
         out["tokens_per_second/train"] = stats["train_tokens"] / max(t_train, 1e-9)
@@ -352,22 +354,6 @@ def _as_rows(dataset) -> list[dict]:
     if rows and "prompt" not in rows[0]:
         raise ValueError(f"dataset rows need a 'prompt' column (got {sorted(rows[0])})")
     return rows
-
-
-def _lr_lambda(optim, total_steps: int):
-    warmup = optim.warmup_steps
-
-    def fn(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if optim.lr_scheduler == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        if optim.lr_scheduler == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return fn
 
 
 def _progress(total: int, initial: int, enabled: bool):

@@ -1,0 +1,34 @@
+"""`grpo-fast pipeline --config r1.yaml`: the R1 recipe's stages chained (grpo_fast.pipeline); started
+again, it skips the finished stages and resumes the interrupted one."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("pipeline", help="chained stages: cold-start SFT -> RL -> sample -> SFT -> RL (+RM)")
+    p.add_argument("--config", required=True, help="pipeline YAML: output_dir and a list of stages")
+    p.add_argument("--output-dir", help="override the config's output_dir")
+    p.set_defaults(func=_pipeline)
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from grpo_fast.pipeline import load_pipeline_config, run_pipeline
+    from grpo_fast.pipeline.runner import summary_table
+
+    try:
+        config = load_pipeline_config(args.config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"grpo-fast pipeline: invalid config: {exc}") from None
+    if args.output_dir:
+        config.output_dir = args.output_dir
+    try:
+        table = run_pipeline(config)
+    except ValueError as exc:
+        raise SystemExit(f"grpo-fast pipeline: {exc}") from None
+    print(summary_table(table))
+    return 0

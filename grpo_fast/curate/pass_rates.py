@@ -1,0 +1,62 @@
+"""K sampled completions per prompt, scored by a run's reward functions: the per-prompt pass rate that
+rejection sampling, pass-rate filtering, the online curriculum and the pre-flight difficulty probe read.
+
+A completion is *correct* when its combined reward reaches the full reward of its row (every reward
+function that applies to the row scores it 1, weighted): the verifiers agree it solved the task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_fast.rewards.columns import TrainerState
+from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+
+CORRECT_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class PromptSamples:
+    """The K completions of one prompt. row: index of the dataset row; per_func [K, F] rewards of each
+    function (NaN: not scored); rewards [K] combined; correct [K] bool."""
+
+    row: int
+    completions: list[Completion]
+    per_func: torch.Tensor
+    rewards: torch.Tensor
+    correct: torch.Tensor
+
+    @property
+    def pass_rate(self) -> float:
+        return float(self.correct.float().mean())
+
+
+def sample_prompts(
+    engine: RolloutEngine,
+    prompt_ids: list[list[int]],
+    rows: list[dict],
+    index: list[int],
+    rewards,
+    sampling: SamplingSpec,
+    state: TrainerState,
+) -> list[PromptSamples]:
+    """`sampling.n` completions for each rows[i], i in `index` (prompt_ids[j] encodes rows[index[j]]), scored
+    by the RewardSet `rewards`; one PromptSamples per prompt, in `index` order."""
+    k = sampling.n
+    flat = [c for group in engine.generate(prompt_ids, sampling) for c in group]
+    flat_rows = [rows[i] for i in index for _ in range(k)]
+    scored = rewards.submit(flat_rows, [c.text for c in flat], [c.token_ids for c in flat], state).result()
+    combined = rewards.combine(scored.per_func)
+    correct = combined >= rewards.full_rewards(flat_rows) - CORRECT_TOLERANCE  # NaN (unscored) is not correct
+    out = []
+    for j, i in enumerate(index):
+        group = slice(j * k, (j + 1) * k)
+        out.append(PromptSamples(i, flat[group], scored.per_func[group], combined[group], correct[group]))
+    return out
+
+
+def in_band(pass_rate: float, low: float, high: float) -> bool:
+    """low <= pass_rate <= high (inclusive: with K samples the rates are multiples of 1/K)."""
+    return low - 1e-9 <= pass_rate <= high + 1e-9

@@ -1,0 +1,225 @@
+"""`grpo-fast sample`: K completions per prompt from the rollout engine, scored by the run's verifiers
+through the reward pool, written as
+
+- `pass_rates.jsonl`: one line per prompt, {"row_index", "pass_rate", "num_samples", "row"} (the input of
+  `grpo-fast filter`);
+- `sft.jsonl`: the rejection-sampled SFT set in TRL's prompt-completion convention, {"prompt",
+  "completion", "reward", "rewards", "row_index"}: only verified-correct completions, chosen by
+  grpo_fast.curate.rejection (chat prompts get a chat completion);
+- `summary.json`.
+
+Resumable: each chunk of `sample.chunk_prompts` prompts is committed to `records.jsonl` (see journal.py)
+before the next starts, with seeds that depend only on the prompt's position, so a killed run started
+again continues at the first unfinished chunk and writes what an uninterrupted run writes. Starting
+again with different settings is refused (`overwrite=True` starts over).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from grpo_fast.curate.journal import append_chunk, dumps, read_complete_chunks, write_atomic
+from grpo_fast.curate.pass_rates import PromptSamples, sample_prompts
+from grpo_fast.curate.rejection import SelectionRules, select_completions
+from grpo_fast.rewards.columns import TrainerState
+
+logger = logging.getLogger(__name__)
+
+JOURNAL, SETTINGS = "records.jsonl", "sample_settings.json"
+
+
+def selection_rules(sample_config) -> SelectionRules:
+    s = sample_config
+    try:
+        return SelectionRules(
+            s.max_per_prompt, s.prefer_shortest, s.dedupe, s.drop_truncated, s.language, s.min_language_share
+        )
+    except ValueError as exc:
+        raise ValueError(f"sample.{exc}") from None
+
+
+def run_sampling(config, rows: list[dict], *, tokenizer=None, model=None, engine=None, overwrite: bool = False) -> dict:
+    """Samples and scores config.sample.samples_per_prompt completions of each of `rows` (the first
+    sample.max_prompts) into config.sample.output_dir; returns the summary. model / tokenizer / engine:
+    reuse existing ones (loaded from model.path otherwise)."""
+    from grpo_fast.trainer.rollout_phase import PromptEncoder, stop_token_ids, training_sampling
+    from grpo_fast.trainer.scoring import RewardSet
+
+    s = config.sample
+    rules = selection_rules(s)
+    out = Path(s.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_settings(out, config, len(rows), overwrite)
+    rows = rows[: s.max_prompts] if s.max_prompts else rows
+    n_chunks = -(-len(rows) // s.chunk_prompts)
+    chunk_size = lambda c: min(s.chunk_prompts, len(rows) - c * s.chunk_prompts)  # noqa: E731
+    records = read_complete_chunks(out / JOURNAL, chunk_size)
+    done = {r["chunk"] for r in records}
+    if done:
+        logger.info("sample: resuming, %d of %d chunks already done", len(done), n_chunks)
+
+    todo = [c for c in range(n_chunks) if c not in done]
+    owns_engine = False
+    if todo:
+        tokenizer, engine, owns_engine = _rollout(config, tokenizer, model, engine)
+    rewards = RewardSet(
+        config.reward.funcs,
+        config.reward.weights,
+        workers=config.reward.workers,
+        timeout=config.reward.timeout,
+        failure_reward=config.reward.failure_reward,
+        max_completion_length=config.rollout.max_completion_length,
+    )
+    t0 = time.perf_counter()
+    try:
+        if todo:
+            encoder = PromptEncoder(tokenizer, config.data)
+            stops = stop_token_ids(tokenizer, config.rollout.stop)
+            state = TrainerState(global_step=0, max_steps=0)
+            for c in _progress(todo, config.run.progress):
+                index = list(range(c * s.chunk_prompts, c * s.chunk_prompts + chunk_size(c)))
+                k = s.samples_per_prompt
+                # Request i of the whole run has seed base + i * k, however the run was interrupted.
+                spec = training_sampling(config, stops, k, config.run.seed * 1_000_003 + index[0] * k)
+                ids = encoder.encode_rows(rows, index, cache=False)
+                results = sample_prompts(engine, ids, rows, index, rewards, spec, state)
+                chunk = [_record(c, rows[r.row], r, rules, rewards.names) for r in results]
+                append_chunk(out / JOURNAL, chunk)
+                records += chunk
+    finally:
+        rewards.close()
+        if owns_engine:
+            engine.close()
+    summary = _write_outputs(out, sorted(records, key=lambda r: r["row_index"]))
+    summary["seconds_sampling_this_run"] = time.perf_counter() - t0
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def _record(chunk: int, row: dict, result: PromptSamples, rules: SelectionRules, names: list[str]) -> dict:
+    kept = []
+    for j in select_completions(result, rules):
+        completion = result.completions[j]
+        kept.append(
+            {
+                "completion": completion.text,
+                "num_tokens": len(completion.token_ids),
+                "reward": float(result.rewards[j]),
+                "rewards": dict(zip(names, result.per_func[j].tolist(), strict=True)),
+            }
+        )
+    return {
+        "chunk": chunk,
+        "row_index": result.row,
+        "pass_rate": result.pass_rate,
+        "num_samples": len(result.completions),
+        "num_correct": int(result.correct.sum()),
+        "rewards": result.rewards.tolist(),
+        "kept": kept,
+        "row": row,
+    }
+
+
+def _write_outputs(out: Path, records: list[dict]) -> dict:
+    pass_lines, sft_lines = [], []
+    for r in records:
+        pass_lines.append(dumps({k: r[k] for k in ("row_index", "pass_rate", "num_samples", "row")}))
+        prompt = r["row"]["prompt"]
+        for kept in r["kept"]:
+            text = kept["completion"]
+            completion = [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+            sft_lines.append(dumps({"prompt": prompt, "completion": completion, **kept, "row_index": r["row_index"]}))
+    write_atomic(out / "pass_rates.jsonl", "".join(line + "\n" for line in pass_lines))
+    write_atomic(out / "sft.jsonl", "".join(line + "\n" for line in sft_lines))
+    rates = [r["pass_rate"] for r in records]
+    n = max(len(rates), 1)
+    return {
+        "prompts": len(records),
+        "samples": sum(r["num_samples"] for r in records),
+        "correct_samples": sum(r["num_correct"] for r in records),
+        "sft_rows": len(sft_lines),
+        "pass_rate_mean": sum(rates) / n,
+        "frac_always_fail": sum(p == 0 for p in rates) / n,
+        "frac_always_pass": sum(p == 1 for p in rates) / n,
+        "frac_sometimes": sum(0 < p < 1 for p in rates) / n,
+        "pass_rates": str(out / "pass_rates.jsonl"),
+        "sft_data": str(out / "sft.jsonl"),
+    }
+
+
+def _check_settings(out: Path, config, num_rows: int, overwrite: bool) -> None:
+    """Refuses to continue a journal written with other settings (its samples would not be comparable)."""
+    c = config.to_dict()
+    settings = {
+        "model": c["model"]["path"],
+        "data": c["data"],
+        "num_rows": num_rows,
+        "reward": {k: c["reward"][k] for k in ("funcs", "weights", "failure_reward")},
+        "rollout": {
+            k: c["rollout"][k]
+            for k in ("num_generations", "max_completion_length", "temperature", "top_p", "top_k", "stop")
+        },
+        "sample": {k: v for k, v in c["sample"].items() if k != "output_dir"},
+        "seed": c["run"]["seed"],
+    }
+    settings["rollout"].pop("num_generations")  # the sampler uses sample.samples_per_prompt
+    settings["reward"]["funcs"] = [_spec_key(f) for f in settings["reward"]["funcs"]]
+    settings = json.loads(dumps(settings))
+    path = out / SETTINGS
+    if overwrite:
+        for name in (JOURNAL, "pass_rates.jsonl", "sft.jsonl", "summary.json"):
+            (out / name).unlink(missing_ok=True)
+    elif path.exists():
+        saved = json.loads(path.read_text())
+        changed = sorted(k for k in settings.keys() | saved.keys() if settings.get(k) != saved.get(k))
+        if changed:
+            raise ValueError(
+                f"sample.output_dir {out} holds a sampling run with other settings ({', '.join(changed)} differ): "
+                "use another output directory, or overwrite it (--overwrite)"
+            )
+    write_atomic(path, json.dumps(settings, indent=2))
+
+
+def _spec_key(spec):
+    """A reward spec as it can be compared across processes (a callable by its import path)."""
+    if callable(spec):
+        inner = getattr(spec, "func", spec)
+        return f"{getattr(inner, '__module__', '?')}:{getattr(inner, '__qualname__', type(inner).__name__)}"
+    return spec
+
+
+def _rollout(config, tokenizer, model, engine):
+    """(tokenizer, engine, whether we built the engine): loads what was not given from model.path."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_fast.data.tokenizer import load_tokenizer
+    from grpo_fast.rollout.registry import ROLLOUT_ENGINES, create_engine, resolve_engine_name
+
+    if not config.model.path and (tokenizer is None or (engine is None and model is None)):
+        raise ValueError("model.path: required to load the model to sample from")
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.model.path)
+    if engine is not None:
+        return tokenizer, engine, False
+    engine_cls = ROLLOUT_ENGINES.get(resolve_engine_name(config.rollout.engine))
+    if model is None and engine_cls.shares_trainer_model:
+        import torch
+
+        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=getattr(torch, config.model.dtype))
+        if torch.cuda.is_available():
+            model = model.cuda()
+    engine = create_engine(
+        config.rollout.engine, config, model=model, tokenizer=tokenizer, export_model=lambda: config.model.path
+    )
+    return tokenizer, engine, True
+
+
+def _progress(items: list[int], enabled: bool):
+    if not enabled:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc="sample (chunks)", dynamic_ncols=True)

@@ -1,0 +1,88 @@
+"""The pipeline runner: references between stages, the latest model as the default, finished stages
+skipped when started again, skipped stages standing in with their outputs, errors naming the stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpo_fast.pipeline import load_pipeline_config, run_pipeline
+from grpo_fast.pipeline.stages import STAGE_KINDS, StageResult
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CALLS: list[tuple[str, dict, str | None]] = []
+
+
+def record_stage(config: dict, stage_dir, model):
+    """A stage kind for these tests: records its call, outputs a model named after its directory."""
+    CALLS.append((stage_dir.name, config, model))
+    if config.get("fail"):
+        raise ValueError("fail: asked to")
+    return StageResult({"model": f"model-of-{stage_dir.name}", "data": f"data-of-{stage_dir.name}"}, {"n": 1.5})
+
+
+STAGE_KINDS.register("record_test_only", record_stage)
+
+
+def _config(tmp_path, stages):
+    return load_pipeline_config({"output_dir": str(tmp_path / "run"), "stages": stages})
+
+
+def test_references_defaults_and_restart(tmp_path):
+    CALLS.clear()
+    stages = [
+        {"name": "a", "kind": "record_test_only"},
+        {"name": "b", "kind": "record_test_only", "config": {"source": "${a.data}", "nested": ["${model}"]}},
+        {"name": "c", "kind": "record_test_only", "skip": True, "outputs": {"model": "given"}},
+        {"name": "d", "kind": "record_test_only"},
+    ]
+    table = run_pipeline(_config(tmp_path, stages))
+    assert CALLS == [
+        ("a", {}, None),
+        ("b", {"source": "data-of-a", "nested": ["model-of-a"]}, "model-of-a"),
+        ("d", {}, "given"),
+    ]
+    assert [r["status"] for r in table] == ["ran", "ran", "skipped", "ran"]
+    assert "| b | record_test_only | ran |" in (tmp_path / "run" / "summary.md").read_text()
+    # Started again: nothing reruns, the outputs come from each stage's stage.json.
+    CALLS.clear()
+    (tmp_path / "run" / "d" / "stage.json").unlink()  # d was interrupted
+    table = run_pipeline(_config(tmp_path, stages))
+    assert CALLS == [("d", {}, "given")]
+    assert [r["status"] for r in table] == ["done earlier", "done earlier", "skipped", "ran"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())[0]["n"] == 1.5
+
+
+def test_errors_name_the_stage(tmp_path):
+    with pytest.raises(ValueError, match=r"stages\[1\].kind"):
+        _config(tmp_path, [{"name": "a", "kind": "record_test_only"}, {"name": "b", "kind": "nope"}])
+    with pytest.raises(ValueError, match=r"stages\[1\].name"):
+        _config(tmp_path, [{"name": "a", "kind": "record_test_only"}, {"name": "a", "kind": "record_test_only"}])
+    with pytest.raises(ValueError, match="unknown key"):
+        _config(tmp_path, [{"name": "a", "kind": "record_test_only", "confg": {}}])
+    bad_ref = [{"name": "a", "kind": "record_test_only", "config": {"x": "${later.model}"}}]
+    with pytest.raises(ValueError, match=r"stage a: \$\{later.model\} names no earlier output"):
+        run_pipeline(_config(tmp_path, bad_ref))
+    with pytest.raises(ValueError, match="stage f .record_test_only.: fail"):
+        run_pipeline(_config(tmp_path, [{"name": "f", "kind": "record_test_only", "config": {"fail": True}}]))
+    assert not (tmp_path / "run" / "f" / "stage.json").exists()  # a failed stage is not marked done
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("r1_*.yaml")), ids=lambda p: p.name)
+def test_shipped_pipelines_load(path):
+    config = load_pipeline_config(path)
+    assert config.stages[0].kind == "tiny_models"  # they run without a hub
+
+
+def test_a_bad_stage_config_fails_before_anything_runs(tmp_path):
+    stages = [
+        {"name": "a", "kind": "record_test_only"},
+        {"name": "rl", "kind": "train", "config": {"run": {"max_stpes": 3}}},
+    ]
+    with pytest.raises(ValueError, match=r"stages\[1\] \(rl\).config: run: unknown key"):
+        _config(tmp_path, stages)
+    sft = [{"name": "s", "kind": "sft", "config": {"optim": {"lr": -1}}}]
+    with pytest.raises(ValueError, match=r"\(s\).config: optim.lr"):
+        _config(tmp_path, sft)
