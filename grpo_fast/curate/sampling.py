@@ -193,10 +193,9 @@ def _spec_key(spec):
 
 def _rollout(config, tokenizer, model, engine):
     """(tokenizer, engine, whether we built the engine): loads what was not given from model.path."""
-    from transformers import AutoModelForCausalLM
-
     from grpo_fast.data.tokenizer import load_tokenizer
     from grpo_fast.rollout.registry import ROLLOUT_ENGINES, create_engine, resolve_engine_name
+    from grpo_fast.trainer.policy import load_policy
 
     if not config.model.path and (tokenizer is None or (engine is None and model is None)):
         raise ValueError("model.path: required to load the model to sample from")
@@ -206,11 +205,7 @@ def _rollout(config, tokenizer, model, engine):
         return tokenizer, engine, False
     engine_cls = ROLLOUT_ENGINES.get(resolve_engine_name(config.rollout.engine))
     if model is None and engine_cls.shares_trainer_model:
-        import torch
-
-        model = AutoModelForCausalLM.from_pretrained(config.model.path, dtype=getattr(torch, config.model.dtype))
-        if torch.cuda.is_available():
-            model = model.cuda()
+        model = load_policy(config.model)
     engine = create_engine(
         config.rollout.engine, config, model=model, tokenizer=tokenizer, export_model=lambda: config.model.path
     )

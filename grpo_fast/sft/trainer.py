@@ -49,20 +49,14 @@ class SFTTrainer:
     only on run.seed; dropout (if any) draws from the global torch RNG, which `run_sft` seeds."""
 
     def __init__(self, config: SFTConfig, model=None, tokenizer=None, dataset=None) -> None:
-        from transformers import AutoModelForCausalLM
-
         from grpo_fast.data.tokenizer import load_tokenizer
+        from grpo_fast.trainer.policy import load_policy
 
         self.config = cfg = config
         if model is None:
             if not cfg.model.path:
                 raise ValueError("model.path: required (an HF directory or hub name) when no model is given")
-            kwargs = {"dtype": getattr(torch, cfg.model.dtype)}
-            if cfg.model.attn_implementation:
-                kwargs["attn_implementation"] = cfg.model.attn_implementation
-            model = AutoModelForCausalLM.from_pretrained(cfg.model.path, **kwargs)
-            if torch.cuda.is_available():
-                model = model.cuda()
+            model = load_policy(cfg.model)
         self.model = model
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.path or model.name_or_path)
         if self.tokenizer.pad_token_id is None:  # a tokenizer passed in

@@ -70,6 +70,18 @@ def build_sequence_batch(
     return SequenceBatch(input_ids, attn, position_ids, comp_ids, comp_mask, p)
 
 
+def load_policy(model_config, path: str | None = None) -> nn.Module:
+    """The causal LM at `path` (default model_config.path) with the config's dtype and attention
+    implementation, on the GPU when there is one."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"dtype": getattr(torch, model_config.dtype)}
+    if model_config.attn_implementation:
+        kwargs["attn_implementation"] = model_config.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path or model_config.path, **kwargs)
+    return model.cuda() if torch.cuda.is_available() else model
+
+
 def backbone(model: nn.Module) -> nn.Module:
     """The decoder stack without the lm_head (`model.model` for Llama/Qwen-style CausalLMs). A PEFT model is
     unwrapped first (its LoRA layers live inside the base model): `PeftModel.model` would be the whole CausalLM,

@@ -69,20 +69,14 @@ class GRPOTrainer:
         engine: RolloutEngine | None = None,
         callbacks: Sequence[Callable] = (),
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         from grpo_fast.data.tokenizer import load_tokenizer
+        from grpo_fast.trainer.policy import load_policy
 
         self.config = cfg = config or TrainConfig()
         set_seed(cfg.run.seed)
         if isinstance(model, str):
             cfg.model.path = cfg.model.path or model
-            kwargs = {"dtype": getattr(torch, cfg.model.dtype)}
-            if cfg.model.attn_implementation:
-                kwargs["attn_implementation"] = cfg.model.attn_implementation
-            model = AutoModelForCausalLM.from_pretrained(model, **kwargs)
-            if torch.cuda.is_available():
-                model = model.cuda()
+            model = load_policy(cfg.model, model)
         self.model = model
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.path or model.name_or_path)
         if self.tokenizer.pad_token_id is None:  # a tokenizer passed in

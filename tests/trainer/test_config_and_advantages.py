@@ -83,6 +83,9 @@ def test_synthetic_tasks_are_verifiable():
     held = modular_arithmetic_dataset(20, seed=4)
     train = modular_arithmetic_dataset(50, seed=5, exclude={r["prompt"] for r in held})
     assert not {r["prompt"] for r in held} & {r["prompt"] for r in train}
+    upper = modular_arithmetic_dataset(30, seed=5, ops="+*", fixed_b=7, min_operand=500, max_operand=1000)
+    assert all(500 <= int(r["prompt"][1:].split("+")[0].split("*")[0]) < 1000 for r in upper)
+    assert modular_arithmetic_dataset(10, seed=5) == modular_arithmetic_dataset(10, seed=5, min_operand=0)
     cd = countdown_dataset(20, seed=0)
     cols = {"numbers": [r["numbers"] for r in cd], "target": [r["target"] for r in cd]}
     assert countdown_reward(None, [r["answer"] for r in cd], **cols) == [1.0] * 20
