@@ -101,6 +101,13 @@ class GRPOConfig:
     tokens before max_completion_length (0 disables), up to -overlong_penalty_factor.
     is_correction: importance weights trainer/rollout from the engine's logprobs, "none" | "token" |
     "sequence", truncated at is_cap.
+    old_logprobs: where the old policy's logprobs come from when the loss needs them (num_iterations > 1):
+    "recompute" (a forward pass of the policy before the first update, once per step) or "rollout" (the
+    engine's sampling logprobs, as verl and prime-rl offer: no extra forward at all, but the ratio then
+    also carries the engine/trainer numeric mismatch, which clipping treats as policy change; nothing is
+    left for is_correction to correct, so it must be "none"). On-policy (num_iterations 1, no
+    is_correction) no old-logprob pass runs: the ratio is 1 by construction, and the rollout/trainer
+    mismatch metrics come from the training forward.
     """
 
     scale_rewards: str = "group"
@@ -112,6 +119,7 @@ class GRPOConfig:
     overlong_penalty_factor: float = 1.0
     is_correction: str = "none"
     is_cap: float = 2.0
+    old_logprobs: str = "recompute"
 
 
 @dataclass
@@ -244,6 +252,7 @@ _CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "grpo.scale_rewards": ("group", "batch", "none"),
     "grpo.is_correction": ("none", "token", "sequence"),
+    "grpo.old_logprobs": ("recompute", "rollout"),
     "optim.lr_scheduler": ("constant", "linear", "cosine"),
     "run.bf16": ("auto", "true", "false"),
     "data.use_chat_template": ("auto", "true", "false"),
@@ -301,6 +310,8 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"reward.workers: expected >= 0, got {cfg.reward.workers}")
     if cfg.grpo.is_cap <= 0:
         raise ValueError("grpo.is_cap: expected > 0")
+    if cfg.grpo.old_logprobs == "rollout" and cfg.grpo.is_correction != "none":
+        raise ValueError("grpo.old_logprobs: 'rollout' makes the engine the old policy; set grpo.is_correction: none")
     for section in ("sample", "curriculum"):
         limit = _get(cfg, f"{section}.max_prompts")
         if limit is not None and limit < 1:

@@ -15,7 +15,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from grpo_fast.loss import grpo_loss
+from grpo_fast.loss import fused_logprobs, grpo_loss
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.policy import (
@@ -26,6 +26,15 @@ from grpo_fast.trainer.policy import (
     lm_head_params,
 )
 from grpo_fast.trainer.rollout_phase import RolloutBatch
+
+
+def mismatch_metrics(trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the trainer's [B, T] logprobs of the sampled tokens are from the engine's, over the mask."""
+    n_tok = mask.sum().clamp(min=1)
+    return {
+        "mismatch/abs_logprob_diff_mean": float(((trainer_lp - rollout_lp) * mask).abs().sum() / n_tok),
+        "mismatch/kl_rollout_trainer": float(((rollout_lp - trainer_lp) * mask).sum() / n_tok),
+    }
 
 
 class LossStep:
@@ -103,27 +112,33 @@ class LossStep:
         mask = batch.completion_mask
         stats: dict[str, float] = {}
 
-        need_old = cfg.grpo.num_iterations > 1 or cfg.grpo.is_correction != "none" or has_rollout_lp
-        old_lp = self.logprobs(self.model, batch) if need_old else None
+        from_rollout = cfg.grpo.old_logprobs == "rollout"
+        if from_rollout and not has_rollout_lp:
+            raise ValueError("grpo.old_logprobs: 'rollout' needs the engine's sampling logprobs (temperature > 0)")
+        recompute = not from_rollout and (cfg.grpo.num_iterations > 1 or cfg.grpo.is_correction != "none")
+        old_lp = rollout_lp if from_rollout else self.logprobs(self.model, batch) if recompute else None
         ref_lp = self.reference_logprobs(batch) if cfg.loss.beta > 0 else None
         self.model.train()
         is_weights = None
-        if old_lp is not None and has_rollout_lp:
+        if recompute and has_rollout_lp:
+            stats.update(mismatch_metrics(old_lp, rollout_lp, mask))
             diff = (old_lp - rollout_lp) * mask
-            n_tok = mask.sum().clamp(min=1)
-            stats["mismatch/abs_logprob_diff_mean"] = float(diff.abs().sum() / n_tok)
-            stats["mismatch/kl_rollout_trainer"] = float(((rollout_lp - old_lp) * mask).sum() / n_tok)
             if cfg.grpo.is_correction == "token":
                 is_weights = torch.exp(diff).clamp(max=cfg.grpo.is_cap) * mask
             elif cfg.grpo.is_correction == "sequence":
                 is_weights = torch.exp(diff.sum(1)).clamp(max=cfg.grpo.is_cap)
+        # Otherwise the first update's forward runs the policy the engine sampled from: measure there.
+        measure_from = rollout_lp if has_rollout_lp and not recompute else None
 
         agg: dict[str, list[float]] = defaultdict(list)
         grad_norms = []
-        for _ in range(cfg.grpo.num_iterations):
+        for iteration in range(cfg.grpo.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            old = old_lp if cfg.grpo.num_iterations > 1 else None
-            self.accumulate_gradients(batch, advantages, old, ref_lp, is_weights, agg)
+            old = old_lp if cfg.grpo.num_iterations > 1 or from_rollout else None
+            current = [] if iteration == 0 and measure_from is not None else None
+            self.accumulate_gradients(batch, advantages, old, ref_lp, is_weights, agg, current)
+            if current:
+                stats.update(mismatch_metrics(torch.cat(current), measure_from, mask))
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)))
             self.optimizer.step()
             self.scheduler.step()
@@ -136,9 +151,14 @@ class LossStep:
         stats["completion/padded_width"] = float(batch.completion_ids.shape[1])
         return stats
 
-    def accumulate_gradients(self, batch, advantages, old_lp, ref_lp, is_weights, agg=None) -> None:
+    def accumulate_gradients(
+        self, batch, advantages, old_lp, ref_lp, is_weights, agg=None, current_logprobs: list | None = None
+    ) -> None:
         """Backward of the loss of the whole `batch` as micro-batches of `run.micro_batch_size` rows, so that the
-        accumulated gradient equals the gradient of `grpo_loss` on the whole batch at once.
+        accumulated gradient equals the gradient of `grpo_loss` on the whole batch at once. With
+        `current_logprobs` (a list), each micro-batch's [rows, T] logprobs under the current policy are
+        appended to it, on the CPU, from the same forward (an extra lm_head pass without gradient, no
+        backbone pass).
 
         Each micro-batch's loss is scaled by its share of the batch's normaliser, which the loss type's
         reduction gives (`Reduction.micro_batch_share`; global reductions get the batch's token count as
@@ -179,6 +199,17 @@ class LossStep:
             )
             if share != 1.0:
                 loss = loss * share
+            if current_logprobs is not None:
+                with torch.no_grad():
+                    lp = fused_logprobs(
+                        hidden.detach(),
+                        weight.detach(),
+                        part.completion_ids,
+                        temperature=config.temperature,
+                        backend=config.backend,
+                        bias=None if bias is None else bias.detach(),
+                    )
+                current_logprobs.append(lp.float().cpu())
             loss.backward()
             if agg is not None:
                 agg["loss"].append(float(loss.detach()))
