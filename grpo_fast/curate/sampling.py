@@ -16,6 +16,7 @@ again with different settings is refused (`overwrite=True` starts over).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -32,11 +33,8 @@ JOURNAL, SETTINGS = "records.jsonl", "sample_settings.json"
 
 
 def selection_rules(sample_config) -> SelectionRules:
-    s = sample_config
     try:
-        return SelectionRules(
-            s.max_per_prompt, s.prefer_shortest, s.dedupe, s.drop_truncated, s.language, s.min_language_share
-        )
+        return SelectionRules(**{f.name: getattr(sample_config, f.name) for f in dataclasses.fields(SelectionRules)})
     except ValueError as exc:
         raise ValueError(f"sample.{exc}") from None
 
@@ -65,14 +63,7 @@ def run_sampling(config, rows: list[dict], *, tokenizer=None, model=None, engine
     owns_engine = False
     if todo:
         tokenizer, engine, owns_engine = _rollout(config, tokenizer, model, engine)
-    rewards = RewardSet(
-        config.reward.funcs,
-        config.reward.weights,
-        workers=config.reward.workers,
-        timeout=config.reward.timeout,
-        failure_reward=config.reward.failure_reward,
-        max_completion_length=config.rollout.max_completion_length,
-    )
+    rewards = RewardSet.from_config(config)
     t0 = time.perf_counter()
     try:
         if todo:
@@ -158,14 +149,10 @@ def _check_settings(out: Path, config, num_rows: int, overwrite: bool) -> None:
         "data": c["data"],
         "num_rows": num_rows,
         "reward": {k: c["reward"][k] for k in ("funcs", "weights", "failure_reward")},
-        "rollout": {
-            k: c["rollout"][k]
-            for k in ("num_generations", "max_completion_length", "temperature", "top_p", "top_k", "stop")
-        },
+        "rollout": {k: c["rollout"][k] for k in ("max_completion_length", "temperature", "top_p", "top_k", "stop")},
         "sample": {k: v for k, v in c["sample"].items() if k != "output_dir"},
         "seed": c["run"]["seed"],
     }
-    settings["rollout"].pop("num_generations")  # the sampler uses sample.samples_per_prompt
     settings["reward"]["funcs"] = [_spec_key(f) for f in settings["reward"]["funcs"]]
     settings = json.loads(dumps(settings))
     path = out / SETTINGS

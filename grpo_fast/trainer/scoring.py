@@ -113,6 +113,20 @@ class RewardSet:
         self._pool_options = dict(workers=workers, timeout=timeout, failure_reward=failure_reward)
         self._pool: RewardPool | None = None
 
+    @classmethod
+    def from_config(cls, config, funcs: Sequence | None = None) -> RewardSet:
+        """The reward set a TrainConfig's `reward` section describes (funcs: specs to use instead of
+        reward.funcs), with the rollout's max_completion_length for functions that require one."""
+        r = config.reward
+        return cls(
+            r.funcs if funcs is None else funcs,
+            r.weights,
+            workers=r.workers,
+            timeout=r.timeout,
+            failure_reward=r.failure_reward,
+            max_completion_length=config.rollout.max_completion_length,
+        )
+
     def full_rewards(self, rows: list[dict]) -> torch.Tensor:
         """[N] the combined reward of a completion of rows[i] that every function applying to that row scores 1
         (the sum of their weights; a function routed away from the row by its `when` does not count): the

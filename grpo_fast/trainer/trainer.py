@@ -82,14 +82,7 @@ class GRPOTrainer:
         if self.tokenizer.pad_token_id is None:  # a tokenizer passed in
             self.tokenizer.pad_token = self.tokenizer.eos_token
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.rewards = RewardSet(
-            funcs,
-            cfg.reward.weights,
-            workers=cfg.reward.workers,
-            timeout=cfg.reward.timeout,
-            failure_reward=cfg.reward.failure_reward,
-            max_completion_length=cfg.rollout.max_completion_length,
-        )
+        self.rewards = RewardSet.from_config(cfg, funcs)
         self.train_rows = _as_rows(train_dataset)
         self.eval_rows = _as_rows(eval_dataset) if eval_dataset is not None else None
         if cfg.run.eval_max_prompts and self.eval_rows:
