@@ -7,6 +7,7 @@ advantages and is_weights may be [B].
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,9 +40,11 @@ def prepare_batch(
     source_name: str,
     source: torch.Tensor,
     dtype: torch.dtype = torch.float32,
+    validate: bool = True,
 ) -> PreparedBatch:
     """Check the per-token arguments against `source` (hidden [.., H] or logits [.., V], named
-    `source_name`) and flatten them to [N] tensors of `dtype` (the accumulation dtype)."""
+    `source_name`) and flatten them to [N] tensors of `dtype` (the accumulation dtype). validate=False
+    skips the checks that read values (host synchronisations on a GPU)."""
     if not isinstance(config, GRPOLossConfig):
         raise TypeError(f"config: expected a GRPOLossConfig, got {type(config).__name__}")
     device, leading = source.device, tuple(source.shape[:-1])
@@ -58,7 +61,7 @@ def prepare_batch(
         if ids.dim() != 2:
             raise ValueError(f"completion_ids: expected shape [B, T] (padded layout), got {list(ids.shape)}")
         checks.require_shape("completion_mask", mask, ids.shape, "[B, T] like completion_ids")
-        if mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
+        if validate and mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
             raise ValueError("completion_mask: expected values in {0, 1}")
         layout = padded_layout(mask != 0, dtype)
     else:
@@ -69,15 +72,18 @@ def prepare_batch(
                 f"completion_ids: expected shape [N] (packed layout with cu_seqlens), got {list(ids.shape)}"
             )
         checks.require_shape("completion_mask", mask, ids.shape, "[N] like completion_ids")
-        if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != ids.numel():
+        if cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"cu_seqlens: expected [B+1] offsets, got shape {list(cu.shape)}")
+        if validate and (int(cu[0]) != 0 or int(cu[-1]) != ids.numel()):
             raise ValueError(f"cu_seqlens: expected [B+1] offsets from 0 to N={ids.numel()}, got {cu.tolist()}")
-        if bool((cu[1:] < cu[:-1]).any()):
+        if validate and bool((cu[1:] < cu[:-1]).any()):
             raise ValueError("cu_seqlens: expected non-decreasing offsets")
-        layout = packed_layout(mask != 0, cu.to(device), dtype)
+        layout = packed_layout(mask != 0, cu, dtype)
 
     active = layout.mask.bool()
     flat_ids = ids.reshape(-1)
-    checks.require_token_ids("completion_ids", flat_ids, vocab, active)
+    if validate:
+        checks.require_token_ids("completion_ids", flat_ids, vocab, active)
     targets = torch.where(active, flat_ids, torch.zeros_like(flat_ids)).to(torch.int64)
 
     def per_token(name, value, allow_per_seq):
@@ -100,7 +106,8 @@ def prepare_batch(
             raise ValueError(
                 f"{name}: expected shape {per_seq}{list(ids.shape)} like completion_ids, got {list(value.shape)}"
             )
-        checks.require_finite(name, flat, active)
+        if validate:
+            checks.require_finite(name, flat, active)
         return torch.where(active, flat, torch.zeros_like(flat))
 
     advantages_flat = per_token("advantages", advantages, allow_per_seq=True)
@@ -108,10 +115,15 @@ def prepare_batch(
         raise ValueError("advantages: required ([B] or per-token)")
     if config.beta != 0.0 and ref_logprobs is None:
         raise ValueError(f"ref_logprobs: required when beta > 0 (beta={config.beta})")
-    if num_items_in_batch is not None:
+    if isinstance(num_items_in_batch, (int, float)):  # a host number: checked without touching a device
+        valid = math.isfinite(num_items_in_batch) and num_items_in_batch > 0
+    elif num_items_in_batch is not None and validate:
         count = torch.as_tensor(num_items_in_batch)
-        if count.numel() != 1 or not bool(torch.isfinite(count.float()).all()) or float(count) <= 0:
-            raise ValueError(f"num_items_in_batch: expected a positive count, got {num_items_in_batch!r}")
+        valid = count.numel() == 1 and bool(torch.isfinite(count.float()).all()) and float(count) > 0
+    else:
+        valid = True
+    if not valid:
+        raise ValueError(f"num_items_in_batch: expected a positive count, got {num_items_in_batch!r}")
     inputs = TokenInputs(
         old_logprobs=per_token("old_logprobs", old_logprobs, allow_per_seq=False),
         ref_logprobs=per_token("ref_logprobs", ref_logprobs, allow_per_seq=False) if config.beta != 0.0 else None,

@@ -105,7 +105,15 @@ class _GRPOLossFunction(torch.autograd.Function):
             grad_h, grad_w, grad_b = ctx.saved_tensors
             # loss.backward() passes 1: hand the buffers over as they are, so autograd can adopt them as
             # .grad without a copy (the saved references are released before the gradient is accumulated).
-            if not bool(grad_loss == 1):
+            # Asking whether grad_loss is 1 reads it: free on the host, a synchronisation on an accelerator,
+            # where scaling in place is cheaper (a second backward through this graph then fails autograd's
+            # saved-tensor version check instead of scaling twice).
+            if grad_loss.device.type != "cpu":
+                grad_h.mul_(grad_loss.to(grad_h.dtype))
+                grad_w.mul_(grad_loss)
+                if grad_b is not None:
+                    grad_b.mul_(grad_loss)
+            elif not bool(grad_loss == 1):
                 grad_h, grad_w = grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss
                 grad_b = None if grad_b is None else grad_b * grad_loss
         else:
@@ -140,6 +148,7 @@ def grpo_loss(
     *,
     bias: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    validate: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO-family policy loss (TRL semantics, see GRPOLossConfig) and its metrics.
 
@@ -155,6 +164,10 @@ def grpo_loss(
     Returns (loss [] fp32, metrics: dict of detached 0-dim fp32 tensors — kl (beta > 0),
     clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, entropy, logprob_mean,
     is_weight_mean (is_weights given)).
+
+    validate=False skips the checks of values (token ids in range, finite per-token inputs, mask values),
+    each a device-to-host synchronisation on a GPU, for callers that checked them already (the trainer
+    checks each step's batch once on the host); shapes, dtypes and devices are always checked.
     """
     flat_hidden, leading = check_linear_inputs(hidden, weight, bias)
     batch = prepare_batch(
@@ -171,6 +184,7 @@ def grpo_loss(
         source_name="hidden",
         source=hidden,
         dtype=accumulation_dtype(flat_hidden.dtype),
+        validate=validate,
     )
     backend = get_backend(config.backend, flat_hidden.device)
     if config.deterministic:

@@ -20,14 +20,23 @@ class TokenLayout:
     seq_starts:  [B+1] int64, row offsets of the sequences (cu_seqlens).
     mask:        [N] in {0, 1} (fp32, fp64 for fp64 inputs), active (completion, non-padding) tokens.
     active_per_seq: [B], Σ mask over each sequence.
-    padded_length: T for a padded batch, the longest sequence for a packed one.
+    padded_width: T for a padded batch; None for a packed one (see `padded_length`).
     """
 
     seq_index: torch.Tensor
     seq_starts: torch.Tensor
     mask: torch.Tensor
     active_per_seq: torch.Tensor
-    padded_length: int
+    padded_width: int | None
+
+    @property
+    def padded_length(self) -> int:
+        """T for a padded batch, the longest sequence for a packed one (read from the device only when
+        asked: dr_grpo without max_completion_length)."""
+        if self.padded_width is not None:
+            return self.padded_width
+        lengths = self.seq_starts[1:] - self.seq_starts[:-1]
+        return int(lengths.max()) if lengths.numel() else 0
 
     @property
     def num_seqs(self) -> int:
@@ -60,7 +69,6 @@ def packed_layout(mask: torch.Tensor, cu_seqlens: torch.Tensor, dtype: torch.dty
     cu = cu_seqlens.to(device=mask.device, dtype=torch.int64)
     lengths = cu[1:] - cu[:-1]
     flat = mask.to(dtype)
-    seq_index = torch.arange(lengths.numel(), device=mask.device).repeat_interleave(lengths)
+    seq_index = torch.arange(lengths.numel(), device=mask.device).repeat_interleave(lengths, output_size=flat.numel())
     active = torch.zeros(lengths.numel(), dtype=dtype, device=mask.device).index_add_(0, seq_index, flat)
-    longest = int(lengths.max()) if lengths.numel() else 0
-    return TokenLayout(seq_index, cu, flat, active, longest)
+    return TokenLayout(seq_index, cu, flat, active, None)

@@ -25,12 +25,16 @@ from grpo_fast.trainer.health import HealthThresholds
 @dataclass
 class ModelConfig:
     """path: HF directory or hub name of the policy. dtype: training parameter dtype ("float32" keeps fp32
-    master weights; bf16 autocast on GPU is `run.bf16`)."""
+    master weights; bf16 autocast on GPU is `run.bf16`). attn_implementation: transformers' name
+    ("sdpa", "flash_attention_2" for the packed micro-batches on GPU, ...; None: transformers' default).
+    liger_kernels: patch the policy with Liger-Kernel's RMSNorm, RoPE and SwiGLU kernels (GPU, needs
+    liger-kernel); the lm_head and loss stay grpo_fast's fused path."""
 
     path: str = ""
     dtype: str = "float32"
     gradient_checkpointing: bool = False
     attn_implementation: str | None = None
+    liger_kernels: bool = False
 
 
 @dataclass
@@ -136,7 +140,15 @@ class OptimConfig:
 
 @dataclass
 class RunConfig:
-    """prompts_per_step x num_generations completions per step; micro_batch_size sequences per forward.
+    """prompts_per_step x num_generations completions per step.
+
+    Micro-batches of the loss step: with packing ("auto": when the probe of grpo_fast.sft.packing_check
+    finds that the model keeps packed sequences apart; "true" fails otherwise) the sequences are
+    concatenated padding-free into micro-batches of at most micro_batch_tokens tokens (None:
+    micro_batch_size x the batch's longest sequence); without it, micro_batch_size padded sequences per
+    forward. share_prompt: run each group's prompt through the backbone once and reuse its keys/values
+    for the G completions ("auto": when the prompts are long enough for it to pay, see
+    grpo_fast.trainer.prefix_sharing).
     offload_optimizer / offload_params: trainer state to pinned CPU memory during generation (GPU only).
     bf16: "auto" = autocast on GPU, off on CPU."""
 
@@ -144,6 +156,9 @@ class RunConfig:
     max_steps: int = 100
     prompts_per_step: int = 16
     micro_batch_size: int = 64
+    micro_batch_tokens: int | None = None
+    packing: str = "auto"
+    share_prompt: str = "false"
     seed: int = 0
     eval_every: int = 10
     eval_max_prompts: int | None = None
@@ -255,6 +270,8 @@ _CHOICES = {
     "grpo.old_logprobs": ("recompute", "rollout"),
     "optim.lr_scheduler": ("constant", "linear", "cosine"),
     "run.bf16": ("auto", "true", "false"),
+    "run.packing": ("auto", "true", "false"),
+    "run.share_prompt": ("auto", "true", "false"),
     "data.use_chat_template": ("auto", "true", "false"),
 }
 _POSITIVE = (
@@ -268,6 +285,7 @@ _POSITIVE = (
     "run.max_steps",
     "run.prompts_per_step",
     "run.micro_batch_size",
+    "run.micro_batch_tokens",
     "optim.lr",
     "sample.samples_per_prompt",
     "sample.chunk_prompts",

@@ -10,37 +10,55 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 from collections import defaultdict
 
-import numpy as np
 import torch
 
 from grpo_fast.loss import fused_logprobs, grpo_loss
+from grpo_fast.sft.packing_check import packing_error
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
-from grpo_fast.trainer.policy import (
-    SequenceBatch,
-    build_sequence_batch,
-    completion_hidden,
-    completion_logprobs,
-    lm_head_params,
-)
+from grpo_fast.trainer.micro_batches import packed_micro_batches, padded_micro_batches
+from grpo_fast.trainer.policy import SequenceBatch, build_sequence_batch, lm_head_params
 from grpo_fast.trainer.rollout_phase import RolloutBatch
 
+logger = logging.getLogger(__name__)
 
-def mismatch_metrics(trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """How far the trainer's [B, T] logprobs of the sampled tokens are from the engine's, over the mask."""
+
+def mismatch_metrics(trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far the trainer's [B, T] logprobs of the sampled tokens are from the engine's, over the mask
+    (0-dim tensors on the logprobs' device)."""
     n_tok = mask.sum().clamp(min=1)
     return {
-        "mismatch/abs_logprob_diff_mean": float(((trainer_lp - rollout_lp) * mask).abs().sum() / n_tok),
-        "mismatch/kl_rollout_trainer": float(((rollout_lp - trainer_lp) * mask).sum() / n_tok),
+        "mismatch/abs_logprob_diff_mean": ((trainer_lp - rollout_lp) * mask).abs().sum() / n_tok,
+        "mismatch/kl_rollout_trainer": ((rollout_lp - trainer_lp) * mask).sum() / n_tok,
     }
+
+
+def read_metrics(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-dim device tensors -> floats, in one device-to-host copy."""
+    values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist() if metrics else []
+    return dict(zip(metrics, values, strict=True))
+
+
+def check_step_inputs(batch: SequenceBatch, advantages: torch.Tensor, vocab: int) -> None:
+    """The value checks `grpo_loss` would make per micro-batch, once per step on the host tensors."""
+    ids = batch.input_ids[batch.attention_mask.bool()]
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise ValueError(f"completion token ids must lie in [0, {vocab}) (the policy's vocabulary size)")
+    if not bool(torch.isfinite(advantages).all()):
+        raise ValueError("advantages: NaN or inf (a reward function returned a non-finite reward?)")
 
 
 class LossStep:
     """Owns the policy's update: the model, its optimizer and scheduler, and the frozen reference policy
     (a copy of the model when beta > 0, none for a PEFT model, whose reference is the model without its
-    adapters)."""
+    adapters).
+
+    Host synchronisation: a step's micro-batches are planned and moved to the device before the first
+    forward; the micro-batch loop reads nothing back, and the metrics stay on the device until one read at
+    the end of the step."""
 
     def __init__(self, config: TrainConfig, model, optimizer, scheduler, pad_token_id: int) -> None:
         self.config, self.model, self.optimizer, self.scheduler = config, model, optimizer, scheduler
@@ -48,46 +66,77 @@ class LossStep:
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.autocast = self.device.type == "cuda" and config.run.bf16 in ("auto", "true")
+        self.head_dtype = torch.bfloat16 if self.autocast else None
         self.ref_model = None
         if config.loss.beta > 0 and not hasattr(model, "disable_adapter"):
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        self._packing: bool | None = None
+
+    # -- micro-batches ----------------------------------------------------------------------------------
+
+    @property
+    def packing(self) -> bool:
+        """Whether micro-batches are packed padding-free (run.packing; "auto" asks the packing probe once)."""
+        if self._packing is None:
+            mode = self.config.run.packing
+            error = None if mode == "false" else packing_error(self.model)
+            if mode == "true" and error:
+                raise ValueError(f"run.packing: true, but {error}; set run.packing: auto or false")
+            if mode == "auto" and error:
+                logger.warning("packing off, micro-batches padded: %s", error)
+            self._packing = mode != "false" and error is None
+        return self._packing
+
+    def micro_batches(self, batch: SequenceBatch) -> list:
+        """The batch's micro-batches on the device (see grpo_fast.trainer.micro_batches)."""
+        run = self.config.run
+        if not self.packing:
+            return padded_micro_batches(batch, run.micro_batch_size, self.device)
+        budget = run.micro_batch_tokens or run.micro_batch_size * batch.input_ids.shape[1]
+        return [mb for mb in packed_micro_batches(batch, budget, self.device) if mb.completion_ids.numel()]
 
     # -- forward passes ---------------------------------------------------------------------------------
 
-    def forward_hidden(self, model, batch: SequenceBatch) -> torch.Tensor:
-        """[B, T, H] completion hidden states (bf16 under autocast)."""
+    def forward_hidden(self, model, micro_batch) -> torch.Tensor:
+        """Completion hidden states of a micro-batch ([b, T, H] padded, [N, H] packed; bf16 under autocast)."""
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-            hidden = completion_hidden(model, batch)
+            hidden = micro_batch.hidden(model)
         # With fp32 master weights the backbone's final norm returns fp32 even under autocast, and autocast
         # does not reach the fused loss: cast here so the vocab-sized GEMMs run in bf16 like an autocast
-        # lm_head would (the loss casts the lm_head weight to hidden's dtype; it accumulates in fp32).
-        return hidden.to(torch.bfloat16) if self.autocast else hidden
+        # lm_head would (the loss accumulates in fp32).
+        return hidden if self.head_dtype is None else hidden.to(self.head_dtype)
+
+    def head(self, model) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The lm_head weight and bias in the loss's compute dtype (cast once per call; see `head_for_step`)."""
+        weight, bias = lm_head_params(model)
+        if self.head_dtype is None or weight.dtype == self.head_dtype:
+            return weight, bias
+        return weight.to(self.head_dtype), None if bias is None else bias.to(self.head_dtype)
 
     @torch.no_grad()
     def logprobs(self, model, batch: SequenceBatch) -> torch.Tensor:
-        """[B, T] completion logprobs in eval mode (no dropout; the model's mode is restored), on the CPU."""
+        """[B, T] completion logprobs in eval mode (no dropout; the model's mode is restored), on the device."""
         was_training = model.training
         model.eval()
         try:
-            out = []
-            mb = self.config.run.micro_batch_size
-            for start in range(0, batch.input_ids.shape[0], mb):
-                part = batch.rows(slice(start, start + mb)).to(self.device)
-                with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-                    lp = completion_logprobs(
-                        model,
-                        part,
-                        self.loss_config.temperature,
-                        self.loss_config.backend,
-                        dtype=torch.bfloat16 if self.autocast else None,  # same precision as the training loss
-                    )
-                out.append(lp.float().cpu())
-            return torch.cat(out)
+            weight, bias = self.head(model)
+            out = torch.zeros(batch.completion_ids.shape, device=self.device)
+            for mb in self.micro_batches(batch):
+                lp = fused_logprobs(
+                    self.forward_hidden(model, mb),
+                    weight,
+                    mb.completion_ids,
+                    temperature=self.loss_config.temperature,
+                    backend=self.loss_config.backend,
+                    bias=bias,
+                )
+                mb.scatter(out, lp.float())
+            return out
         finally:
             model.train(was_training)
 
     def reference_logprobs(self, batch: SequenceBatch) -> torch.Tensor:
-        """[B, T] logprobs of the reference policy."""
+        """[B, T] logprobs of the reference policy, on the device."""
         if self.ref_model is not None:
             return self.logprobs(self.ref_model, batch)
         with self.model.disable_adapter():
@@ -98,19 +147,22 @@ class LossStep:
     def train_on_batch(self, rollout: RolloutBatch) -> dict[str, float]:
         """num_iterations optimizer steps on the batch; returns the loss metrics (TRL's names), grad norm,
         lr, trained tokens and the rollout/trainer logprob mismatch."""
-        cfg = self.config
+        cfg, device = self.config, self.device
         comps = rollout.completions
         batch = build_sequence_batch(rollout.prompt_ids, [c.token_ids for c in comps], self.pad_token_id)
         if cfg.grpo.mask_truncated_completions:
             batch.completion_mask[torch.tensor([c.truncated for c in comps])] = False
         advantages, _ = group_advantages(rollout.rewards, cfg.rollout.num_generations, cfg.grpo.scale_rewards)
+        check_step_inputs(batch, advantages, lm_head_params(self.model)[0].shape[0])
         rollout_lp = torch.zeros(batch.completion_ids.shape)
         for i, c in enumerate(comps):
             if c.logprobs:
                 rollout_lp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
         has_rollout_lp = all(len(c.logprobs) == len(c.token_ids) for c in comps) and cfg.rollout.temperature > 0
-        mask = batch.completion_mask
-        stats: dict[str, float] = {}
+        mask = batch.completion_mask.to(device)
+        rollout_lp, advantages = rollout_lp.to(device), advantages.to(device)
+        plan = self.micro_batches(batch)
+        stats: dict[str, torch.Tensor] = {}
 
         from_rollout = cfg.grpo.old_logprobs == "rollout"
         if from_rollout and not has_rollout_lp:
@@ -130,72 +182,74 @@ class LossStep:
         # Otherwise the first update's forward runs the policy the engine sampled from: measure there.
         measure_from = rollout_lp if has_rollout_lp and not recompute else None
 
-        agg: dict[str, list[float]] = defaultdict(list)
+        agg: dict[str, list[torch.Tensor]] = defaultdict(list)
         grad_norms = []
         for iteration in range(cfg.grpo.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             old = old_lp if cfg.grpo.num_iterations > 1 or from_rollout else None
-            current = [] if iteration == 0 and measure_from is not None else None
-            self.accumulate_gradients(batch, advantages, old, ref_lp, is_weights, agg, current)
-            if current:
-                stats.update(mismatch_metrics(torch.cat(current), measure_from, mask))
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm)))
+            current = torch.zeros_like(rollout_lp) if iteration == 0 and measure_from is not None else None
+            self.accumulate_gradients(batch, advantages, old, ref_lp, is_weights, agg, current, plan)
+            if current is not None:
+                stats.update(mismatch_metrics(current, measure_from, mask))
+            grad_norms.append(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm))
             self.optimizer.step()
             self.scheduler.step()
-        stats["loss"] = float(np.sum(agg.pop("loss"))) / cfg.grpo.num_iterations
+        stats["loss"] = torch.stack(agg.pop("loss")).sum() / cfg.grpo.num_iterations
         for k, v in agg.items():
-            stats[k] = float(np.mean(v))
-        stats["grad_norm"] = float(np.mean(grad_norms))
-        stats["lr"] = self.scheduler.get_last_lr()[0]
-        stats["train_tokens"] = float(batch.attention_mask.sum()) * cfg.grpo.num_iterations
-        stats["completion/padded_width"] = float(batch.completion_ids.shape[1])
-        return stats
+            stats[k] = torch.stack(v).mean()
+        stats["grad_norm"] = torch.stack([g.to(device) for g in grad_norms]).mean()
+        out = read_metrics(stats)  # the step's one read of the device
+        out["lr"] = self.scheduler.get_last_lr()[0]
+        out["train_tokens"] = float(batch.attention_mask.sum()) * cfg.grpo.num_iterations
+        out["completion/padded_width"] = float(batch.completion_ids.shape[1])
+        out["train/micro_batches"] = float(len(plan))
+        out["train/backbone_tokens"] = float(sum(mb.input_ids.numel() for mb in plan))
+        return out
 
     def accumulate_gradients(
-        self, batch, advantages, old_lp, ref_lp, is_weights, agg=None, current_logprobs: list | None = None
+        self, batch, advantages, old_lp, ref_lp, is_weights, agg=None, current_logprobs=None, plan=None
     ) -> None:
-        """Backward of the loss of the whole `batch` as micro-batches of `run.micro_batch_size` rows, so that the
-        accumulated gradient equals the gradient of `grpo_loss` on the whole batch at once. With
-        `current_logprobs` (a list), each micro-batch's [rows, T] logprobs under the current policy are
-        appended to it, on the CPU, from the same forward (an extra lm_head pass without gradient, no
-        backbone pass).
+        """Backward of the loss of the whole `batch` as micro-batches (`plan`, default `micro_batches(batch)`),
+        so that the accumulated gradient equals the gradient of `grpo_loss` on the whole batch at once.
+        Per-token arguments are [B, T] (advantages and sequence-level is_weights [B]). `agg` (a dict of
+        lists) gets each micro-batch's loss and metrics as device tensors. With `current_logprobs` (a [B, T]
+        tensor), the micro-batches' logprobs under the current policy are written into it, from the same
+        forward (an extra lm_head pass without gradient, no backbone pass).
 
         Each micro-batch's loss is scaled by its share of the batch's normaliser, which the loss type's
         reduction gives (`Reduction.micro_batch_share`; global reductions get the batch's token count as
         num_items_in_batch). The entropy bonus is a token mean over each call's own tokens: its coefficient
         becomes coef * tokens / (N * share) so that the bonus, too, is the batch's token mean."""
-        mb = self.config.run.micro_batch_size
-        mask = batch.completion_mask
-        n_rows = batch.input_ids.shape[0]
-        num_items = int(mask.sum())
+        plan = self.micro_batches(batch) if plan is None else plan
+        agg = defaultdict(list) if agg is None else agg
+        row_tokens = batch.completion_mask.sum(1).tolist()
+        n_rows, num_items = len(row_tokens), sum(row_tokens)
         reduction = self.loss_config.loss_spec.reduction
         coef = self.loss_config.entropy_coef
-        for start in range(0, n_rows, mb):
-            sl = slice(start, start + mb)
-            part = batch.rows(sl).to(self.device)
-            rows, tokens = part.input_ids.shape[0], int(mask[sl].sum())
+        device = self.device
+        weight, bias = self.head(self.model)
+        for mb in plan:
+            rows, tokens = mb.num_rows, sum(row_tokens[i] for i in mb.row_list)
             share = reduction.micro_batch_share(rows, n_rows, tokens, num_items)
             config = self.loss_config
             if coef != 0.0:
                 mb_coef = coef * tokens / (num_items * share) if tokens and share else 0.0
                 config = dataclasses.replace(config, entropy_coef=mb_coef)
-            hidden = self.forward_hidden(self.model, part)
-            weight, bias = lm_head_params(self.model)
-            if weight.dtype != hidden.dtype:
-                weight = weight.to(hidden.dtype)
-                bias = None if bias is None else bias.to(hidden.dtype)
+            hidden = self.forward_hidden(self.model, mb)
             loss, metrics = grpo_loss(
                 hidden,
                 weight,
-                part.completion_ids,
-                part.completion_mask,
-                advantages[sl].to(self.device),
-                old_logprobs=None if old_lp is None else old_lp[sl].to(self.device),
-                ref_logprobs=None if ref_lp is None else ref_lp[sl].to(self.device),
-                is_weights=None if is_weights is None else is_weights[sl].to(self.device),
+                mb.completion_ids,
+                mb.completion_mask,
+                mb.tokens(advantages, device),
+                old_logprobs=None if old_lp is None else mb.tokens(old_lp, device),
+                ref_logprobs=None if ref_lp is None else mb.tokens(ref_lp, device),
+                is_weights=None if is_weights is None else mb.tokens(is_weights, device),
                 num_items_in_batch=max(num_items, 1),  # every completion masked (all truncated): loss 0
                 config=config,
                 bias=bias,
+                cu_seqlens=mb.cu_seqlens,
+                validate=False,  # check_step_inputs checked the step's inputs once, on the host
             )
             if share != 1.0:
                 loss = loss * share
@@ -204,14 +258,13 @@ class LossStep:
                     lp = fused_logprobs(
                         hidden.detach(),
                         weight.detach(),
-                        part.completion_ids,
+                        mb.completion_ids,
                         temperature=config.temperature,
                         backend=config.backend,
                         bias=None if bias is None else bias.detach(),
                     )
-                current_logprobs.append(lp.float().cpu())
+                mb.scatter(current_logprobs, lp.float())
             loss.backward()
-            if agg is not None:
-                agg["loss"].append(float(loss.detach()))
-                for k, v in metrics.items():
-                    agg[k].append(float(v))
+            agg["loss"].append(loss.detach())
+            for k, v in metrics.items():
+                agg[k].append(v)

@@ -1,6 +1,7 @@
 """The trainer's micro-batch gradient accumulation equals one `grpo_loss` on the whole batch, for every loss
-type, with uneven micro-batches, sequences of different lengths, a fully masked (truncated) completion,
-old / ref logprobs, importance weights and an entropy bonus."""
+type and both micro-batch layouts (padded rows; sequences packed padding-free under a token budget), with
+uneven micro-batches, sequences of different lengths, a fully masked (truncated) completion, old / ref
+logprobs, importance weights and an entropy bonus."""
 
 from __future__ import annotations
 
@@ -54,10 +55,15 @@ def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 @pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
-def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type):
+def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type, packed):
     trainer, batch, inp = setup
     model = trainer.model
+    trainer.loss_step._packing = packed
+    trainer.config.run.micro_batch_tokens = 9  # sequences of 9, 6, 6, 5 tokens (+ the masked one): 4 packs
+    plan = trainer.loss_step.micro_batches(batch)
+    assert len(plan) == (4 if packed else 3)
     trainer.loss_step.loss_config = GRPOLossConfig(
         loss_type=loss_type,
         epsilon_high=5.0 if LOSS_TYPES[loss_type].objective is Objective.CISPO else 0.28,
@@ -67,7 +73,9 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type):
         backend="torch",
     )
     model.zero_grad(set_to_none=True)
-    trainer.loss_step.accumulate_gradients(batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], inp["is_weights"])
+    trainer.loss_step.accumulate_gradients(
+        batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], inp["is_weights"], plan=plan
+    )
     accumulated = _grads(model)
 
     model.zero_grad(set_to_none=True)

@@ -43,7 +43,14 @@ def _rollout(model) -> tuple[RolloutBatch, torch.Tensor]:
 
 def _step(*overrides):
     model = build_tiny_model(TOK, seed=0)
-    cfg = load_config(None, ["rollout.num_generations=4", "run.micro_batch_size=3", "optim.lr=1e-3", *overrides])
+    overrides = [
+        "rollout.num_generations=4",
+        "run.micro_batch_size=3",
+        "run.packing=false",
+        "optim.lr=1e-3",
+        *overrides,
+    ]
+    cfg = load_config(None, overrides)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     rollout, engine_lp = _rollout(copy.deepcopy(model))

@@ -1,0 +1,169 @@
+"""Micro-batches of the loss step: which sequences go through the backbone together, and how.
+
+A step's `SequenceBatch` (B rows: left-padded prompt + right-padded completion) is cut into micro-batches,
+each yielding the hidden states that predict its completion tokens plus the loss's per-token arguments in
+the matching layout:
+
+- `PaddedMicroBatch`: `micro_batch_size` consecutive rows, padded as they are ([b, T, H] hidden states).
+- `PackedMicroBatch`: whole sequences concatenated padding-free into one row of at most a token budget
+  (position ids restarting at 0 for each sequence, no attention mask: transformers reads the restarts as
+  sequence boundaries, and grpo_fast.sft.packing_check verifies the model keeps them apart), the loss in
+  its packed layout ([N, H] hidden states, `cu_seqlens`). A completion the loss ignores entirely (every
+  token masked, e.g. a truncated one under mask_truncated_completions) is not run through the backbone:
+  it stays in the loss as an empty sequence, where it contributes nothing, as it would padded.
+
+Either way, sequence i's completion tokens predicted from its hidden states are the same, so the
+accumulated gradient equals one `grpo_loss` on the whole batch (the loss step scales each micro-batch by
+its share of the batch's normaliser).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grpo_fast.sft.batching import pack
+from grpo_fast.trainer.policy import SequenceBatch, backbone, completion_hidden
+
+
+@dataclass
+class PaddedMicroBatch:
+    """Rows `index` (a slice) of a SequenceBatch: hidden [b, T, H], per-token tensors [b, T]."""
+
+    part: SequenceBatch
+    index: slice
+    cu_seqlens = None
+
+    @property
+    def row_list(self) -> range:
+        return range(self.index.start, self.index.start + self.num_rows)
+
+    @property
+    def num_rows(self) -> int:
+        return self.part.input_ids.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.part.input_ids
+
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        return self.part.completion_ids
+
+    @property
+    def completion_mask(self) -> torch.Tensor:
+        return self.part.completion_mask
+
+    def hidden(self, model) -> torch.Tensor:
+        return completion_hidden(model, self.part)
+
+    def tokens(self, values: torch.Tensor, device) -> torch.Tensor:
+        """This micro-batch's share of a [B, T] (per token) or [B] (per sequence) tensor of the batch."""
+        return values[self.index].to(device)
+
+    def scatter(self, out: torch.Tensor, values: torch.Tensor) -> None:
+        """Writes this micro-batch's [b, T] per-token values into the batch's [B, T] `out`."""
+        out[self.index] = values
+
+
+@dataclass
+class PackedMicroBatch:
+    """Sequences `rows` of a SequenceBatch packed into one row of L tokens.
+
+    input_ids, position_ids [1, L]; source [N] (the position in the row of the hidden state that predicts
+    each completion token); completion_ids, completion_mask [N]; cu_seqlens [b+1] (int64, on the host)
+    over the completion tokens; local_index [N] (device): each completion token's flat index in the
+    [b, T] padded layout of these rows, T = width.
+    """
+
+    rows: list[int]
+    rows_index: torch.Tensor
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    source: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    cu_seqlens: torch.Tensor
+    local_index: torch.Tensor
+    width: int
+
+    @property
+    def row_list(self) -> list[int]:
+        return self.rows
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.rows)
+
+    def hidden(self, model) -> torch.Tensor:
+        out = backbone(model)(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=False)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return hidden[0, self.source]
+
+    def tokens(self, values: torch.Tensor, device) -> torch.Tensor:
+        """This micro-batch's share of a [B, T] (per token, -> [N]) or [B] (per sequence, -> [b]) tensor."""
+        mine = values[self.rows_index]
+        return (mine if values.dim() == 1 else mine.reshape(-1)[self.local_index]).to(device)
+
+    def scatter(self, out: torch.Tensor, values: torch.Tensor) -> None:
+        """Writes this micro-batch's [N] per-token values into the batch's [B, T] `out` (padding untouched)."""
+        mine = out[self.rows_index]
+        mine.view(-1)[self.local_index] = values
+        out[self.rows_index] = mine
+
+
+def sequence_lengths(batch: SequenceBatch) -> tuple[list[int], list[int]]:
+    """(prompt lengths, completion lengths) of the batch's rows, in tokens; a completion whose every token
+    is masked counts 0 (nothing of it needs computing)."""
+    p = batch.prompt_width
+    prompt = batch.attention_mask[:, :p].sum(1)
+    completion = batch.attention_mask[:, p:].sum(1) * batch.completion_mask.any(1)
+    return prompt.tolist(), completion.tolist()
+
+
+def padded_micro_batches(batch: SequenceBatch, rows_per_micro_batch: int, device) -> list[PaddedMicroBatch]:
+    n = batch.input_ids.shape[0]
+    return [
+        PaddedMicroBatch(batch.rows(slice(s, s + rows_per_micro_batch)).to(device), slice(s, s + rows_per_micro_batch))
+        for s in range(0, n, rows_per_micro_batch)
+    ]
+
+
+def packed_micro_batches(batch: SequenceBatch, max_tokens: int, device) -> list[PackedMicroBatch]:
+    """Sequences packed best-fit decreasing into micro-batches of at most `max_tokens` tokens (raised to the
+    longest sequence when that is longer); within one, sequences keep the batch's order."""
+    prompt_lens, completion_lens = sequence_lengths(batch)
+    lengths = [p + c if c else 0 for p, c in zip(prompt_lens, completion_lens, strict=True)]
+    bins = pack(lengths, max(max_tokens, *lengths, 1))
+    return [_pack(batch, rows, prompt_lens, completion_lens, device) for rows in sorted(sorted(b) for b in bins)]
+
+
+def _pack(batch: SequenceBatch, rows: list[int], prompt_lens, completion_lens, device) -> PackedMicroBatch:
+    p, width = batch.prompt_width, batch.completion_ids.shape[1]
+    ids, positions, source, local_index, cu = [], [], [], [], [0]
+    offset = 0
+    for k, i in enumerate(rows):
+        lp, lc = prompt_lens[i], completion_lens[i]
+        if lc:
+            ids.append(batch.input_ids[i, p - lp : p + lc])
+            positions.append(torch.arange(lp + lc))
+            # Completion token t is predicted by the hidden state of the sequence's position lp - 1 + t.
+            source.append(torch.arange(offset + lp - 1, offset + lp - 1 + lc))
+            local_index.append(torch.arange(k * width, k * width + lc))
+            offset += lp + lc
+        cu.append(cu[-1] + lc)
+    empty = torch.zeros(0, dtype=torch.long)
+    local_index = torch.cat(local_index or [empty])
+    return PackedMicroBatch(
+        rows=rows,
+        rows_index=torch.tensor(rows, dtype=torch.long).to(device),
+        input_ids=torch.cat(ids or [empty])[None].to(device),
+        position_ids=torch.cat(positions or [empty])[None].to(device),
+        source=torch.cat(source or [empty]).to(device),
+        completion_ids=batch.completion_ids[rows].reshape(-1)[local_index].to(device),
+        completion_mask=batch.completion_mask[rows].reshape(-1)[local_index].to(device),
+        cu_seqlens=torch.tensor(cu, dtype=torch.long),
+        local_index=local_index.to(device),
+        width=width,
+    )
