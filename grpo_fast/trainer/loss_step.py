@@ -19,8 +19,9 @@ from grpo_fast.loss import fused_logprobs, grpo_loss
 from grpo_fast.sft.packing_check import packing_error
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
-from grpo_fast.trainer.micro_batches import packed_micro_batches, padded_micro_batches
+from grpo_fast.trainer.micro_batches import packed_micro_batches, padded_micro_batches, sequence_lengths
 from grpo_fast.trainer.policy import SequenceBatch, build_sequence_batch, lm_head_params
+from grpo_fast.trainer.prefix_sharing import prefix_sharing_error, shared_completion_hidden, worth_sharing
 from grpo_fast.trainer.rollout_phase import RolloutBatch
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class LossStep:
         if config.loss.beta > 0 and not hasattr(model, "disable_adapter"):
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self._packing: bool | None = None
+        self._sharing_error: str | None = None
+        self._sharing_probed = False
 
     # -- micro-batches ----------------------------------------------------------------------------------
 
@@ -87,9 +90,34 @@ class LossStep:
             self._packing = mode != "false" and error is None
         return self._packing
 
+    def shares_prompts(self, batch: SequenceBatch) -> bool:
+        """Whether this batch's micro-batches run each group's prompt once (run.share_prompt; "auto": when
+        the prompt-sharing probe passes, asked once, and `worth_sharing` expects a saving for the batch)."""
+        mode = self.config.run.share_prompt
+        if mode == "false":
+            return False
+        if not self._sharing_probed:
+            self._sharing_error, self._sharing_probed = prefix_sharing_error(self.model), True
+            if mode == "true" and self._sharing_error:
+                raise ValueError(f"run.share_prompt: true, but {self._sharing_error}; set it to auto or false")
+            if self._sharing_error:
+                logger.warning("prompts not shared: %s", self._sharing_error)
+        if self._sharing_error:
+            return False
+        prompt_lens, completion_lens = sequence_lengths(batch)
+        return mode == "true" or worth_sharing(prompt_lens, completion_lens, self.group_rows()[1])
+
+    def group_rows(self) -> tuple[int, int]:
+        """(rows per shared-prompt micro-batch: whole groups, at least one; completions per prompt in one)."""
+        g, mb = self.config.rollout.num_generations, self.config.run.micro_batch_size
+        return (max(g, mb // g * g), g) if mb >= g else (mb, mb)
+
     def micro_batches(self, batch: SequenceBatch) -> list:
-        """The batch's micro-batches on the device (see grpo_fast.trainer.micro_batches)."""
+        """The batch's micro-batches on the device (see grpo_fast.trainer.micro_batches): whole groups
+        sharing their prompt's forward when `shares_prompts`, else packed when `packing`, else padded."""
         run = self.config.run
+        if self.shares_prompts(batch):
+            return padded_micro_batches(batch, self.group_rows()[0], self.device, shared_completion_hidden)
         if not self.packing:
             return padded_micro_batches(batch, run.micro_batch_size, self.device)
         budget = run.micro_batch_tokens or run.micro_batch_size * batch.input_ids.shape[1]

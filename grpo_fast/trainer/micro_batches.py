@@ -4,7 +4,9 @@ A step's `SequenceBatch` (B rows: left-padded prompt + right-padded completion) 
 each yielding the hidden states that predict its completion tokens plus the loss's per-token arguments in
 the matching layout:
 
-- `PaddedMicroBatch`: `micro_batch_size` consecutive rows, padded as they are ([b, T, H] hidden states).
+- `PaddedMicroBatch`: `micro_batch_size` consecutive rows, padded as they are ([b, T, H] hidden states);
+  with prompt sharing, whole groups whose prompt runs through the backbone once
+  (grpo_fast.trainer.prefix_sharing).
 - `PackedMicroBatch`: whole sequences concatenated padding-free into one row of at most a token budget
   (position ids restarting at 0 for each sequence, no attention mask: transformers reads the restarts as
   sequence boundaries, and grpo_fast.sft.packing_check verifies the model keeps them apart), the loss in
@@ -19,6 +21,7 @@ its share of the batch's normaliser).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,10 +32,12 @@ from grpo_fast.trainer.policy import SequenceBatch, backbone, completion_hidden
 
 @dataclass
 class PaddedMicroBatch:
-    """Rows `index` (a slice) of a SequenceBatch: hidden [b, T, H], per-token tensors [b, T]."""
+    """Rows `index` (a slice) of a SequenceBatch: hidden [b, T, H] from `forward(model, part)`, per-token
+    tensors [b, T]."""
 
     part: SequenceBatch
     index: slice
+    forward: Callable = completion_hidden
     cu_seqlens = None
 
     @property
@@ -56,7 +61,7 @@ class PaddedMicroBatch:
         return self.part.completion_mask
 
     def hidden(self, model) -> torch.Tensor:
-        return completion_hidden(model, self.part)
+        return self.forward(model, self.part)
 
     def tokens(self, values: torch.Tensor, device) -> torch.Tensor:
         """This micro-batch's share of a [B, T] (per token) or [B] (per sequence) tensor of the batch."""
@@ -122,11 +127,13 @@ def sequence_lengths(batch: SequenceBatch) -> tuple[list[int], list[int]]:
     return prompt.tolist(), completion.tolist()
 
 
-def padded_micro_batches(batch: SequenceBatch, rows_per_micro_batch: int, device) -> list[PaddedMicroBatch]:
-    n = batch.input_ids.shape[0]
+def padded_micro_batches(
+    batch: SequenceBatch, rows_per_micro_batch: int, device, forward: Callable = completion_hidden
+) -> list[PaddedMicroBatch]:
+    n, step = batch.input_ids.shape[0], rows_per_micro_batch
     return [
-        PaddedMicroBatch(batch.rows(slice(s, s + rows_per_micro_batch)).to(device), slice(s, s + rows_per_micro_batch))
-        for s in range(0, n, rows_per_micro_batch)
+        PaddedMicroBatch(batch.rows(slice(s, s + step)).to(device), slice(s, s + step), forward)
+        for s in range(0, n, step)
     ]
 
 

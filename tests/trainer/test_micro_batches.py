@@ -153,3 +153,32 @@ def test_the_half_precision_lm_head_is_cast_once_per_step(monkeypatch):
     )
     loss.backward()
     torch.testing.assert_close(accumulated, weight.grad, rtol=2e-2, atol=2e-4)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_shared_prompt_micro_batches_accumulate_to_the_full_batch_gradient(loss_type):
+    """run.share_prompt: true: 3 groups of 2 completions (micro-batches of whole groups, one prompt forward
+    each), prompts of different lengths; the accumulated gradient equals one grpo_loss on the batch."""
+    step = _loss_step("run.share_prompt=true", "run.micro_batch_size=4", f"loss.loss_type={loss_type}")
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, len(TOK), (n,), generator=g).tolist() for n in (7, 3, 5)]
+    completions = [torch.randint(3, len(TOK), (n,), generator=g).tolist() for n in (4, 1, 6, 2, 3, 5)]
+    batch = build_sequence_batch([p for p in prompts for _ in range(2)], completions, TOK.pad_token_id)
+    plan = step.micro_batches(batch)
+    assert [mb.num_rows for mb in plan] == [4, 2] and all(mb.forward is not completion_hidden for mb in plan)
+    advantages = torch.randn(6, generator=g)
+    model = step.model
+    step.accumulate_gradients(batch, advantages, None, None, None, plan=plan)
+    shared = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    loss, _ = loss_step_module.grpo_loss(
+        completion_hidden(model, batch),
+        model.lm_head.weight,
+        batch.completion_ids,
+        batch.completion_mask,
+        advantages,
+        config=step.loss_config,
+    )
+    loss.backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(shared[name], param.grad, rtol=1e-4, atol=1e-6, msg=name)
