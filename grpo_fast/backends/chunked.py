@@ -120,6 +120,40 @@ def _mm_acc(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
     return out.copy_(result)
 
 
+_FP32_ADDMM_PROBED: dict[torch.device, bool] = {}
+
+
+def _cuda_addmm_accumulates_in_fp32(device: torch.device) -> bool:
+    """Whether `torch.addmm(C, A, B, out_dtype=torch.float32, out=C)` with bf16/fp16 A, B and an fp32 C
+    adds α·A·B into C with one cuBLAS GEMM (β = 1) on `device`.
+
+    torch >= 2.8 has the out_dtype overload, on CUDA only; before pytorch#167931 (torch 2.10) it required
+    C in the input dtype, so an fp32 accumulator raised. Probed once per device on exactly representable
+    values (the result must be bit-exact), drawing no random numbers (the caller's RNG stream is
+    untouched); not probed during CUDA graph capture (the answer is then "no" until probed outside).
+    """
+    if device not in _FP32_ADDMM_PROBED:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _FP32_ADDMM_PROBED[device] = _probe_fp32_addmm(device)
+    return _FP32_ADDMM_PROBED[device]
+
+
+def _probe_fp32_addmm(device: torch.device) -> bool:
+    try:
+        for dtype in (torch.bfloat16, torch.float16):
+            a = (torch.arange(12, device=device, dtype=torch.float32).view(3, 4) - 5).to(dtype)
+            b = (torch.arange(6, device=device, dtype=torch.float32).view(3, 2) - 2).to(dtype)
+            c = torch.arange(8, device=device, dtype=torch.float32).view(4, 2) + 0.25
+            expected = c + 0.5 * (a.float().t() @ b.float())
+            result = torch.addmm(c, a.t(), b, out_dtype=torch.float32, alpha=0.5, out=c)
+            if result.data_ptr() != c.data_ptr() or not torch.equal(c, expected):
+                return False
+        return True
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
 class ChunkedBackend:
     """Layer 1 over row chunks: GEMM -> epilogue -> (GEMM, GEMM)."""
 
@@ -229,7 +263,17 @@ class ChunkedBackend:
 
 
 class _GradAccumulator:
-    """dh rows written per chunk; dW and db accumulated across chunks in the accumulation dtype."""
+    """dh rows written per chunk; dW and db accumulated across chunks in the accumulation dtype.
+
+    Low-precision (bf16 / fp16) weights keep dW in fp32, accumulated by one GEMM per chunk straight
+    into it (no fp32 temporary written and read again):
+      * CUDA: `torch.addmm(dW, dzᵀ, h, out_dtype=fp32, out=dW)`, a cuBLAS GEMM with bf16 A/B and fp32 C,
+        β = 1 (torch >= 2.10; older torch falls back to vocabulary slices, see `_cuda_addmm_accumulates_in_fp32`);
+      * CPU: `dW.addmm_(dzᵀ, h.float())` from the fp32 dz tile still in the workspace and an fp32 copy of
+        the chunk's h ([R, H], small): an fp32 GEMM (ATen has no mixed-dtype GEMM on CPU), measured 5-8x
+        faster than the bf16 GEMMs + conversions + adds it replaces on an AVX2 CPU, and fp32-exact since it
+        uses dz before its bf16 rounding (benchmarks/NOTES.md, "dW accumulation").
+    """
 
     def __init__(self, hidden, weight, bias, inv_temperature):
         self.hidden, self.weight, self.inv_temperature = hidden, weight, inv_temperature
@@ -238,20 +282,32 @@ class _GradAccumulator:
         self.grad_hidden = torch.empty_like(hidden)
         self.grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
         self.grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=acc, device=bias.device)
-        # Low-precision dW: accumulate over vocabulary slices so the fp32 temporary stays small.
-        self.vocab_slice = weight.shape[0] if self.full_precision else max(1, (1 << 20) // weight.shape[1])
+        if self.full_precision:
+            self.weight_mode = "addmm"
+        elif not weight.is_cuda:
+            self.weight_mode = "fp32_addmm"
+        elif _cuda_addmm_accumulates_in_fp32(weight.device):
+            self.weight_mode = "out_dtype_addmm"
+        else:  # older torch on CUDA: vocabulary slices keep the fp32 temporary small
+            self.weight_mode = "slices"
+        self.vocab_slice = max(1, (1 << 20) // weight.shape[1])
 
     def add(self, rows: slice, dz: torch.Tensor) -> None:
         """dz [R, V] (accumulation dtype) = ∂L/∂z for `rows`; z = (h Wᵀ + b) τ⁻¹, so every product carries τ⁻¹."""
         h = self.hidden[rows]
         dz_in = dz if self.full_precision else dz.to(self.weight.dtype)
         torch.mm(dz_in, self.weight, out=self.grad_hidden[rows]).mul_(self.inv_temperature)
-        if self.full_precision:
-            self.grad_weight.addmm_(dz_in.t(), h, alpha=self.inv_temperature)
+        grad_weight, alpha = self.grad_weight, self.inv_temperature
+        if self.weight_mode == "addmm":
+            grad_weight.addmm_(dz_in.t(), h, alpha=alpha)
+        elif self.weight_mode == "fp32_addmm":
+            grad_weight.addmm_(dz.t(), h.to(grad_weight.dtype), alpha=alpha)
+        elif self.weight_mode == "out_dtype_addmm":
+            torch.addmm(grad_weight, dz_in.t(), h, out_dtype=grad_weight.dtype, alpha=alpha, out=grad_weight)
         else:
             for start in range(0, dz_in.shape[1], self.vocab_slice):
                 cols = slice(start, start + self.vocab_slice)
-                self.grad_weight[cols].add_(_mm_acc(dz_in[:, cols].t(), h), alpha=self.inv_temperature)
+                grad_weight[cols].add_(_mm_acc(dz_in[:, cols].t(), h), alpha=alpha)
         if self.grad_bias is not None:
             self.grad_bias.add_(dz.sum(dim=0), alpha=self.inv_temperature)
 

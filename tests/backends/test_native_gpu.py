@@ -117,3 +117,54 @@ def test_grpo_loss_real_shape(native):
     for a, b_ in zip(*results, strict=True):
         scale = max(1.0, b_.abs().max().item())
         assert (a - b_).abs().max().item() <= 2e-2 * scale
+
+
+# ---------------------------------------------------------------- dW accumulation (chunked.py, torch and cuda backends)
+
+
+def test_fp32_accumulating_addmm_is_used():
+    """torch >= 2.11 (the GPU image's): `torch.addmm(dW_fp32, dzᵀ_bf16, h_bf16, out_dtype=fp32, out=dW)`
+    accumulates in place, so the bf16 dW path is one cuBLAS GEMM per chunk (no fp32 temporary)."""
+    from grpo_fast.backends import chunked
+
+    version = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if version < (2, 11):
+        pytest.skip(f"torch {torch.__version__}: the fp32-C out_dtype addmm is expected from 2.11 on")
+    assert chunked._cuda_addmm_accumulates_in_fp32(torch.device("cuda", torch.cuda.current_device()))
+    hidden = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    acc = chunked._GradAccumulator(hidden, torch.randn(32, 16, device="cuda", dtype=torch.bfloat16), None, 1.0)
+    assert acc.weight_mode == "out_dtype_addmm"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_dw_accumulation_matches_fp64(dtype):
+    """Every CUDA mode of the low-precision dW accumulation against fp64 (bf16-rounded dz, as both modes
+    use it), absolute bound, not relative to a peer: the fast mode must be fp32-accurate and allocate
+    nothing dW-sized."""
+    from grpo_fast.backends import chunked
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    n, h, v, step, inv_t = 700, 1024, 50_001, 256, 1 / 0.7
+    hidden = torch.randn(n, h, device="cuda", generator=gen).to(dtype)
+    weight = (torch.randn(v, h, device="cuda", generator=gen) / h**0.5).to(dtype)
+    chunks = [slice(s, min(s + step, n)) for s in range(0, n, step)]
+    tiles = [torch.randn(c.stop - c.start, v, device="cuda", generator=gen) * 1e-2 for c in chunks]
+    ref = sum(dz.to(dtype).double().t() @ hidden[c].double() for c, dz in zip(chunks, tiles, strict=True)) * inv_t
+    scale = ref.abs().max().item()
+    modes = ["slices"] + (["out_dtype_addmm"] if chunked._cuda_addmm_accumulates_in_fp32(hidden.device) else [])
+    for mode in modes:
+        acc = chunked._GradAccumulator(hidden, weight, None, inv_t)
+        acc.weight_mode = mode
+        acc.add(chunks[0], tiles[0].clone())  # first chunk: also the warm-up (cuBLAS handle, workspace)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        for c, dz in zip(chunks[1:], tiles[1:], strict=True):
+            acc.add(c, dz.clone())
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+        err = (acc.grad_weight.double() - ref).abs().max().item()
+        assert err <= 1e-5 * scale, f"{mode}: error {err:.3g}, scale {scale:.3g}"
+        if mode == "out_dtype_addmm":  # per chunk: the dz tile's clone (fp32) and its bf16 copy, nothing [V, H]
+            assert extra <= step * v * 6 + (64 << 20) < v * h * 4, f"{mode}: {extra / 2**20:.1f} MiB extra"
