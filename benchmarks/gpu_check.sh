@@ -2,10 +2,12 @@
 # Every GPU check in one command: build csrc for sm_90 (falling back to a pure-Python install if the build
 # fails, so the Triton and torch backends are still measured), run the GPU tests (which also measure the
 # trainer's memory per phase with and without state offload), run the loss benchmark (every backend vs
-# naive, Liger-Kernel and three cuBLAS GEMMs), and print a short summary. Results land in $OUT (default
-# /tmp/grpo_fast_gpu_check) as each phase ends, so a phase that runs out of time leaves the others' files.
+# naive, Liger-Kernel and three cuBLAS GEMMs), the dW-accumulation variants of the chunked backends, the
+# policy's forward+backward with and without Liger's model kernels (sdpa / flash_attention_2), and print a
+# short summary. Results land in $OUT (default /tmp/grpo_fast_gpu_check) as each phase ends, so a phase
+# that runs out of time leaves the others' files.
 #
-#   OUT=results_dir bash benchmarks/gpu_check.sh            # on a CUDA machine, about 8 minutes at most
+#   OUT=results_dir bash benchmarks/gpu_check.sh            # on a CUDA machine, about 11 minutes at most
 #   OUT=results_dir bash benchmarks/gpu_check.sh --dry-run  # any machine: every phase on CPU, tiny shapes
 #
 # The dry run executes each phase's command line on CPU (tiny shapes, no build, no nvidia-smi), so paths,
@@ -13,8 +15,8 @@
 # wheels are there (`pip download --no-deps liger-kernel==0.8.5 trl==1.16.0 accelerate -d .wheels`;
 # git-ignored); the benchmark's trl variant also needs datasets and pandas, else it reports its ImportError.
 # Then: JSON results go under benchmarks/results/, headline numbers into README.md and benchmarks/NOTES.md.
-# Per-phase limits (seconds): BUILD_TIMEOUT 150, TESTS_TIMEOUT 150, BENCH_TIMEOUT 150; SHAPES and REPEATS
-# override the benchmark's.
+# Per-phase limits (seconds): BUILD_TIMEOUT 150, TESTS_TIMEOUT 150, BENCH_TIMEOUT 150, DW_TIMEOUT 90,
+# MODEL_TIMEOUT 120; SHAPES and REPEATS override the loss benchmark's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY_RUN=0
@@ -23,12 +25,17 @@ OUT="${OUT:-/tmp/grpo_fast_gpu_check}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 export GRPO_FAST_GPU_OUT="$OUT"  # tests/trainer/test_offload_gpu.py writes offload_h200.json here
-GPU_TESTS="tests/backends/test_native_gpu.py tests/backends/test_triton_gpu.py tests/trainer/test_offload_gpu.py"
+GPU_TESTS="tests/backends/test_native_gpu.py tests/backends/test_triton_gpu.py tests/trainer/test_offload_gpu.py
+    tests/trainer/test_model_kernels.py"
 if [ "$DRY_RUN" = 1 ]; then
     DEVICE=cpu DTYPE=fp32 SHAPES="${SHAPES:-256,64,512}" REPEATS="${REPEATS:-1}"
+    DW_ARGS=(--shape 64,32,512 --repeats 1 --warmup 0)
+    MODEL_ARGS=(--tiny --repeats 1)
 else
     DEVICE=cuda DTYPE=bf16 SHAPES="${SHAPES:-4096,3584,152064 16384,3584,152064 65536,3584,152064}"
     REPEATS="${REPEATS:-3}"
+    DW_ARGS=(--shape 16384,3584,152064 --repeats 5)
+    MODEL_ARGS=(--repeats 5)
 fi
 start=$(date +%s)
 stamp() { echo "[gpu_check +$(( $(date +%s) - start ))s] $*"; }
@@ -72,5 +79,17 @@ timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_loss.py --device "$DEVI
     --repeats "$REPEATS" --out "$OUT/bench_loss_$DEVICE.json" > "$OUT/bench_loss.txt" 2>&1 \
     || stamp "loss benchmark: exit status $?"
 tail -20 "$OUT/bench_loss.txt"
+
+stamp "dW accumulation of the chunked backends (bf16 on $DEVICE)"
+timeout "${DW_TIMEOUT:-90}" python3 benchmarks/bench_dw_accumulation.py --device "$DEVICE" "${DW_ARGS[@]}" \
+    --out "$OUT/dw_accumulation_$DEVICE.json" > "$OUT/dw_accumulation.txt" 2>&1 \
+    || stamp "dW accumulation benchmark: exit status $?"
+tail -16 "$OUT/dw_accumulation.txt"
+
+stamp "policy forward+backward with and without Liger's model kernels, sdpa / flash_attention_2 ($DEVICE)"
+timeout "${MODEL_TIMEOUT:-120}" python3 benchmarks/bench_model_kernels.py --device "$DEVICE" "${MODEL_ARGS[@]}" \
+    --out "$OUT/model_kernels_$DEVICE.json" > "$OUT/model_kernels.txt" 2>&1 \
+    || stamp "model kernels benchmark: exit status $?"
+tail -12 "$OUT/model_kernels.txt"
 
 stamp "done; results in $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -4,10 +4,13 @@ consume (hidden, lm_head weight) directly."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -72,14 +75,21 @@ def build_sequence_batch(
 
 def load_policy(model_config, path: str | None = None) -> nn.Module:
     """The causal LM at `path` (default model_config.path) with the config's dtype and attention
-    implementation, on the GPU when there is one."""
+    implementation, on the GPU when there is one, with Liger-Kernel's model kernels when
+    model_config.liger_kernels."""
     from transformers import AutoModelForCausalLM
 
     kwargs = {"dtype": getattr(torch, model_config.dtype)}
     if model_config.attn_implementation:
         kwargs["attn_implementation"] = model_config.attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path or model_config.path, **kwargs)
-    return model.cuda() if torch.cuda.is_available() else model
+    if torch.cuda.is_available():
+        model = model.cuda()
+    if model_config.liger_kernels:
+        from grpo_fast.trainer.model_kernels import apply_model_kernels
+
+        logger.info("Liger-Kernel model kernels: %s", ", ".join(apply_model_kernels(model, model_config)))
+    return model
 
 
 def backbone(model: nn.Module) -> nn.Module:
