@@ -142,14 +142,15 @@ class LossStep:
         return weight.to(self.head_dtype), None if bias is None else bias.to(self.head_dtype)
 
     @torch.no_grad()
-    def logprobs(self, model, batch: SequenceBatch) -> torch.Tensor:
-        """[B, T] completion logprobs in eval mode (no dropout; the model's mode is restored), on the device."""
+    def logprobs(self, model, batch: SequenceBatch, plan: list | None = None) -> torch.Tensor:
+        """[B, T] completion logprobs in eval mode (no dropout; the model's mode is restored), on the device,
+        over the micro-batches `plan` (default `micro_batches(batch)`)."""
         was_training = model.training
         model.eval()
         try:
             weight, bias = self.head(model)
             out = torch.zeros(batch.completion_ids.shape, device=self.device)
-            for mb in self.micro_batches(batch):
+            for mb in self.micro_batches(batch) if plan is None else plan:
                 lp = fused_logprobs(
                     self.forward_hidden(model, mb),
                     weight,
@@ -163,12 +164,12 @@ class LossStep:
         finally:
             model.train(was_training)
 
-    def reference_logprobs(self, batch: SequenceBatch) -> torch.Tensor:
+    def reference_logprobs(self, batch: SequenceBatch, plan: list | None = None) -> torch.Tensor:
         """[B, T] logprobs of the reference policy, on the device."""
         if self.ref_model is not None:
-            return self.logprobs(self.ref_model, batch)
+            return self.logprobs(self.ref_model, batch, plan)
         with self.model.disable_adapter():
-            return self.logprobs(self.model, batch)
+            return self.logprobs(self.model, batch, plan)
 
     # -- the step ---------------------------------------------------------------------------------------
 
@@ -196,8 +197,8 @@ class LossStep:
         if from_rollout and not has_rollout_lp:
             raise ValueError("grpo.old_logprobs: 'rollout' needs the engine's sampling logprobs (temperature > 0)")
         recompute = not from_rollout and (cfg.grpo.num_iterations > 1 or cfg.grpo.is_correction != "none")
-        old_lp = rollout_lp if from_rollout else self.logprobs(self.model, batch) if recompute else None
-        ref_lp = self.reference_logprobs(batch) if cfg.loss.beta > 0 else None
+        old_lp = rollout_lp if from_rollout else self.logprobs(self.model, batch, plan) if recompute else None
+        ref_lp = self.reference_logprobs(batch, plan) if cfg.loss.beta > 0 else None
         self.model.train()
         is_weights = None
         if recompute and has_rollout_lp:
