@@ -30,7 +30,9 @@ from collections.abc import Callable
 import torch
 
 from grpo_fast.bench.common import (
+    add_model_shape_arguments,
     environment_stamp,
+    random_qwen2,
     reset_peak_rss,
     rss_bytes,
     run_json_subprocess,
@@ -51,21 +53,7 @@ QUICK = dict(
 
 def build_model(args: argparse.Namespace, device: torch.device):
     """Random-init Qwen2ForCausalLM (sdpa attention, no dropout) in train mode."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=max(args.prompt_lens) + args.completion_len,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).to(device).train()
+    return random_qwen2(args, max(args.prompt_lens) + args.completion_len, device)
 
 
 def build_batch(args: argparse.Namespace, prompt_len: int, device: torch.device):
@@ -243,13 +231,7 @@ def format_table(results: list[dict]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--intermediate", type=int, default=1408)
-    parser.add_argument("--vocab", type=int, default=32000)
+    add_model_shape_arguments(parser)
     parser.add_argument("--groups", type=int, default=1, help="prompts per micro-batch")
     parser.add_argument("--group-size", type=int, default=8, help="completions per prompt (G)")
     parser.add_argument("--completion-len", type=int, default=64)

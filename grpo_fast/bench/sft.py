@@ -24,7 +24,16 @@ from collections.abc import Callable
 
 import torch
 
-from .common import environment_stamp, reset_peak_rss, rss_bytes, run_json_subprocess, time_call, write_json
+from .common import (
+    add_model_shape_arguments,
+    environment_stamp,
+    random_qwen2,
+    reset_peak_rss,
+    rss_bytes,
+    run_json_subprocess,
+    time_call,
+    write_json,
+)
 
 CONTENDERS = ("fused", "transformers")
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "batch", "seq_len", "loss_frac")
@@ -33,23 +42,9 @@ SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab",
 def build(args: argparse.Namespace, device: torch.device):
     """(model, batch): a random-init Qwen2ForCausalLM and a TokenBatch of random tokens whose last
     `loss_frac` of each row are the loss tokens (a prompt, then its completion)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     from grpo_fast.sft.batching import TokenBatch
 
-    config = Qwen2Config(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=max(args.seq_len, 128),
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(device).train()
+    model = random_qwen2(args, max(args.seq_len, 128), device)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, args.vocab, (args.batch, args.seq_len), generator=g)
     loss_mask = torch.zeros_like(input_ids, dtype=torch.bool)
@@ -149,13 +144,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--intermediate", type=int, default=1408)
-    parser.add_argument("--vocab", type=int, default=32000)
+    add_model_shape_arguments(parser)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--loss-frac", type=float, default=0.5, help="share of each row that is loss tokens")
