@@ -1,4 +1,4 @@
-"""`grpo-fast train --config path.yaml [--set key=value ...] [--resume]`: the checks of
+"""`grpo-fast train --config path.yaml [--set key=value ...] [--resume | --overwrite]`: the checks of
 grpo_fast.trainer.preflight first (skipped when resuming, or with --skip-checks), then training."""
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="GRPO training from a YAML config (see configs/)")
     add_config_arguments(p)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in a run.output_dir that holds an earlier run, deleting its checkpoints and metrics",
+    )
     p.add_argument("--skip-checks", action="store_true", help="start training without the checks")
     p.set_defaults(func=_train, command_name="train")
 
@@ -52,12 +57,18 @@ def load_cli_config(args: argparse.Namespace, extra_overrides: list[str] = ()):
 
 def build_trainer(args: argparse.Namespace):
     """(config, trainer) from the command line, or None after --print-config."""
-    cfg = load_cli_config(args, ["run.resume=true"] if getattr(args, "resume", False) else [])
+    cfg = load_cli_config(args, flag_overrides(args))
     if cfg is None:
         return None
     if not cfg.model.path:
         raise SystemExit(f"grpo-fast {args.command_name}: model.path is required")
     return cfg, trainer_from_config(cfg)
+
+
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """The config keys that --resume and --overwrite set."""
+    flags = {"resume": "run.resume=true", "overwrite": "run.overwrite=true"}
+    return [override for name, override in flags.items() if getattr(args, name, False)]
 
 
 def trainer_from_config(cfg):

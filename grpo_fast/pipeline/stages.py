@@ -74,6 +74,8 @@ def train_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult
     run = data["run"]
     run["save_final"] = True
     run["resume"] = bool(ckpt.saved_steps(Path(run["output_dir"]) / "checkpoints"))
+    # A stage interrupted before its first checkpoint restarts from scratch: what it logged is its own.
+    run["overwrite"] = not run["resume"]
     cfg = from_dict(data)
     trainer = trainer_from_config(cfg)
     try:

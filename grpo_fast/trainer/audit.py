@@ -9,6 +9,8 @@ import json
 import math
 from pathlib import Path
 
+from grpo_fast.trainer.metrics import read_jsonl, write_jsonl
+
 
 class AuditTrail:
     def __init__(self, output_dir: str | Path, samples: int = 2) -> None:
@@ -16,12 +18,13 @@ class AuditTrail:
         self.html = Path(output_dir) / "audit.html"
         self.samples = samples
         self.records: list[dict] = []
-        if self.jsonl.exists():  # a resumed run keeps the earlier entries
-            self.records = [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        if self.jsonl.exists():  # a resumed run keeps the earlier entries (not a partly written last one)
+            self.records = read_jsonl(self.jsonl)
 
     def truncate_after(self, step: int) -> None:
+        """Drops entries past `step` (a resumed run records them again), and a partly written last line."""
         self.records = [r for r in self.records if r["step"] <= step]
-        self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        write_jsonl(self.jsonl, self.records)
 
     def record(self, step: int, rollout, rows: list[dict], reward_names: list[str]) -> list[dict]:
         """Append the step's `samples` best and worst completions (by combined reward) and re-render the page."""

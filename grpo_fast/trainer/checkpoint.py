@@ -1,28 +1,60 @@
 """Atomic checkpoints: written into a temporary directory beside the target, then renamed.
 
-A checkpoint directory `step-000010/` holds the HF model (safetensors, loadable with `from_pretrained`),
-the tokenizer, and `trainer_state.pt` (optimizer, scheduler, RNG states, step, data position).
+A checkpoint directory `step-000010/` holds the HF model (safetensors, loadable with `from_pretrained`; for a
+PEFT model its adapters, as PEFT's `save_pretrained` writes them), the tokenizer, `train_config.json` (the
+run's config and LoRA settings, compared on resume) and `trainer_state.pt` (optimizer, scheduler, RNG states,
+step, data position). `trainer_state.pt` holds tensors and plain Python values only and is read with
+`torch.load(weights_only=True)`: loading a checkpoint never runs code from it.
+
+Also here: which config changes a resumed run may make (`compare_configs`), and what an earlier run left in
+an output directory (`earlier_run_files`, `clear_earlier_run`).
 """
 
 from __future__ import annotations
 
+import enum
+import json
+import logging
 import os
+import pickle
 import random
 import re
 import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+logger = logging.getLogger(__name__)
+
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _OLD_DIR = re.compile(r"^\.old-(step-\d+)-\d+$")
+TRAINER_STATE = "trainer_state.pt"
+RUN_CONFIG = "train_config.json"
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """A trainer_state.pt that holds more than tensors and plain Python values: refused unread."""
+
+
+# -- RNG states ---------------------------------------------------------------------------------------------
 
 
 def rng_state() -> dict:
+    """The global RNG states (python, numpy, torch, CUDA) as tensors and plain Python values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002 (global RNG)
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),  # noqa: NPY002 (global RNG)
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -31,17 +63,45 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])  # noqa: NPY002 (global RNG)
+    """Restores what `rng_state` saved (also the numpy tuple of checkpoints written before)."""
+    random.setstate(_as_tuples(state["python"]))
+    np.random.set_state(_numpy_state(state["numpy"]))  # noqa: NPY002 (global RNG)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _numpy_state(saved) -> tuple:
+    if not isinstance(saved, dict):  # written before: numpy's own tuple
+        return saved
+    keys = np.asarray(saved["keys"].numpy(), dtype=np.uint32)
+    return (saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+
+
+def _as_tuples(value):
+    """random.setstate wants the nested tuples random.getstate gave."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+# -- writing ------------------------------------------------------------------------------------------------
+
+
 def save_checkpoint(
-    root: str | Path, step: int, model, tokenizer, trainer_state: dict, keep: int | None = None
+    root: str | Path,
+    step: int,
+    model,
+    tokenizer,
+    trainer_state: dict,
+    keep: int | None = None,
+    *,
+    protect: Iterable[str | Path] = (),
+    run_config: dict | None = None,
 ) -> Path:
-    """Writes root/step-{step:06d} atomically; returns its path. `keep` prunes older checkpoints."""
+    """Writes root/step-{step:06d} atomically; returns its path.
+
+    trainer_state: tensors and plain Python values only (it must load with weights_only=True); the RNG
+    states are added. keep: prune to the newest `keep` checkpoints, never deleting a path in `protect`.
+    run_config: JSON-able, written to train_config.json."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -52,7 +112,9 @@ def save_checkpoint(
     model.save_pretrained(tmp, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    torch.save({**trainer_state, "rng": rng_state()}, tmp / "trainer_state.pt")
+    torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
+    if run_config is not None:
+        (tmp / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, sort_keys=True) + "\n")
     _fsync_tree(tmp)  # the renames below must never publish a directory whose files are not on disk
     if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
         old = root / f".old-step-{step:06d}-{os.getpid()}"
@@ -63,9 +125,20 @@ def save_checkpoint(
         os.replace(tmp, final)
     _fsync(root)
     if keep is not None:
-        for old in list_checkpoints(root)[:-keep]:
-            shutil.rmtree(old)
+        prune_checkpoints(root, keep, protect)
     return final
+
+
+def prune_checkpoints(root: str | Path, keep: int, protect: Iterable[str | Path] = ()) -> list[Path]:
+    """Deletes all but the newest `keep` checkpoints under `root`, except those in `protect`; returns the
+    deleted paths."""
+    if keep < 1:
+        raise ValueError(f"keep_checkpoints: expected a positive count or None (keep all), got {keep!r}")
+    kept = {Path(p).resolve() for p in protect}
+    deleted = [p for p in list_checkpoints(root)[:-keep] if p.resolve() not in kept]
+    for path in deleted:
+        shutil.rmtree(path)
+    return deleted
 
 
 def _fsync(path: Path) -> None:
@@ -82,6 +155,9 @@ def _fsync_tree(root: Path) -> None:
         for name in files:
             _fsync(Path(directory) / name)
         _fsync(Path(directory))
+
+
+# -- finding ------------------------------------------------------------------------------------------------
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
@@ -116,12 +192,41 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+# -- reading ------------------------------------------------------------------------------------------------
+
+
+def _legacy_numpy_globals() -> list:
+    """What a numpy RNG-state array needs to unpickle: checkpoints written before the state was kept as a
+    tensor. Only array reconstruction, no callable of any other kind."""
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
 def load_trainer_state(path: str | Path) -> dict:
-    return torch.load(Path(path) / "trainer_state.pt", map_location="cpu", weights_only=False)
+    """trainer_state.pt of the checkpoint `path`, read with weights_only=True (tensors and plain Python
+    values; numpy arrays of older checkpoints). Raises UnsafeCheckpointError for anything else."""
+    file = Path(path) / TRAINER_STATE
+    try:
+        with torch.serialization.safe_globals(_legacy_numpy_globals()):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = next((line.strip() for line in str(exc).splitlines() if "WeightsUnpickler error" in line), str(exc))
+        reason = reason.split(". Please")[0]  # not torch's advice on how to allow it anyway
+        raise UnsafeCheckpointError(
+            f"{file}: refused, it holds objects other than tensors and plain Python values ({reason}); a "
+            "grpo_fast checkpoint never does, so it was not written by this trainer or was altered"
+        ) from None
 
 
 def load_model_weights(model, path: str | Path) -> None:
-    """Loads the checkpoint's safetensors into an existing model in place (same architecture)."""
+    """Loads the checkpoint's safetensors into an existing model in place (same architecture); for a PEFT
+    model, the adapter weights its `save_pretrained` wrote."""
+    if hasattr(model, "peft_config"):
+        _load_adapter_weights(model, Path(path))
+        return
     from safetensors.torch import load_file
 
     files = sorted(Path(path).glob("*.safetensors"))
@@ -132,3 +237,228 @@ def load_model_weights(model, path: str | Path) -> None:
     tied = {k for k in missing if "lm_head" in k and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"checkpoint {path}: missing {sorted(set(missing) - tied)}, unexpected {unexpected}")
+
+
+def _load_adapter_weights(model, path: Path) -> None:
+    """Each adapter's weights from where PEFT's save_pretrained puts them (the "default" adapter at the top,
+    the others in a subdirectory of their name), under PEFT's key names; every key must match."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    for name in model.peft_config:
+        file = (path if name == "default" else path / name) / "adapter_model.safetensors"
+        if not file.exists():
+            raise FileNotFoundError(f"checkpoint {path}: no weights of adapter {name!r} ({file} is missing)")
+        state = load_file(file)
+        expected = get_peft_model_state_dict(model, adapter_name=name)
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise RuntimeError(f"checkpoint {path}, adapter {name!r}: missing {missing}, unexpected {unexpected}")
+        set_peft_model_state_dict(model, state, adapter_name=name)
+
+
+# -- the config a run resumes with -------------------------------------------------------------------------
+
+# Options whose change makes the checkpoint another run's: the model, the loss, the batch shape, the adapters.
+INCOMPATIBLE = (
+    "model.path",
+    "loss.loss_type",
+    "run.prompts_per_step",
+    "rollout.num_generations",
+    "run.micro_batch_size",
+    "run.micro_batch_tokens",
+    "rollout.max_completion_length",
+    "rollout.max_model_len",
+    "lora",
+)
+# Options that change how long the run goes, what it logs, evaluates and keeps, or where memory lives.
+HARMLESS = (
+    "run.max_steps",
+    "run.eval_every",
+    "run.eval_max_prompts",
+    "run.log_every",
+    "run.save_every",
+    "run.save_final",
+    "run.keep_checkpoints",
+    "run.output_dir",
+    "run.tensorboard",
+    "run.progress",
+    "run.plots",
+    "run.offload_optimizer",
+    "run.offload_params",
+    "rollout.gpu_memory_utilization",
+    "rollout.kv_cache_memory_bytes",
+    "rollout.sleep_level",
+    "rollout.sync_bucket_mb",
+    "reward.workers",
+    "reward.overlap_chunks",
+    "data.eval_source",
+    "data.eval_task_kwargs",
+    "health",
+    "check",
+    "sample",
+)
+_IGNORED = ("run.resume", "run.overwrite")  # how this run starts, not what it is
+# PEFT settings that only matter before training starts or name the files.
+_PEFT_IGNORED = frozenset(
+    {"base_model_name_or_path", "revision", "inference_mode", "peft_version", "auto_mapping", "runtime_config"}
+    | {"init_lora_weights", "loftq_config", "eva_config", "corda_config", "lora_ga_config"}
+)
+
+
+@dataclass(frozen=True)
+class ConfigChange:
+    """One option (dotted key) whose value differs between the checkpoint and the resumed run."""
+
+    key: str
+    saved: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}: saved {self.saved!r}, now {self.new!r}"
+
+
+@dataclass
+class ConfigDiff:
+    """A resumed run's config against its checkpoint's: changes refused, harmless ones, and the others
+    (allowed, but they change the training from here on)."""
+
+    incompatible: list[ConfigChange] = field(default_factory=list)
+    harmless: list[ConfigChange] = field(default_factory=list)
+    other: list[ConfigChange] = field(default_factory=list)
+
+
+def run_signature(config: dict, model) -> dict:
+    """What train_config.json holds: the config tree and the model's adapter settings, as JSON values."""
+    return _jsonable({"config": config, "lora": adapter_settings(model)})
+
+
+def adapter_settings(model) -> dict | None:
+    """{adapter name: its PEFT config} of a PEFT model (without what only matters before training starts);
+    None for a plain model."""
+    configs = getattr(model, "peft_config", None)
+    if not configs:
+        return None
+    return {name: {k: v for k, v in cfg.to_dict().items() if k not in _PEFT_IGNORED} for name, cfg in configs.items()}
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted((_jsonable(v) for v in value), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):  # PeftType, TaskType
+        return _jsonable(value.value)
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    return repr(value)
+
+
+def saved_run_config(path: str | Path) -> dict | None:
+    """The checkpoint's train_config.json; for a checkpoint written before it existed, the config kept in
+    its trainer state (no LoRA settings); None when neither is there."""
+    file = Path(path) / RUN_CONFIG
+    if file.exists():
+        return json.loads(file.read_text())
+    config = load_trainer_state(path).get("config")
+    return None if config is None else {"config": _jsonable(config)}
+
+
+def compare_configs(saved: dict, new: dict) -> ConfigDiff:
+    """Sorts the changes from the `saved` run signature to the `new` one (both as `run_signature` gives)
+    into incompatible, harmless and other, each ordered by key. Options only one side knows (added or
+    removed since) are not compared."""
+    changes = list(_section_changes(saved["config"], new["config"]))
+    if "lora" in saved:
+        changes += _lora_changes(saved["lora"], new.get("lora"))
+    diff = ConfigDiff()
+    for change in sorted(changes, key=lambda c: c.key):
+        if _matches(change.key, _IGNORED):
+            continue
+        if _matches(change.key, INCOMPATIBLE):
+            diff.incompatible.append(change)
+        elif _matches(change.key, HARMLESS) and not _moves_the_schedule(change, new["config"]):
+            diff.harmless.append(change)
+        else:
+            diff.other.append(change)
+    return diff
+
+
+def _section_changes(saved: dict, new: dict):
+    for section in saved.keys() & new.keys():
+        old_fields, new_fields = saved[section], new[section]
+        for name in old_fields.keys() & new_fields.keys():
+            if old_fields[name] != new_fields[name]:
+                yield ConfigChange(f"{section}.{name}", old_fields[name], new_fields[name])
+
+
+def _lora_changes(saved: dict | None, new: dict | None) -> list[ConfigChange]:
+    if saved is None or new is None or saved.keys() != new.keys():
+        return [] if saved == new else [ConfigChange("lora", saved, new)]
+    return [ConfigChange(f"lora.{c.key}", c.saved, c.new) for c in _section_changes(saved, new)]
+
+
+def _moves_the_schedule(change: ConfigChange, new: dict) -> bool:
+    """A new max_steps stretches a linear or cosine learning-rate schedule: that changes the training."""
+    return change.key == "run.max_steps" and new.get("optim", {}).get("lr_scheduler", "constant") != "constant"
+
+
+def _matches(key: str, prefixes: tuple[str, ...]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def check_resume_config(path: str | Path, new: dict) -> ConfigDiff:
+    """Compares the run signature `new` with checkpoint `path`'s: raises ValueError listing the incompatible
+    changes with both values; logs the others. Returns the comparison."""
+    saved = saved_run_config(path)
+    if saved is None:
+        logger.warning("checkpoint %s keeps no config: the resumed run's config cannot be checked against it", path)
+        return ConfigDiff()
+    diff = compare_configs(saved, new)
+    if diff.incompatible:
+        lines = "\n".join(f"  {c}" for c in diff.incompatible)
+        raise ValueError(
+            f"cannot resume from {path}: the config differs from the checkpoint's in options that change the "
+            f"model, the loss or the batch shape:\n{lines}\nSet them back to the saved values (see "
+            f"{Path(path) / RUN_CONFIG}), or start a fresh run in another run.output_dir."
+        )
+    if diff.harmless:
+        logger.info("resuming with changed options: %s", "; ".join(map(str, diff.harmless)))
+    if diff.other:
+        logger.warning(
+            "resuming with changed options that change the training from here on: %s", "; ".join(map(str, diff.other))
+        )
+    return diff
+
+
+# -- what an earlier run left in an output directory -----------------------------------------------------
+
+_RUN_FILES = ("metrics.jsonl", "audit.jsonl", "audit.html", "report.md")
+_RUN_DIRS = ("checkpoints", "tensorboard", "plots")
+
+
+def earlier_run_files(output_dir: str | Path) -> list[str]:
+    """What a run that started fresh in `output_dir` would overwrite: a non-empty metrics.jsonl and
+    the checkpoints (names relative to output_dir)."""
+    out = Path(output_dir)
+    found = []
+    metrics = out / "metrics.jsonl"
+    if metrics.exists() and metrics.read_text().strip():
+        found.append("metrics.jsonl")
+    steps = saved_steps(out / "checkpoints")
+    if steps:
+        found.append(f"checkpoints/ (steps {', '.join(map(str, steps))})")
+    return found
+
+
+def clear_earlier_run(output_dir: str | Path) -> None:
+    """Deletes an earlier run's outputs in `output_dir`: checkpoints, metrics, audit trail, report,
+    TensorBoard events and plots (other files stay)."""
+    out = Path(output_dir)
+    for name in _RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for name in _RUN_DIRS:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)

@@ -150,7 +150,13 @@ class RunConfig:
     for the G completions ("auto": when the prompts are long enough for it to pay, see
     grpo_fast.trainer.prefix_sharing).
     offload_optimizer / offload_params: trainer state to pinned CPU memory during generation (GPU only).
-    bf16: "auto" = autocast on GPU, off on CPU."""
+    bf16: "auto" = autocast on GPU, off on CPU.
+    keep_checkpoints: keep only the newest K checkpoints (None: all; TRL's save_total_limit); the one the
+    run resumed from is never deleted. resume: continue from the latest checkpoint under output_dir; the
+    config must match the checkpoint's in the model, loss and batch shape (trainer/checkpoint.py lists the
+    options). overwrite: a fresh run in an output_dir that holds an earlier run's metrics or checkpoints
+    deletes them (checkpoints, metrics, audit trail, report, TensorBoard events, plots); without it such a
+    run is refused."""
 
     output_dir: str = "runs/train"
     max_steps: int = 100
@@ -165,7 +171,9 @@ class RunConfig:
     log_every: int = 1
     save_every: int = 0
     save_final: bool = True
+    keep_checkpoints: int | None = None
     resume: bool = False
+    overwrite: bool = False
     offload_optimizer: bool = True
     offload_params: bool = False
     bf16: str = "auto"
@@ -286,6 +294,7 @@ _POSITIVE = (
     "run.prompts_per_step",
     "run.micro_batch_size",
     "run.micro_batch_tokens",
+    "run.keep_checkpoints",
     "optim.lr",
     "sample.samples_per_prompt",
     "sample.chunk_prompts",

@@ -4,7 +4,9 @@ enabled), in-memory history for plots."""
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,8 @@ import torch
 
 from grpo_fast.trainer.advantages import reward_stats
 from grpo_fast.trainer.health import reward_by_length
+
+logger = logging.getLogger(__name__)
 
 
 def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> dict[str, float]:
@@ -57,14 +61,39 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
     return out
 
 
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a JSONL journal (metrics.jsonl, audit.jsonl). A last line that is not JSON is what a
+    process killed while appending leaves: it is dropped, with a warning. Any other line that is not JSON
+    raises ValueError naming the file and line."""
+    path = Path(path)
+    lines = [(i, line) for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    records = []
+    for i, line in lines:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if i == lines[-1][0]:
+                logger.warning("%s:%d: dropping a partly written last line (%s)", path, i, exc)
+                break
+            raise ValueError(f"{path}:{i}: not JSON ({exc}); fix or remove the line") from None
+    return records
+
+
+def write_jsonl(path: str | Path, records: list[dict]) -> None:
+    """Replaces the journal at `path` with `records`, atomically (a crash leaves the old file or the new)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
     def __init__(self, output_dir: str | Path, tensorboard: bool = True, filename: str = "metrics.jsonl") -> None:
         self.path = Path(output_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []
         if self.path.exists():  # resumed run: keep the earlier steps (plots cover the whole run)
-            with open(self.path) as f:
-                self.history = [json.loads(line) for line in f if line.strip()]
+            self.history = read_jsonl(self.path)
         self._tb = None
         if tensorboard:
             try:
@@ -75,11 +104,9 @@ class MetricsLogger:
                 self._tb = None
 
     def truncate_after(self, step: int) -> None:
-        """Drops records past `step` (a resumed run re-logs them)."""
+        """Drops records past `step` (a resumed run re-logs them), and a partly written last line."""
         self.history = [r for r in self.history if r.get("step", 0) <= step]
-        with open(self.path, "w") as f:
-            for r in self.history:
-                f.write(json.dumps(r) + "\n")
+        write_jsonl(self.path, self.history)
 
     def log(self, step: int, metrics: dict) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}

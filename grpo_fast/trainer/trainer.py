@@ -112,6 +112,7 @@ class GRPOTrainer:
         self.health = HealthMonitor(cfg.health, self.rewards.names)
         self.audit: AuditTrail | None = None
         self.preflight_report: PreflightReport | None = None
+        self.resumed_from: Path | None = None  # the checkpoint resumed from: never pruned by run.keep_checkpoints
 
     # -- the rollout engine -----------------------------------------------------------------------------
 
@@ -208,6 +209,11 @@ class GRPOTrainer:
     # -- checkpoints ------------------------------------------------------------------------------------
 
     def save(self) -> Path:
+        """Writes the checkpoint of the current step (run.keep_checkpoints prunes older ones).
+
+        Every tensor is written from where it is: between steps on a GPU the optimizer state (and with
+        run.offload_params the parameters) are the offloader's pinned CPU copies, so saving needs no GPU
+        memory; `resume` puts each tensor back on its parameter's device."""
         state = {
             "step": self.step,
             "optimizer": self.optimizer.state_dict(),
@@ -215,22 +221,39 @@ class GRPOTrainer:
             "sampler": self.sampler.state_dict(),
             "curriculum": self.curriculum.state_dict(),
             "timers": dict(self.timers),
-            "config": self.config.to_dict(),
         }
-        was_offloaded = self.offloader.offloaded
-        self.offloader.reload()  # optimizer state must be on its device to be saved as it will be loaded
-        path = ckpt.save_checkpoint(self.output_dir / "checkpoints", self.step, self.model, self.tokenizer, state)
-        if was_offloaded:
-            self.offloader.offload()
-        return path
+        return ckpt.save_checkpoint(
+            self.output_dir / "checkpoints",
+            self.step,
+            self.model,
+            self.tokenizer,
+            state,
+            self.config.run.keep_checkpoints,
+            protect=[self.resumed_from] if self.resumed_from else [],
+            run_config=self.run_signature(),
+        )
+
+    def run_signature(self) -> dict:
+        """The config and LoRA settings a checkpoint keeps (train_config.json) and a resume is checked against."""
+        return ckpt.run_signature(self.config.to_dict(), self.model)
 
     def resume(self, path: str | Path | None = None) -> bool:
+        """Continues from checkpoint `path` (default: the latest under run.output_dir): weights, optimizer,
+        schedule, data position, curriculum, RNG states. Raises ValueError when the config differs from the
+        checkpoint's in the model, loss or batch shape (checkpoint.INCOMPATIBLE), UnsafeCheckpointError for a
+        trainer state that is not plain data. False when there is no checkpoint."""
         path = Path(path) if path else ckpt.latest_checkpoint(self.output_dir / "checkpoints")
         if path is None:
             logger.warning("resume requested but no checkpoint under %s: starting fresh", self.output_dir)
             return False
+        ckpt.check_resume_config(path, self.run_signature())
+        self._load_checkpoint(path)
+        return True
+
+    def _load_checkpoint(self, path: Path) -> None:
+        """The loading half of `resume` (its config already checked)."""
+        state = ckpt.load_trainer_state(path)  # before the weights: a refused checkpoint changes nothing
         ckpt.load_model_weights(self.model, path)
-        state = ckpt.load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
@@ -238,20 +261,44 @@ class GRPOTrainer:
         self.step = state["step"]
         self.timers.update(state.get("timers", {}))
         ckpt.set_rng_state(state["rng"])
+        self.resumed_from = path
         logger.info("resumed from %s (step %d)", path, self.step)
-        return True
+
+    def _prepare_output_dir(self) -> Path | None:
+        """Before the engine starts: the checkpoint to resume from (run.resume), its config checked; or, for
+        a fresh start, the output directory cleared of an earlier run (run.overwrite) or refused."""
+        run = self.config.run
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        path = ckpt.latest_checkpoint(self.output_dir / "checkpoints") if run.resume else None
+        if path is not None:
+            ckpt.check_resume_config(path, self.run_signature())
+            return path
+        if run.resume:
+            logger.warning("resume requested but no checkpoint under %s: starting fresh", self.output_dir)
+        earlier = ckpt.earlier_run_files(self.output_dir)
+        if earlier and not run.overwrite:
+            why = "resume found no checkpoint, and starting" if run.resume else "starting"
+            raise ValueError(
+                f"run.output_dir {self.output_dir} holds an earlier run ({', '.join(earlier)}): {why} afresh would "
+                "replace it. Resume it (run.resume: true / --resume), choose another run.output_dir, or set "
+                "run.overwrite: true (--overwrite) to delete it and start over."
+            )
+        if earlier:
+            logger.warning("run.overwrite: deleting the earlier run in %s (%s)", self.output_dir, ", ".join(earlier))
+            ckpt.clear_earlier_run(self.output_dir)
+        return None
 
     # -- the loop ---------------------------------------------------------------------------------------
 
     def train(self) -> dict:
         """Runs `run.max_steps` steps (continuing a checkpoint with run.resume); returns the final metrics."""
         cfg = self.config
-        self.output_dir.mkdir(parents=True, exist_ok=True)
+        resume_from = self._prepare_output_dir()  # refusals come before the engine starts
         # The engine first: starting vLLM reseeds the global RNGs (set_random_seed), which would overwrite the
         # RNG states a resume restores.
         self._ensure_engine()
-        if cfg.run.resume:
-            self.resume()
+        if resume_from is not None:
+            self._load_checkpoint(resume_from)
         self.metrics = MetricsLogger(self.output_dir, tensorboard=cfg.run.tensorboard)
         self.metrics.truncate_after(self.step)
         self.audit = AuditTrail(self.output_dir, cfg.health.audit_samples)

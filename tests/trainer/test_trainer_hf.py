@@ -98,7 +98,7 @@ def test_resume_restores_rng_after_the_engine_starts(tmp_path, monkeypatch):
     t = _trainer(out, [])
     torch.manual_seed(1234)
     t.save()
-    saved = torch.load(out / "checkpoints" / "step-000000" / "trainer_state.pt", weights_only=False)["rng"]["torch"]
+    saved = torch.load(out / "checkpoints" / "step-000000" / "trainer_state.pt", weights_only=True)["rng"]["torch"]
 
     def make_engine(self):
         torch.manual_seed(self.config.run.seed)  # what vllm.LLM(seed=...) does on start

@@ -1,0 +1,75 @@
+"""`trainer_state.pt` is read with `weights_only=True`: a checkpoint that carries a pickle payload is refused
+before any of it runs, and the states a checkpoint needs (RNGs included) survive the restricted loader."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from grpo_fast.data.tasks import exact_match_reward, modular_arithmetic_dataset
+from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.trainer import GRPOTrainer, load_config
+from grpo_fast.trainer import checkpoint as ckpt
+
+
+def _trainer(out, *overrides):
+    tok = build_char_tokenizer()
+    opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
+    opts += ["run.prompts_per_step=2", "run.eval_every=0", "reward.workers=0", "run.tensorboard=false"]
+    opts += ["run.progress=false", "run.plots=false", f"run.output_dir={out}", *overrides]
+    rows = modular_arithmetic_dataset(8, seed=0)
+    return GRPOTrainer(build_tiny_model(tok), [exact_match_reward], rows, config=load_config(None, opts), tokenizer=tok)
+
+
+class _CreatesAFile:
+    """Unpickling this opens (creates) `path`: what a malicious checkpoint would do, harmlessly."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_checkpoint_with_a_pickle_payload_is_refused_on_resume(tmp_path):
+    out, marker = tmp_path / "run", tmp_path / "pwned"
+    trainer = _trainer(out, "run.max_steps=1")
+    path = trainer.save()
+    state_file = path / "trainer_state.pt"
+    state = ckpt.load_trainer_state(path)
+    torch.save({**state, "extra": _CreatesAFile(marker)}, state_file)
+
+    resumed = _trainer(out, "run.max_steps=1", "run.resume=true")
+    with pytest.raises(ckpt.UnsafeCheckpointError, match="trainer_state.pt"):
+        resumed.resume()
+    assert not marker.exists()
+    with pytest.raises(ckpt.UnsafeCheckpointError):
+        resumed.train()  # the loop refuses the same way
+    assert not marker.exists()
+
+
+def test_the_trainer_state_loads_with_weights_only_and_restores_the_rngs(tmp_path):
+    trainer = _trainer(tmp_path / "run")
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)  # noqa: NPY002 (the global RNGs are what is saved)
+    path = trainer.save()
+    expected = (random.random(), np.random.random(), torch.rand(1))  # noqa: NPY002
+    state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)  # noqa: NPY002
+    ckpt.set_rng_state(state["rng"])
+    assert (random.random(), np.random.random()) == expected[:2]  # noqa: NPY002
+    assert torch.equal(torch.rand(1), expected[2])
+
+
+def test_a_checkpoint_of_the_earlier_format_still_loads(tmp_path):
+    """Before, the numpy RNG state was pickled as an ndarray: that one array type is still accepted."""
+    path = tmp_path / "step-000001"
+    path.mkdir()
+    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}  # noqa: NPY002
+    torch.save({"step": 1, "rng": rng}, path / "trainer_state.pt")
+    expected = np.random.random()  # noqa: NPY002
+    state = ckpt.load_trainer_state(path)
+    ckpt.set_rng_state(state["rng"])
+    assert np.random.random() == expected  # noqa: NPY002
