@@ -57,7 +57,7 @@ class DemoConfig:
     output_dir: str = "runs/demo"
     task: str = "modular"
     seed: int = 0
-    engine: str = "auto"
+    engine: str = "vllm"  # the demo shows colocated vLLM rollouts ("auto" would pick transformers at this size)
     num_train: int = 800
     num_eval: int = 200
     sft_steps: int = 60

@@ -60,22 +60,33 @@ class HFEngine(RolloutEngine):
                 top_k=None if greedy else max(sampling.top_k, 0),
                 eos_token_id=sorted(eos),
                 pad_token_id=pad,
-                output_scores=True,
+                output_scores=not greedy,
                 return_dict_in_generate=True,
             )
-            gen = out.sequences[:, width:].cpu()
-            scores = torch.stack(out.scores, dim=1).float().log_softmax(-1).cpu()  # [b, steps, V]
-            for i in range(len(chunk)):
-                ids, lps, reason = [], [], "length"
-                for t in range(gen.shape[1]):
-                    tok = int(gen[i, t])
+            gen = out.sequences[:, width:]
+            if greedy:
+                step_lps = None
+            else:  # the sampled tokens' logprobs, step by step (never a [rows, steps, vocab] tensor)
+                step_lps = torch.stack(
+                    [
+                        s.float().log_softmax(-1).gather(1, gen[:, t : t + 1]).squeeze(1)
+                        for t, s in enumerate(out.scores)
+                    ],
+                    dim=1,
+                ).tolist()
+            kept = []
+            for i, row in enumerate(gen.tolist()):
+                ids, reason = [], "length"
+                for tok in row:
                     ids.append(tok)
-                    lps.append(0.0 if greedy else float(scores[i, t, tok]))
                     if tok in eos:
                         reason = "stop"
                         break
-                text = self.tokenizer.decode([t for t in ids if t not in eos], skip_special_tokens=True)
-                flat.append(Completion(ids, lps, text, reason))
+                lps = [0.0] * len(ids) if step_lps is None else step_lps[i][: len(ids)]
+                flat.append(Completion(ids, lps, "", reason))
+                kept.append([t for t in ids if t not in eos])
+            for c, text in zip(flat[start:], self.tokenizer.batch_decode(kept, skip_special_tokens=True), strict=True):
+                c.text = text
         if was_training:
             self.model.train()
         return [flat[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompt_token_ids))]

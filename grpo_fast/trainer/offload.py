@@ -2,8 +2,9 @@
 
 While the rollout engine generates on a GPU, the optimizer state (and optionally the parameters) live in
 pinned CPU memory, the gradients are dropped and the CUDA cache is emptied; they come back before the
-training phase. On CPU every call is a no-op. `memory_snapshot` gives the numbers logged at each phase
-boundary.
+training phase. So does the frozen reference policy of a KL-regularised run (beta > 0) when one is given:
+nothing needs it until the loss step's reference-logprob pass. On CPU every call is a no-op.
+`memory_snapshot` gives the numbers logged at each phase boundary.
 """
 
 from __future__ import annotations
@@ -35,14 +36,23 @@ class TrainerStateOffloader:
     AdamW's `step`) and optionally the parameters to pinned CPU buffers, allocated once and reused.
 
     Each offloaded tensor goes back to the device it came from, bit for bit. Gradients are not kept: they
-    are recomputed by the next training step (`zero_grad(set_to_none=True)` runs first anyway)."""
+    are recomputed by the next training step (`zero_grad(set_to_none=True)` runs first anyway).
 
-    def __init__(self, model, optimizer, offload_optimizer: bool = True, offload_params: bool = False) -> None:
+    ref_model: the frozen reference policy (`LossStep.ref_model`, beta > 0), or None. Its parameters go to
+    pinned CPU memory with the rest and come back at `reload`, before the loss step's reference-logprob
+    pass (its buffers, a rotary cache, stay: they are small). It is never the engine's model, so it moves
+    whichever engine generates."""
+
+    def __init__(
+        self, model, optimizer, offload_optimizer: bool = True, offload_params: bool = False, ref_model=None
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.enabled = torch.cuda.is_available() and next(model.parameters()).is_cuda
         self.offload_optimizer = offload_optimizer and self.enabled
         self.offload_params = offload_params and self.enabled
+        self.ref_model = ref_model
+        self.offload_ref_model = ref_model is not None and self.enabled
         self._pinned: dict[tuple, torch.Tensor] = {}
         # What the last offload moved: (state dict, key, device) and (parameter, device).
         self._moved_state: list[tuple[dict, object, torch.device]] = []
@@ -58,7 +68,8 @@ class TrainerStateOffloader:
 
     @torch.no_grad()
     def offload(self) -> None:
-        """Optimizer state (+ parameters) -> pinned CPU; gradients dropped; CUDA cache emptied."""
+        """Optimizer state (+ parameters, + the reference model's) -> pinned CPU; gradients dropped; CUDA
+        cache emptied."""
         if not self.enabled or self.offloaded:
             return
         self.optimizer.zero_grad(set_to_none=True)
@@ -71,6 +82,11 @@ class TrainerStateOffloader:
             if self.offload_params and p.is_cuda:
                 self._moved_params.append((p, p.device))
                 p.data = self._to_cpu(("param", i), p.data)
+        if self.offload_ref_model:
+            for i, p in enumerate(self.ref_model.parameters()):
+                if p.is_cuda:
+                    self._moved_params.append((p, p.device))
+                    p.data = self._to_cpu(("ref", i), p.data)
         # The device->host copies are asynchronous: wait for them before the GPU blocks are reused.
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

@@ -98,7 +98,13 @@ class GRPOTrainer:
         self.optimizer = build_optimizer(model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.run.max_steps * cfg.grpo.num_iterations)
         self.loss_step = LossStep(cfg, model, self.optimizer, self.scheduler, self.tokenizer.pad_token_id)
-        self.offloader = TrainerStateOffloader(model, self.optimizer, cfg.run.offload_optimizer, cfg.run.offload_params)
+        self.offloader = TrainerStateOffloader(
+            model,
+            self.optimizer,
+            cfg.run.offload_optimizer,
+            cfg.run.offload_params,
+            ref_model=self.loss_step.ref_model,
+        )
         self.sampler = PromptSampler(len(self.train_rows), cfg.run.seed)
         self.curriculum = PassRateCurriculum(cfg.curriculum, len(self.train_rows), cfg.run.seed)
         self.prompts = PromptEncoder(self.tokenizer, cfg.data)

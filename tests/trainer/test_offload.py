@@ -52,6 +52,23 @@ def test_offload_is_a_noop_on_cpu(offload_params):
     opt.step()  # still a working optimizer
 
 
+def test_reference_model_offload_is_a_noop_on_cpu():
+    """With a reference model (beta > 0) on CPU nothing moves either: its parameters stay the same objects."""
+    import copy
+
+    model, opt = _stepped_model()
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    before = {n: (p, p.data.data_ptr()) for n, p in ref.named_parameters()}
+    off = TrainerStateOffloader(model, opt, offload_optimizer=True, ref_model=ref)
+    assert off.ref_model is ref and not off.offload_ref_model
+    off.offload()
+    off.reload()
+    for n, p in ref.named_parameters():
+        assert p is before[n][0] and p.data_ptr() == before[n][1] and p.device.type == "cpu"
+    # The constructor's positional order is unchanged (the trainer passes ref_model by keyword).
+    assert TrainerStateOffloader(model, opt, True, True).ref_model is None
+
+
 def test_memory_snapshot_keys_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("CPU form of the snapshot")
