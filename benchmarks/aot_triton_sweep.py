@@ -13,12 +13,12 @@ Integer arguments that Triton would specialise at run time on the real shapes (H
 sizes, all multiples of 16 for Qwen / Llama) get `tt.divisibility = 16`, as the JIT would give them;
 `do_not_specialize` arguments (the row count N and its derived counts) get nothing;
 `--no-int-divisibility` compiles what the JIT builds when H or a stride is not a multiple of 16 (no
-vectorised or pipelined loads: many more registers). The kernels are compiled with bias off (`--bias`)
-and, for the backward kernels, with the entropy gradient on (`--no-grad-entropy`), GROUP_N = 16 for the
-atomic backward. Registers come from the ptxas Triton compiles with (triton 3.9: its bundled
-`ptxas-blackwell`, CUDA 13.4); `--ptxas` runs another one on the same PTX instead (`--ptx-version 9.0`
-for CUDA 13.0, which rejects triton 3.9's `.version 9.4`). Compiled kernels are cached in
-TRITON_CACHE_DIR as usual; on a cache hit ptxas is re-run on the cached PTX for the log.
+vectorised or pipelined loads: many more registers). The kernels are compiled with bias off (`--bias`),
+without a logit soft cap (`--softcap`) and, for the backward kernels, with the entropy gradient on
+(`--no-grad-entropy`), GROUP_N = 16 for the atomic backward. Registers come from the ptxas Triton compiles
+with (triton 3.9: its bundled `ptxas-blackwell`, CUDA 13.4); `--ptxas` runs another one on the same PTX
+instead (`--ptx-version 9.0` for CUDA 13.0, which rejects triton 3.9's `.version 9.4`). Compiled kernels are
+cached in TRITON_CACHE_DIR as usual; on a cache hit ptxas is re-run on the cached PTX for the log.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ KERNELS = {
 }
 _DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 _FP32_POINTERS = {"part_ptr", "zy_ptr", "lse_ptr", "ent_ptr", "gl_ptr", "gh_ptr", "dh_ptr", "dw_ptr", "db_ptr"}
-_FLOAT_SCALARS = {"inv_temperature"}
+_FLOAT_SCALARS = {"inv_temperature", "softcap"}
 # sm_90: 227 KiB of shared memory per block (opt-in maximum).
 SM90_SHARED_LIMIT = 232448
 
@@ -65,9 +65,11 @@ class Job:
     has_bias: bool = False
     grad_entropy: bool = True
     int_divisibility: bool = True
+    has_softcap: bool = False
 
     def variant(self) -> str:
         flags = ["bias"] if self.has_bias else []
+        flags += ["softcap"] if self.has_softcap else []
         flags += [] if self.grad_entropy or self.kernel == "fwd" else ["no-gH"]
         flags += [] if self.int_divisibility else ["no-div16"]
         return ",".join(flags) or "-"
@@ -174,6 +176,7 @@ def compile_job(job: Job, ptxas: str | None = None, ptx_version: str | None = No
         fn = getattr(L, KERNELS[job.kernel][0])
         constexprs = dict(
             HAS_BIAS=job.has_bias,
+            HAS_SOFTCAP=job.has_softcap,
             BLOCK_N=job.block_n,
             BLOCK_V=job.block_v,
             BLOCK_H=job.block_h,
@@ -289,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--bias", action="store_true", help="compile with a bias (HAS_BIAS)")
     parser.add_argument("--no-grad-entropy", action="store_true", help="backward kernels without gH")
+    parser.add_argument("--softcap", action="store_true", help="compile with a logit soft cap (HAS_SOFTCAP)")
     parser.add_argument(
         "--no-int-divisibility",
         action="store_true",
@@ -299,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     kernels = args.kernels.split(",")
     dtypes = [_DTYPES[d] for d in args.dtypes.split(",")]
     variant = dict(
-        has_bias=args.bias, grad_entropy=not args.no_grad_entropy, int_divisibility=not args.no_int_divisibility
+        has_bias=args.bias,
+        grad_entropy=not args.no_grad_entropy,
+        int_divisibility=not args.no_int_divisibility,
+        has_softcap=args.softcap,
     )
     if args.defaults:
         jobs = default_jobs(kernels, dtypes, **variant)

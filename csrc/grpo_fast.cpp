@@ -3,13 +3,15 @@
 // Registered as torch.library custom ops (schemas below; fake implementations live in
 // grpo_fast/backends/native.py so torch.compile traces through them):
 //
-//   grpo_fast::logprob_stats(logits [R, V], targets [R] int64) -> (logp [R], entropy [R], lse [R])
+//   grpo_fast::logprob_stats(logits [R, V], targets [R] int64, softcap=0) -> (logp [R], entropy [R], lse [R])
 //       lse = log Σ_v e^{z_v}, entropy = lse − Σ_v softmax(z)_v z_v, logp = z_y − lse; logits left intact.
-//   grpo_fast::logprob_grad_(logits [R, V] mutated, targets, lse, entropy, grad_logp [R], grad_entropy [R]?) -> ()
+//   grpo_fast::logprob_grad_(logits [R, V] mutated, targets, lse, entropy, grad_logp [R], grad_entropy [R]?,
+//                            softcap=0) -> ()
 //       logits ← dz = gℓ (onehot(y) − p) − gH p (log p + entropy),  p = e^{z − lse}  (gH absent = 0).
 //
-// logits is the tempered tile z = (h Wᵀ + b) / τ written by the caller's GEMM. Statistics and
-// upstream gradients are fp32 (fp64 for fp64 tiles). The CPU kernels are in cpu/epilogue_cpu.h
+// logits is the tempered tile x = (h Wᵀ + b) / τ written by the caller's GEMM; z = x, or with softcap
+// κ > 0 (in the tile's units: the model's cap / τ) z = κ tanh(x / κ), and grad writes ∂L/∂x = dz (1 − tanh²).
+// Statistics and upstream gradients are fp32 (fp64 for fp64 tiles). The CPU kernels are in cpu/epilogue_cpu.h
 // (OpenMP over rows through at::parallel_for, one pass per op); the CUDA ones in cuda/.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -41,10 +43,11 @@ void check_target(int64_t y, int64_t vocab, int64_t row, const char* op) {
                     " at row ", row);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cpu(const at::Tensor& logits,
-                                                                 const at::Tensor& targets) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cpu(const at::Tensor& logits, const at::Tensor& targets,
+                                                                 double softcap) {
   check_tile(kStatsOp, logits, targets);
   check_cpu_tile(kStatsOp, logits);
+  check_softcap(kStatsOp, softcap);
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   auto logp = at::empty({rows}, logits.options());
   auto entropy = at::empty({rows}, logits.options());
@@ -55,14 +58,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cpu(const at::Tenso
     scalar_t* out_logp = logp.mutable_data_ptr<scalar_t>();
     scalar_t* out_entropy = entropy.mutable_data_ptr<scalar_t>();
     scalar_t* out_lse = lse.mutable_data_ptr<scalar_t>();
+    const auto cap = static_cast<scalar_t>(softcap);
     at::parallel_for(0, rows, grain_rows(vocab), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         check_target(y[r], vocab, r, kStatsOp);
         const scalar_t* row = z + r * vocab;
-        const auto st = cpu::row_stats(row, vocab);
+        const auto st = cpu::row_stats(row, vocab, cap);
+        const scalar_t z_y = cap > 0 ? cpu::soft_cap(row[y[r]], cap, scalar_t(1) / cap).value : row[y[r]];
         out_lse[r] = st.lse;
         out_entropy[r] = st.entropy;
-        out_logp[r] = row[y[r]] - st.lse;
+        out_logp[r] = z_y - st.lse;
       }
     });
   });
@@ -71,9 +76,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cpu(const at::Tenso
 
 void logprob_grad_cpu(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
                       const at::Tensor& entropy, const at::Tensor& grad_logp,
-                      const std::optional<at::Tensor>& grad_entropy) {
+                      const std::optional<at::Tensor>& grad_entropy, double softcap) {
   check_grad_inputs(kGradOp, logits, targets, lse, entropy, grad_logp, grad_entropy);
   check_cpu_tile(kGradOp, logits);
+  check_softcap(kGradOp, softcap);
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   AT_DISPATCH_FLOATING_TYPES(logits.scalar_type(), "logprob_grad_cpu", [&] {
     scalar_t* z = logits.mutable_data_ptr<scalar_t>();
@@ -82,12 +88,15 @@ void logprob_grad_cpu(const at::Tensor& logits, const at::Tensor& targets, const
     const scalar_t* ent_p = entropy.const_data_ptr<scalar_t>();
     const scalar_t* gl_p = grad_logp.const_data_ptr<scalar_t>();
     const scalar_t* gh_p = grad_entropy.has_value() ? grad_entropy->const_data_ptr<scalar_t>() : nullptr;
+    const auto cap = static_cast<scalar_t>(softcap);
     at::parallel_for(0, rows, grain_rows(vocab), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         check_target(y[r], vocab, r, kGradOp);
         scalar_t* row = z + r * vocab;
-        cpu::row_grad(row, vocab, lse_p[r], ent_p[r], gl_p[r], gh_p ? gh_p[r] : scalar_t(0));
-        row[y[r]] += gl_p[r];
+        // The one-hot term gℓ at y, times the cap's slope there (read before the row is overwritten).
+        const scalar_t slope_y = cap > 0 ? cpu::soft_cap(row[y[r]], cap, scalar_t(1) / cap).slope : scalar_t(1);
+        cpu::row_grad(row, vocab, lse_p[r], ent_p[r], gl_p[r], gh_p ? gh_p[r] : scalar_t(0), cap);
+        row[y[r]] += gl_p[r] * slope_y;
       }
     });
   });
@@ -116,10 +125,10 @@ std::string cpu_kernel_isa() {
 }  // namespace
 
 TORCH_LIBRARY(grpo_fast, m) {
-  m.def("logprob_stats(Tensor logits, Tensor targets) -> (Tensor, Tensor, Tensor)");
+  m.def("logprob_stats(Tensor logits, Tensor targets, float softcap=0.0) -> (Tensor, Tensor, Tensor)");
   m.def(
       "logprob_grad_(Tensor(a!) logits, Tensor targets, Tensor lse, Tensor entropy, Tensor grad_logp, "
-      "Tensor? grad_entropy) -> ()");
+      "Tensor? grad_entropy, float softcap=0.0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(grpo_fast, CPU, m) {

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -39,6 +40,12 @@ inline void check_row_vector(const char* op, const char* name, const at::Tensor&
 // fp64 tiles keep fp64 statistics; fp32 / fp16 / bf16 tiles give fp32 statistics.
 inline at::ScalarType stats_dtype(const at::Tensor& logits) {
   return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// The soft cap κ of the tile (0 = off).
+inline void check_softcap(const char* op, double softcap) {
+  TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, op,
+                    ": softcap: expected a finite value >= 0 (0 = off), got ", softcap);
 }
 
 inline void check_grad_inputs(const char* op, const at::Tensor& logits, const at::Tensor& targets,

@@ -8,19 +8,30 @@ c reduction weight, e entropy weight, L_b = Σ_{i∈b} m_i:
   s_i = ℓ_i − o_i (token level)  or  s_b = Σ_{j∈b} m_j (ℓ_j − o_j) / max(L_b, 1) (sequence level)
   ρ = e^s;  clipped:     t1 = min(ρ, δ), t2 = clip(ρ, 1 − ε_lo, 1 + ε_hi), p = −min(t1 A, t2 A)
             cispo:       p = −min(ρ, ε_hi) A ℓ   (the capped ratio is detached)
-  kl = e^{r−ℓ} − (r − ℓ) − 1 (0 on padding rows)
-  L = Σ c (w p + β kl) − entropy_coef Σ e H
+            sapo:        p = −(4/τ) σ(τ (ρ − 1)) A,  τ = τ_pos if A > 0 else τ_neg
+            vespo:       p = −φ A ℓ (φ detached), φ = e^{λ + k log W_b − λ W_b} (0 if not finite),
+                         log W_b = clamp(Σ_{j∈b} m_j (clamp(ℓ_j − o_j, ±20) + clamp(log w_j, log 1e-8, 20)),
+                                         log 1e-8, 20)  (IS_PER_SEQ: w_j = w_b for all j, added once:
+                                         Σ_j m_j clamp(log w_j) / max(L_b, 1)),
+                         (k, λ) = the _pos pair if A ≥ 0 else the _neg pair; w enters W_b only (v = 1, else v = w)
+  kl = e^{r−ℓ} − (r − ℓ) − 1 (0 on padding rows);  κ = kl ρ (BIAS_KL) or kl
+  L = Σ c (v p + β κ) − entropy_coef Σ e H
 
-  gℓ_i = c_i w_i ∂p_i/∂s_i + β c_i (1 − e^{r_i−ℓ_i})                              (token level, cispo)
-  gℓ_j = m_j / max(L_b, 1) · Σ_{i∈b} c_i w_i ∂p_i/∂s_b + β c_j (1 − e^{r_j−ℓ_j})   (sequence level)
-  with ∂p/∂s = −A ρ [ρ ≤ δ] (first branch of the min) or −A ρ [1−ε_lo ≤ ρ ≤ 1+ε_hi] (second);
+  d_i = c_i v_i ∂p_i/∂ℓ_i + β c_i (1 − e^{r_i−ℓ_i}) (· ρ_i if BIAS_KL)        (direct: cispo, vespo, KL)
+  q_i = c_i v_i ∂p_i/∂s_i (+ β c_i kl_i ρ_i if BIAS_KL)                          (through the ratio)
+  with ∂p/∂s = −A ρ [ρ ≤ δ] (first branch of the min) or −A ρ [1−ε_lo ≤ ρ ≤ 1+ε_hi] (second) for clipped,
+  −4 A σ (1 − σ) ρ for sapo;
+  gℓ_i = d_i + q_i (token level);  gℓ_j = d_j + m_j / max(L_b, 1) · Σ_{i∈b} q_i (sequence level);
   gH_i = −entropy_coef e_i.
 
-Hyper-parameters (ε_lo, ε_hi, δ — +inf when off —, β, entropy_coef) are runtime scalars; only the
-loss family, the ratio level and which optional inputs exist are constexpr.
+Hyper-parameters (ε_lo, ε_hi, δ — +inf when off —, β, entropy_coef, τ_pos, τ_neg, the vespo k and λ)
+are runtime scalars; only the objective, the ratio level, the KL correction and which optional inputs
+exist are constexpr.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -29,29 +40,52 @@ import triton.language as tl
 from ..loss.loss_types import Objective, get_loss_type
 
 NUM_SUMS = 8  # loss, kl, clip_low, clip_high, clip_region, entropy, logprob, is_weight (token_math.SUM_NAMES)
+# The kernel's OBJECTIVE codes.
+_OBJECTIVE_CODES = {Objective.CLIPPED: 0, Objective.CISPO: 1, Objective.SAPO: 2, Objective.VESPO: 3}
+_LOG_FLOOR = tl.constexpr(math.log(1e-8))  # vespo's floor of log-ratios (TRL's get_gamma_weights)
 
 
 @triton.jit
-def _ratio_terms(
+def _objective_terms(
     ratio,
     adv,
     logp,
+    phi,
     c,
     w,
-    mask,
     clip_low,
     clip_high,
     delta,
-    IS_CISPO: tl.constexpr,
+    tau_pos,
+    tau_neg,
+    OBJECTIVE: tl.constexpr,
 ):
-    """Per-token (w·p, c·w·∂p/∂s, low, high) for ratios ρ [BLOCK_T]; low/high as 0/1 floats, masked."""
-    if IS_CISPO:
+    """Per-token (p, d, q, low, high) of the objective for ratios ρ [BLOCK_T]: the surrogate p, its gradient
+    parts d = c w ∂p/∂ℓ (direct) and q = c w ∂p/∂s (through the ratio), and the clip flags as 0/1 floats
+    (unmasked). `w` is v of the module docstring (1 for vespo); `phi` is vespo's φ (unused otherwise)."""
+    zero = tl.zeros_like(ratio)
+    if OBJECTIVE == 1:  # cispo
         capped = tl.minimum(ratio, clip_high)
         per_token = -capped * adv * logp
-        d_ratio = c * w * (-capped * adv)
+        d = c * w * (-capped * adv)
+        q = zero
         high = tl.where((ratio > clip_high) & (adv > 0), 1.0, 0.0)
-        low = tl.zeros_like(high)
-    else:
+        low = zero
+    elif OBJECTIVE == 2:  # sapo
+        tau = tl.where(adv > 0, tau_pos, tau_neg)
+        gate = tl.sigmoid(tau * (ratio - 1.0))
+        per_token = -(4.0 / tau) * gate * adv
+        d = zero
+        q = c * w * (-4.0 * adv * gate * (1.0 - gate) * ratio)
+        low = zero
+        high = zero
+    elif OBJECTIVE == 3:  # vespo
+        per_token = -phi * adv * logp
+        d = c * w * (-phi * adv)
+        q = zero
+        low = zero
+        high = zero
+    else:  # clipped
         lo = 1.0 - clip_low
         hi = 1.0 + clip_high
         t1 = tl.minimum(ratio, delta)
@@ -60,10 +94,11 @@ def _ratio_terms(
         dt2 = tl.where((ratio >= lo) & (ratio <= hi), ratio, 0.0)
         first = t1 * adv <= t2 * adv
         per_token = -tl.minimum(t1 * adv, t2 * adv)
-        d_ratio = c * w * (-adv * tl.where(first, dt1, dt2))
+        d = zero
+        q = c * w * (-adv * tl.where(first, dt1, dt2))
         low = tl.where((ratio < lo) & (adv < 0), 1.0, 0.0)
         high = tl.where((ratio > hi) & (adv > 0), 1.0, 0.0)
-    return per_token, d_ratio, low * mask, high * mask
+    return per_token, d, q, low, high
 
 
 @triton.jit
@@ -86,25 +121,37 @@ def _grpo_token_loss_kernel(
     delta,
     beta,
     entropy_coef,
-    IS_CISPO: tl.constexpr,
+    tau_pos,
+    tau_neg,
+    k_pos,
+    lam_pos,
+    k_neg,
+    lam_neg,
+    OBJECTIVE: tl.constexpr,
     SEQ_LEVEL: tl.constexpr,
+    SEQ_STATS: tl.constexpr,
     SEQ_GRAD: tl.constexpr,
+    BIAS_KL: tl.constexpr,
     HAS_OLD: tl.constexpr,
     HAS_REF: tl.constexpr,
     HAS_IS_WEIGHTS: tl.constexpr,
     HAS_ENTROPY: tl.constexpr,
     WRITE_GRAD_ENTROPY: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    IS_PER_SEQ: tl.constexpr,
 ):
     """One sequence b: rows [cu[b], cu[b+1]) of the flat [N] fp32 inputs, in blocks of BLOCK_T.
 
     Inputs: ℓ, H (HAS_ENTROPY), o (HAS_OLD), r (HAS_REF, i.e. β ≠ 0), A, w (HAS_IS_WEIGHTS), c, e, m,
-    all [N] fp32; cu [B+1] int64. Outputs: sums [B, 8] fp32 — this sequence's Σ of (loss, m·kl,
+    all [N] fp32; cu [B+1] int64. Outputs: sums [B, 8] fp32 — this sequence's Σ of (loss, m·κ,
     m·low, m·high, m·(low|high), m·H, m·ℓ, m·w); gℓ [N] fp32; gH [N] = −entropy_coef·e
-    (WRITE_GRAD_ENTROPY, i.e. entropy_coef ≠ 0). SEQ_GRAD = sequence level and not cispo (cispo's
-    gradient stays per token). Formulas: module docstring. Passes over the sequence: at sequence level,
-    (1) Σ m (ℓ − o) and L_b, (2) loss terms, metrics, β-part of gℓ and Σ c w ∂p/∂s_b,
-    (3) gℓ += m Σ / max(L_b, 1); at token level pass (2) alone writes everything.
+    (WRITE_GRAD_ENTROPY, i.e. entropy_coef ≠ 0). OBJECTIVE: 0 clipped, 1 cispo, 2 sapo, 3 vespo.
+    SEQ_STATS = sequence level or vespo; SEQ_GRAD = sequence level with some q ≠ 0 (clipped, sapo, or
+    BIAS_KL). BIAS_KL = use_bias_correction_kl with β ≠ 0. IS_PER_SEQ: w is one weight per sequence
+    broadcast over its rows, so vespo adds clamp(log w_b) to log W_b once (Σ m · / L_b).
+    Formulas: module docstring. Passes over the sequence: (1, SEQ_STATS) Σ m (ℓ − o), L_b and vespo's
+    log W_b, (2) loss terms, metrics, gℓ's direct part (and, at token level, all of it) and Σ q,
+    (3, SEQ_GRAD) gℓ += m Σ q / max(L_b, 1).
     """
     seq = tl.program_id(0)
     start = tl.load(cu_ptr + seq)
@@ -113,9 +160,13 @@ def _grpo_token_loss_kernel(
 
     seq_ratio = 0.0
     seq_len = 1.0
-    if SEQ_LEVEL:
+    log_w = 0.0
+    w_seq = 1.0
+    if SEQ_STATS:
         acc_lr = tl.zeros([BLOCK_T], dtype=tl.float32)
         acc_m = tl.zeros([BLOCK_T], dtype=tl.float32)
+        acc_vespo = tl.zeros([BLOCK_T], dtype=tl.float32)
+        acc_vespo_is = tl.zeros([BLOCK_T], dtype=tl.float32)
         for t0 in range(start, end, BLOCK_T):
             rows = t0 + offs
             inside = rows < end
@@ -126,8 +177,25 @@ def _grpo_token_loss_kernel(
                 old = tl.load(old_ptr + rows, mask=inside, other=0.0)
             acc_lr += (logp - old) * mask
             acc_m += mask
+            if OBJECTIVE == 3:
+                term = tl.minimum(tl.maximum(logp - old, -20.0), 20.0)
+                if HAS_IS_WEIGHTS:  # log 0 = −inf (masked-out ratios) clamps to log 1e-8
+                    isw = tl.where(mask > 0, tl.load(isw_ptr + rows, mask=inside, other=1.0), 1.0)
+                    log_is = tl.minimum(tl.maximum(tl.log(isw), _LOG_FLOOR), 20.0)
+                    if IS_PER_SEQ:
+                        acc_vespo_is += mask * log_is
+                    else:
+                        term += log_is
+                acc_vespo += mask * term
         seq_len = tl.maximum(tl.sum(acc_m, axis=0), 1.0)
-        seq_ratio = tl.exp(tl.sum(acc_lr, axis=0) / seq_len)
+        if SEQ_LEVEL:
+            seq_ratio = tl.exp(tl.sum(acc_lr, axis=0) / seq_len)
+        if OBJECTIVE == 3:
+            log_w = tl.sum(acc_vespo, axis=0)
+            if IS_PER_SEQ:  # the sequence's one weight, once
+                log_w += tl.sum(acc_vespo_is, axis=0) / seq_len
+            log_w = tl.minimum(tl.maximum(log_w, _LOG_FLOOR), 20.0)
+            w_seq = tl.exp(log_w)
 
     acc_loss = tl.zeros([BLOCK_T], dtype=tl.float32)
     acc_kl = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -155,20 +223,35 @@ def _grpo_token_loss_kernel(
             if HAS_OLD:
                 old = tl.load(old_ptr + rows, mask=inside, other=0.0)
             ratio = tl.exp(logp - old)
-        per_token, d_ratio, low, high = _ratio_terms(ratio, adv, logp, c, w, mask, clip_low, clip_high, delta, IS_CISPO)
-        loss = c * w * per_token
-        grad = d_ratio
-        if SEQ_GRAD:
-            acc_dseq += tl.where(inside, d_ratio, 0.0)
-            grad = tl.zeros_like(d_ratio)
+        v = w
+        phi = tl.zeros([BLOCK_T], dtype=tl.float32)
+        if OBJECTIVE == 3:
+            nonneg = adv >= 0
+            lam = tl.where(nonneg, lam_pos, lam_neg)
+            phi = tl.exp(lam + tl.where(nonneg, k_pos, k_neg) * log_w - lam * w_seq)
+            phi = tl.where(phi < float("inf"), phi, 0.0)  # TRL's nan_to_num(posinf=0, nan=0)
+            v = tl.full([BLOCK_T], 1.0, dtype=tl.float32)
+        per_token, grad, dq, low, high = _objective_terms(
+            ratio, adv, logp, phi, c, v, clip_low, clip_high, delta, tau_pos, tau_neg, OBJECTIVE
+        )
+        loss = c * v * per_token
         if HAS_REF:
             ref = tl.load(ref_ptr + rows, mask=inside, other=0.0)
             gap = tl.where(mask > 0, ref - logp, 0.0)
             egap = tl.exp(gap)
             kl = egap - gap - 1.0
+            dkl = 1.0 - egap
+            if BIAS_KL:  # κ = kl ρ
+                dkl = dkl * ratio
+                dq += beta * c * kl * ratio
+                kl = kl * ratio
             loss = loss + beta * c * kl
-            grad = grad + beta * c * (1.0 - egap)
+            grad = grad + beta * c * dkl
             acc_kl += mask * kl
+        if SEQ_GRAD:
+            acc_dseq += tl.where(inside, dq, 0.0)
+        else:
+            grad = grad + dq
         if WRITE_GRAD_ENTROPY:
             e = tl.load(e_ptr + rows, mask=inside, other=0.0)
             tl.store(gh_ptr + rows, -entropy_coef * e, mask=inside)
@@ -178,9 +261,9 @@ def _grpo_token_loss_kernel(
             if WRITE_GRAD_ENTROPY:
                 loss = loss - entropy_coef * (e * ent)
         acc_loss += tl.where(inside, loss, 0.0)
-        acc_low += low
-        acc_high += high
-        acc_region += tl.maximum(low, high)
+        acc_low += low * mask
+        acc_high += high * mask
+        acc_region += tl.maximum(low, high) * mask
         acc_logp += mask * logp
         acc_w += mask * w
         tl.store(gl_ptr + rows, grad, mask=inside)
@@ -192,7 +275,7 @@ def _grpo_token_loss_kernel(
             inside = rows < end
             mask = tl.load(mask_ptr + rows, mask=inside, other=0.0)
             partial = tl.load(gl_ptr + rows, mask=inside, other=0.0)
-            tl.store(gl_ptr + rows, mask * d_seq + partial, mask=inside)
+            tl.store(gl_ptr + rows, partial + mask * d_seq, mask=inside)
 
     out = sums_ptr + seq.to(tl.int64) * 8
     tl.store(out + 0, tl.sum(acc_loss, axis=0))
@@ -224,16 +307,24 @@ def grpo_token_loss_triton(
     delta: float | None,
     beta: float,
     entropy_coef: float,
+    use_bias_correction_kl: bool = True,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
+    vespo_k_pos: float = 2.0,
+    vespo_lambda_pos: float = 3.0,
+    vespo_k_neg: float = 3.0,
+    vespo_lambda_neg: float = 2.0,
+    is_weights_per_sequence: bool = False,
     block_t: int = 256,
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Flat [N] fp32 inputs, cu_seqlens [B+1] -> (sums [8], gℓ [N], gH [N] | None), all fp32.
 
     loss_type names a row of the loss-type table; the kernel implements its objective (the reduction
-    arrives as `loss_weights`). The per-sequence partial sums [B, 8] are added up in torch (a
-    fixed-order, deterministic reduction)."""
+    arrives as `loss_weights`); the keyword options are GRPOLossConfig's. The per-sequence partial sums
+    [B, 8] are added up in torch (a fixed-order, deterministic reduction)."""
     objective = get_loss_type(loss_type).objective
-    if objective not in (Objective.CLIPPED, Objective.CISPO):
+    if objective not in _OBJECTIVE_CODES:
         raise NotImplementedError(f"loss_type {loss_type!r}: objective {objective.value!r} has no Triton kernel")
     tensors = [logprobs, entropy, old_logprobs, ref_logprobs, advantages, is_weights, loss_weights, entropy_weights]
     for tensor in tensors + [mask]:
@@ -243,6 +334,7 @@ def grpo_token_loss_triton(
     num_seqs = cu_seqlens.numel() - 1
     device = logprobs.device
     has_ref = ref_logprobs is not None and beta != 0.0
+    bias_kl = has_ref and bool(use_bias_correction_kl)
     write_gh = entropy_coef != 0.0
     grad_logp = torch.empty(num_rows, dtype=torch.float32, device=device)
     grad_entropy = torch.empty(num_rows, dtype=torch.float32, device=device) if write_gh else None
@@ -264,12 +356,21 @@ def grpo_token_loss_triton(
         float("inf") if delta is None else float(delta),
         float(beta),
         float(entropy_coef),
-        IS_CISPO=objective is Objective.CISPO,
+        float(sapo_temperature_pos),
+        float(sapo_temperature_neg),
+        float(vespo_k_pos),
+        float(max(vespo_lambda_pos, 1e-4)),  # TRL floors the rates at 1e-4
+        float(vespo_k_neg),
+        float(max(vespo_lambda_neg, 1e-4)),
+        OBJECTIVE=_OBJECTIVE_CODES[objective],
         SEQ_LEVEL=sequence_level,
-        SEQ_GRAD=sequence_level and objective is Objective.CLIPPED,
+        SEQ_STATS=sequence_level or objective is Objective.VESPO,
+        SEQ_GRAD=sequence_level and (objective in (Objective.CLIPPED, Objective.SAPO) or bias_kl),
+        BIAS_KL=bias_kl,
         HAS_OLD=old_logprobs is not None,
         HAS_REF=has_ref,
         HAS_IS_WEIGHTS=is_weights is not None,
+        IS_PER_SEQ=is_weights is not None and bool(is_weights_per_sequence),
         HAS_ENTROPY=entropy is not None,
         WRITE_GRAD_ENTROPY=write_gh,
         BLOCK_T=block_t,

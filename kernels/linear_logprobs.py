@@ -4,10 +4,17 @@ Shapes: hidden h [N, H], weight W [V, H], bias b [V] (optional), targets y [N] i
 float. Tempered logits z = (h Wᵀ + b) τ⁻¹ exist only as `[BLOCK_N, BLOCK_V]` register tiles,
 accumulated in fp32 by `tl.dot` over `BLOCK_H` slices of H.
 
+Soft-capped heads (Gemma's final_logit_softcapping; `softcap` c > 0, the constexpr HAS_SOFTCAP): with
+x = h Wᵀ + b the logits are z = c tanh(x / c) τ⁻¹, tanh(|x| / c) = (1 − e) / (1 + e) from e = e^{−2|x|/c}
+(no tanh in Triton's interpreter), and every product of the backward carries the slope dz/dx =
+(1 − t)(1 + t) τ⁻¹ with t = tanh(x / c) = z / (c τ⁻¹) read back from the logit, so that no second tile
+stays live (sm_90 AOT, bf16 defaults: the atomic backward spills 28 bytes, the others none). Without
+HAS_SOFTCAP the kernels are the plain ones.
+
 Forward (per row): lse = LSE(z), logp = z_y − lse, entropy = lse − Σ_v softmax(z)_v z_v.
 Backward, given gℓ = ∂L/∂logp and gH = ∂L/∂entropy per row (p = softmax(z)):
     dz = gℓ (onehot(y) − p) − gH p (log p + entropy)
-    dh = dz W τ⁻¹,   dW = dzᵀ h τ⁻¹,   db = Σ_rows dz τ⁻¹.
+    dh = dz W τ⁻¹,   dW = dzᵀ h τ⁻¹,   db = Σ_rows dz τ⁻¹      (dz (1 − tanh²(x / c)) with a soft cap).
 
 Launch rules (docs/architecture.md): only feature flags and block sizes are constexpr;
 N, V, H, strides, τ⁻¹ and split sizes are runtime scalars, so new lengths or temperatures never
@@ -92,7 +99,7 @@ def default_blocks(kind: str, dtype: torch.dtype = torch.bfloat16) -> BlockConfi
 
 
 @triton.jit
-def _logits_tile(
+def _linear_tile(
     linear,
     tile,
     HAS_BIAS: tl.constexpr,
@@ -102,11 +109,11 @@ def _logits_tile(
     DOT_UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """z [BLOCK_N, BLOCK_V] fp32 = (h[rows] W[cols]ᵀ + b[cols]) τ⁻¹, accumulated over H in BLOCK_H slices.
+    """x [BLOCK_N, BLOCK_V] fp32 = h[rows] W[cols]ᵀ + b[cols], accumulated over H in BLOCK_H slices.
 
-    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, τ⁻¹); tile = (rows64, row_mask, cols64,
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, τ⁻¹, c); tile = (rows64, row_mask, cols64,
     col_mask) [BLOCK_N] / [BLOCK_V]. Rows / columns outside the masks read zeros; the caller masks their z."""
-    h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature = linear
+    h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, _, _ = linear
     rows64, row_mask, cols64, col_mask = tile
     acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
     ks = tl.arange(0, BLOCK_H)
@@ -127,7 +134,34 @@ def _logits_tile(
     if HAS_BIAS:
         bias = tl.load(b_ptr + cols64, mask=col_mask, other=0.0).to(tl.float32)
         acc = acc + bias[None, :]
-    return acc * inv_temperature
+    return acc
+
+
+@triton.jit
+def _soft_cap(x, softcap):
+    """c tanh(x / c) elementwise: c (1 − e) / (1 + e) with the sign of x, e = e^{−2|x|/c}."""
+    e = tl.exp(tl.abs(x) * (-2.0 / softcap))
+    capped = softcap * (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0.0, -capped, capped)
+
+
+@triton.jit
+def _logits_tile(
+    linear,
+    tile,
+    HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOT_UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """z [BLOCK_N, BLOCK_V] fp32 = cap(h[rows] W[cols]ᵀ + b[cols]) τ⁻¹ (cap: c tanh(· / c) under HAS_SOFTCAP)."""
+    x = _linear_tile(linear, tile, HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION)
+    if HAS_SOFTCAP:
+        x = _soft_cap(x, linear[7])
+    return x * linear[6]
 
 
 @triton.jit
@@ -151,6 +185,7 @@ def _scaled_grad_tile(
     tile,
     row_grads,
     HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     HAS_GRAD_ENTROPY: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -158,13 +193,14 @@ def _scaled_grad_tile(
     DOT_UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dz τ⁻¹ [BLOCK_N, BLOCK_V] fp32 of one tile (every backward product carries τ⁻¹), zero outside the masks:
+    """dz τ⁻¹ [BLOCK_N, BLOCK_V] fp32 of one tile (every backward product carries τ⁻¹; under HAS_SOFTCAP also
+    the cap's slope 1 − tanh²(x / c)), zero outside the masks:
         dz = gℓ (onehot(y) − p) − gH p (log p + H),  p = e^{z − lse},
-    with z recomputed by `_logits_tile` and row_grads = (y, lse, entropy, gℓ, gH) from `_row_grads`."""
+    with z recomputed as in `_logits_tile` and row_grads = (y, lse, entropy, gℓ, gH) from `_row_grads`."""
     targets, lse, entropy, grad_logp, grad_entropy = row_grads
     rows64, row_mask, cols64, col_mask = tile
     valid = row_mask[:, None] & col_mask[None, :]
-    z = _logits_tile(linear, tile, HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION)
+    z = _logits_tile(linear, tile, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION)
     log_p = z - lse[:, None]
     p = tl.where(valid, tl.exp(log_p), 0.0)
     if HAS_GRAD_ENTROPY:
@@ -173,8 +209,10 @@ def _scaled_grad_tile(
         coef = grad_logp[:, None] + tl.zeros_like(log_p)
     hit = (cols64[None, :] == targets[:, None]) & valid
     dz = tl.where(hit, grad_logp[:, None], 0.0) - tl.where(valid, p * coef, 0.0)
-    inv_temperature = linear[6]
-    return dz * inv_temperature
+    if HAS_SOFTCAP:  # the slope 1 − t² = (1 − t)(1 + t), t = tanh(x / c) = z / (c τ⁻¹)
+        t = z * (1.0 / (linear[7] * linear[6]))
+        dz = dz * ((1.0 - t) * (1.0 + t))
+    return dz * linear[6]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -196,10 +234,12 @@ def _linear_logprobs_fwd_kernel(
     stride_hn,
     stride_wv,
     inv_temperature,
+    softcap,
     split_size,
     split_stride,
     num_n_blocks,
     HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -223,7 +263,7 @@ def _linear_logprobs_fwd_kernel(
     logp = z_y − lse. Gradient: see `_linear_logprobs_bwd_kernel`.
     """
     pid = tl.program_id(0)
-    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature)
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature, softcap)
     pid_n = pid % num_n_blocks
     pid_s = pid // num_n_blocks
     rows64 = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
@@ -240,7 +280,15 @@ def _linear_logprobs_fwd_kernel(
         cols64 = v0 + tl.arange(0, BLOCK_V).to(tl.int64)
         col_mask = cols64 < v_end
         z = _logits_tile(
-            linear, (rows64, row_mask, cols64, col_mask), HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION
+            linear,
+            (rows64, row_mask, cols64, col_mask),
+            HAS_BIAS,
+            HAS_SOFTCAP,
+            BLOCK_N,
+            BLOCK_V,
+            BLOCK_H,
+            DOT_UPCAST,
+            DOT_PRECISION,
         )
         z_masked = tl.where(col_mask[None, :], z, float("-inf"))
         m_new = tl.maximum(m, tl.max(z_masked, axis=1))
@@ -285,9 +333,11 @@ def _linear_logprobs_bwd_kernel(
     stride_hn,
     stride_wv,
     inv_temperature,
+    softcap,
     num_n_blocks,
     num_v_blocks,
     HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     HAS_GRAD_ENTROPY: tl.constexpr,
     GROUP_N: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -308,7 +358,7 @@ def _linear_logprobs_bwd_kernel(
     are reproducible only to rounding; use the deterministic kernels for bitwise reproducibility.
     """
     pid = tl.program_id(0)
-    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature)
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature, softcap)
     grad_inputs = (y_ptr, lse_ptr, ent_ptr, gl_ptr, gh_ptr)
     tiles_per_group = GROUP_N * num_v_blocks
     group = pid // tiles_per_group
@@ -328,6 +378,7 @@ def _linear_logprobs_bwd_kernel(
         (rows64, row_mask, cols64, col_mask),
         row_grads,
         HAS_BIAS,
+        HAS_SOFTCAP,
         HAS_GRAD_ENTROPY,
         BLOCK_N,
         BLOCK_V,
@@ -381,9 +432,11 @@ def _linear_logprobs_bwd_dh_kernel(
     stride_hn,
     stride_wv,
     inv_temperature,
+    softcap,
     split_size,
     num_n_blocks,
     HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     HAS_GRAD_ENTROPY: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -402,7 +455,7 @@ def _linear_logprobs_bwd_dh_kernel(
     gives too few programs to fill the GPU).
     """
     pid = tl.program_id(0)
-    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature)
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature, softcap)
     grad_inputs = (y_ptr, lse_ptr, ent_ptr, gl_ptr, gh_ptr)
     pid_n = pid % num_n_blocks
     pid_s = pid // num_n_blocks
@@ -421,6 +474,7 @@ def _linear_logprobs_bwd_dh_kernel(
             (rows64, row_mask, cols64, col_mask),
             row_grads,
             HAS_BIAS,
+            HAS_SOFTCAP,
             HAS_GRAD_ENTROPY,
             BLOCK_N,
             BLOCK_V,
@@ -464,9 +518,11 @@ def _linear_logprobs_bwd_dw_kernel(
     stride_hn,
     stride_wv,
     inv_temperature,
+    softcap,
     split_size,
     num_v_blocks,
     HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     HAS_GRAD_ENTROPY: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -484,7 +540,7 @@ def _linear_logprobs_bwd_dw_kernel(
     order (S > 1 only for small vocabularies, where V alone gives too few programs).
     """
     pid = tl.program_id(0)
-    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature)
+    linear = (h_ptr, w_ptr, b_ptr, H, stride_hn, stride_wv, inv_temperature, softcap)
     grad_inputs = (y_ptr, lse_ptr, ent_ptr, gl_ptr, gh_ptr)
     pid_v = pid % num_v_blocks
     pid_s = pid // num_v_blocks
@@ -505,6 +561,7 @@ def _linear_logprobs_bwd_dw_kernel(
             (rows64, row_mask, cols64, col_mask),
             row_grads,
             HAS_BIAS,
+            HAS_SOFTCAP,
             HAS_GRAD_ENTROPY,
             BLOCK_N,
             BLOCK_V,
@@ -599,8 +656,10 @@ def linear_logprobs_forward(
     inv_temperature: float,
     blocks: BlockConfig | None = None,
     splits: int | None = None,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """hidden [N, H], weight [V, H], bias [V] | None, targets [N] int64 -> (logp, entropy, lse), each [N] fp32.
+    """hidden [N, H], weight [V, H], bias [V] | None, targets [N] int64 -> (logp, entropy, lse), each [N] fp32,
+    of the logits c tanh((h Wᵀ + b) / c) τ⁻¹ (softcap c > 0) or (h Wᵀ + b) τ⁻¹ (softcap 0).
 
     `splits` vocabulary splits (default: enough programs to fill the GPU) are combined on the host
     with an O(S·N) log-sum-exp merge."""
@@ -634,10 +693,12 @@ def linear_logprobs_forward(
         hidden.stride(0),
         weight.stride(0),
         float(inv_temperature),
+        float(softcap),
         split_size,
         splits * num_rows,
         num_n_blocks,
         HAS_BIAS=bias is not None,
+        HAS_SOFTCAP=softcap > 0,
         BLOCK_N=blocks.block_n,
         BLOCK_V=blocks.block_v,
         BLOCK_H=blocks.block_h,
@@ -672,11 +733,13 @@ def linear_logprobs_backward(
     deterministic: bool = False,
     blocks: BlockConfig | None = None,
     group_n: int = 16,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Recompute-mode backward -> (dh [N, H] in hidden's dtype, dW [V, H] fp32, db [V] fp32 | None).
 
-    lse, entropy, grad_logp, grad_entropy: [N] fp32 (grad_entropy None = 0). deterministic=True uses
-    the two atomic-free kernels (one more recompute of the logits, bitwise reproducible)."""
+    lse, entropy, grad_logp, grad_entropy: [N] fp32 (grad_entropy None = 0); softcap as in the forward.
+    deterministic=True uses the two atomic-free kernels (one more recompute of the logits, bitwise
+    reproducible)."""
     _check_inputs(hidden, weight, bias, targets)
     blocks = blocks or default_blocks("deterministic" if deterministic else "backward", hidden.dtype)
     hidden, weight = _contiguous_rows(hidden), _contiguous_rows(weight)
@@ -696,6 +759,7 @@ def linear_logprobs_backward(
     num_v_blocks = triton.cdiv(vocab, blocks.block_v)
     common = dict(
         HAS_BIAS=bias is not None,
+        HAS_SOFTCAP=softcap > 0,
         HAS_GRAD_ENTROPY=has_gh,
         BLOCK_N=blocks.block_n,
         BLOCK_V=blocks.block_v,
@@ -707,7 +771,7 @@ def linear_logprobs_backward(
     bias_arg = bias if bias is not None else hidden
     db_arg = grad_bias if grad_bias is not None else grad_weight
     inputs = (hidden, weight, bias_arg, targets, lse, entropy, grad_logp, grad_entropy)
-    scalars = (num_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), float(inv_temperature))
+    scalars = (num_rows, vocab, hidden_size, hidden.stride(0), weight.stride(0), float(inv_temperature), float(softcap))
     if deterministic:
         # Split the vocabulary (for dh) / the rows (for dW) only when the other axis alone gives too
         # few programs, and only as far as a partial-sum budget allows; partials are summed in order.

@@ -4,6 +4,11 @@
 //   stats:  lse = log Σ_v e^{z_v},  entropy H = lse − Σ_v p_v z_v,  target logit z_y        (one read of z)
 //   grad:   z ← dz = gℓ (onehot(y) − p) − gH p (log p + H)                           (one read + one write)
 //
+// Soft-capped heads (Gemma's final_logit_softcapping, κ > 0 in the tile's tempered units): the row holds
+// x and the logits are z = κ tanh(x / κ), formed on the fly (never stored); grad writes ∂L/∂x = dz · dz/dx.
+// With e = e^{−2|x|/κ} ∈ [0, 1]:  tanh(|x| / κ) = (1 − e) / (1 + e),  dz/dx = 1 − tanh² = 4e / (1 + e)²,
+// so the slope keeps its relative precision where tanh saturates. κ = 0: the plain paths, untouched.
+//
 // stats streams over the row in L1-sized blocks: the block max is taken first (the block stays in
 // L1), then the block's Σ e^{z−m} and Σ e^{z−m}(z−m) are added with the running max m; when m grows
 // the running sums are rescaled:  s ← a s,  t ← a (t + s (m_old − m_new)),  a = e^{m_old − m_new}.
@@ -104,6 +109,26 @@ GRPO_FAST_INLINE VecF load_vec(const float* p) {
   return v;
 }
 
+// The soft cap of one value: z = κ tanh(x / κ) and its slope dz/dx = 4e / (1 + e)², e = e^{−2|x|/κ}
+// (inv_cap = 1 / κ). fp32 through exp_f32 (e = 0 below e^{−87}: z = ±κ, slope 0); fp64 through std::exp.
+template <typename T>
+struct Capped {
+  T value;
+  T slope;
+};
+
+GRPO_FAST_INLINE Capped<float> soft_cap(float x, float cap, float inv_cap) {
+  const float e = exp_f32(-2.0f * std::fabs(x) * inv_cap);
+  const float t = (1.0f - e) / (1.0f + e);
+  return {std::copysign(cap * t, x), 4.0f * e / ((1.0f + e) * (1.0f + e))};
+}
+
+GRPO_FAST_INLINE Capped<double> soft_cap(double x, double cap, double inv_cap) {
+  const double e = std::exp(-2.0 * std::fabs(x) * inv_cap);
+  const double t = (1.0 - e) / (1.0 + e);
+  return {std::copysign(cap * t, x), 4.0 * e / ((1.0 + e) * (1.0 + e))};
+}
+
 // Per-row results of stats, in the row's precision.
 template <typename T>
 struct RowStats {
@@ -116,14 +141,22 @@ struct RowStats {
 // The reductions keep 16 independent partial sums in a generic vector: a plain float sum may not be
 // reordered by the compiler, and GCC's `omp simd reduction` spilled its lane arrays to memory every
 // iteration (3.5x slower than the grad loop, measured).
+// cap > 0: each block is soft-capped into an L1 buffer first (the row itself is left intact).
 GRPO_FAST_CLONES
-inline RowStats<float> row_stats_f32(const float* z, int64_t vocab) {
+inline RowStats<float> row_stats_f32(const float* z, int64_t vocab, float cap) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   float m = neg_inf;
   float s = 0.0f, t = 0.0f;
+  alignas(64) float capped[kBlock];
+  const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
   for (int64_t begin = 0; begin < vocab; begin += kBlock) {
     const float* zb = z + begin;
     const int64_t len = std::min(kBlock, vocab - begin);
+    if (cap > 0.0f) {
+#pragma omp simd
+      for (int64_t i = 0; i < len; ++i) capped[i] = soft_cap(zb[i], cap, inv_cap).value;
+      zb = capped;
+    }
     const int64_t body = len - len % kLanes;
     VecF lane_max = splat(neg_inf);
     for (int64_t i = 0; i < body; i += kLanes) lane_max = vmax(lane_max, load_vec(zb + i));
@@ -163,13 +196,26 @@ inline RowStats<float> row_stats_f32(const float* z, int64_t vocab) {
   return {m + log_s, log_s - t / s};
 }
 
+// cap > 0: the row holds x, the logits are κ tanh(x / κ), and the row becomes ∂L/∂x (without the one-hot term).
 GRPO_FAST_CLONES
-inline void row_grad_f32(float* z, int64_t vocab, float lse, float entropy, float grad_logp, float grad_entropy) {
+inline void row_grad_f32(float* z, int64_t vocab, float lse, float entropy, float grad_logp, float grad_entropy,
+                         float cap) {
   if (grad_logp == 0.0f && grad_entropy == 0.0f) {  // masked token: dz = 0, no exp needed
     std::memset(z, 0, sizeof(float) * vocab);
     return;
   }
   const float c = grad_logp + grad_entropy * entropy;
+  if (cap > 0.0f) {
+    const float inv_cap = 1.0f / cap;
+#pragma omp simd
+    for (int64_t i = 0; i < vocab; ++i) {
+      const Capped<float> zc = soft_cap(z[i], cap, inv_cap);
+      const float log_p = zc.value - lse;
+      const float p = exp_f32(log_p);
+      z[i] = -p * (c + grad_entropy * std::max(log_p, kMinLogF)) * zc.slope;
+    }
+    return;
+  }
 #pragma omp simd
   for (int64_t i = 0; i < vocab; ++i) {
     const float log_p = z[i] - lse;
@@ -180,13 +226,15 @@ inline void row_grad_f32(float* z, int64_t vocab, float lse, float entropy, floa
 
 // ---- fp64: plain loops (fp64 inputs are for gradcheck-style checks, not speed) -------------
 
-inline RowStats<double> row_stats_f64(const double* z, int64_t vocab) {
+inline RowStats<double> row_stats_f64(const double* z, int64_t vocab, double cap) {
+  const double inv_cap = cap > 0.0 ? 1.0 / cap : 0.0;
+  auto logit = [&](int64_t i) { return cap > 0.0 ? soft_cap(z[i], cap, inv_cap).value : z[i]; };
   double m = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < vocab; ++i) m = std::max(m, z[i]);
+  for (int64_t i = 0; i < vocab; ++i) m = std::max(m, logit(i));
   double s = 0.0, t = 0.0;
   if (m != -std::numeric_limits<double>::infinity()) {
     for (int64_t i = 0; i < vocab; ++i) {
-      const double d = z[i] - m;
+      const double d = logit(i) - m;
       const double e = std::exp(d);
       s += e;
       t += e == 0.0 ? 0.0 : e * d;
@@ -197,22 +245,29 @@ inline RowStats<double> row_stats_f64(const double* z, int64_t vocab) {
 }
 
 inline void row_grad_f64(double* z, int64_t vocab, double lse, double entropy, double grad_logp,
-                         double grad_entropy) {
+                         double grad_entropy, double cap) {
   const double c = grad_logp + grad_entropy * entropy;
+  const double inv_cap = cap > 0.0 ? 1.0 / cap : 0.0;
   for (int64_t i = 0; i < vocab; ++i) {
-    const double log_p = z[i] - lse;
+    const Capped<double> zc = cap > 0.0 ? soft_cap(z[i], cap, inv_cap) : Capped<double>{z[i], 1.0};
+    const double log_p = zc.value - lse;
     const double p = std::exp(log_p);
-    z[i] = p == 0.0 ? 0.0 : -p * (c + grad_entropy * log_p);
+    z[i] = p == 0.0 ? 0.0 : -p * (c + grad_entropy * log_p) * zc.slope;
   }
 }
 
-GRPO_FAST_INLINE RowStats<float> row_stats(const float* z, int64_t vocab) { return row_stats_f32(z, vocab); }
-GRPO_FAST_INLINE RowStats<double> row_stats(const double* z, int64_t vocab) { return row_stats_f64(z, vocab); }
-GRPO_FAST_INLINE void row_grad(float* z, int64_t vocab, float lse, float entropy, float gl, float gh) {
-  row_grad_f32(z, vocab, lse, entropy, gl, gh);
+GRPO_FAST_INLINE RowStats<float> row_stats(const float* z, int64_t vocab, float cap) {
+  return row_stats_f32(z, vocab, cap);
 }
-GRPO_FAST_INLINE void row_grad(double* z, int64_t vocab, double lse, double entropy, double gl, double gh) {
-  row_grad_f64(z, vocab, lse, entropy, gl, gh);
+GRPO_FAST_INLINE RowStats<double> row_stats(const double* z, int64_t vocab, double cap) {
+  return row_stats_f64(z, vocab, cap);
+}
+GRPO_FAST_INLINE void row_grad(float* z, int64_t vocab, float lse, float entropy, float gl, float gh, float cap) {
+  row_grad_f32(z, vocab, lse, entropy, gl, gh, cap);
+}
+GRPO_FAST_INLINE void row_grad(double* z, int64_t vocab, double lse, double entropy, double gl, double gh,
+                               double cap) {
+  row_grad_f64(z, vocab, lse, entropy, gl, gh, cap);
 }
 
 }  // namespace cpu

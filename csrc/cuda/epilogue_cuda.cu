@@ -42,10 +42,11 @@ void dispatch_tile(const at::Tensor& logits, F&& f) {
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cuda(const at::Tensor& logits,
-                                                                  const at::Tensor& targets) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cuda(const at::Tensor& logits, const at::Tensor& targets,
+                                                                  double softcap) {
   check_tile(kStatsOp, logits, targets);
   check_cuda_tile(kStatsOp, logits);
+  check_softcap(kStatsOp, softcap);
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   const auto opts = logits.options().dtype(at::kFloat);
@@ -56,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cuda(const at::Tens
     const cudaError_t err = cuda::launch_logprob_stats<T>(
         reinterpret_cast<const T*>(logits.const_data_ptr()), targets.const_data_ptr<int64_t>(),
         logp.mutable_data_ptr<float>(), entropy.mutable_data_ptr<float>(), lse.mutable_data_ptr<float>(), rows,
-        vocab, stream);
+        vocab, static_cast<float>(softcap), stream);
     TORCH_CHECK(err == cudaSuccess, kStatsOp, ": kernel launch failed: ", cudaGetErrorString(err));
   });
   return {logp, entropy, lse};
@@ -64,9 +65,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cuda(const at::Tens
 
 void logprob_grad_cuda(const at::Tensor& logits, const at::Tensor& targets, const at::Tensor& lse,
                        const at::Tensor& entropy, const at::Tensor& grad_logp,
-                       const std::optional<at::Tensor>& grad_entropy) {
+                       const std::optional<at::Tensor>& grad_entropy, double softcap) {
   check_grad_inputs(kGradOp, logits, targets, lse, entropy, grad_logp, grad_entropy);
   check_cuda_tile(kGradOp, logits);
+  check_softcap(kGradOp, softcap);
   const c10::cuda::CUDAGuard guard(logits.device());
   const int64_t rows = logits.size(0), vocab = logits.size(1);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -75,7 +77,8 @@ void logprob_grad_cuda(const at::Tensor& logits, const at::Tensor& targets, cons
     const cudaError_t err = cuda::launch_logprob_grad<T>(
         reinterpret_cast<T*>(logits.mutable_data_ptr()), targets.const_data_ptr<int64_t>(),
         lse.const_data_ptr<float>(), entropy.const_data_ptr<float>(), grad_logp.const_data_ptr<float>(),
-        grad_entropy.has_value() ? grad_entropy->const_data_ptr<float>() : nullptr, rows, vocab, stream);
+        grad_entropy.has_value() ? grad_entropy->const_data_ptr<float>() : nullptr, rows, vocab,
+        static_cast<float>(softcap), stream);
     TORCH_CHECK(err == cudaSuccess, kGradOp, ": kernel launch failed: ", cudaGetErrorString(err));
   });
 }

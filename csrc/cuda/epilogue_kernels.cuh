@@ -14,6 +14,11 @@
 //   logprob_grad_kernel:   z ← dz = gℓ (onehot(y) − p) − gH p (log p + H),  p = e^{z − lse}
 //     (gH = nullptr means 0); masked rows (gℓ = gH = 0) are zero-filled.    (one read + one write)
 //
+// kSoftcap (Gemma's final_logit_softcapping; κ > 0 in the tile's tempered units): the tile holds x and the
+// logits are z = κ tanh(x / κ), formed in registers; grad writes ∂L/∂x = dz · (1 − tanh²). With
+// e = e^{−2|x|/κ}: tanh(|x| / κ) = (1 − e) / (1 + e) and 1 − tanh² = 4e / (1 + e)² (precise where tanh
+// saturates). Without kSoftcap the kernels are the plain ones (a template flag: no cost when off).
+//
 // An out-of-range target (outside [0, V)) cannot raise from a kernel: stats writes NaN to its logp and
 // grad adds no one-hot term; the Python front ends validate token ids before any launch.
 #pragma once
@@ -68,6 +73,17 @@ __host__ __device__ __forceinline__ float fast_exp(float x) {
 #else
   return expf(x);
 #endif
+}
+
+// The soft cap of one value (inv_cap = 1 / κ): z = κ tanh(x / κ) and its slope dz/dx = 4e / (1 + e)².
+struct Capped {
+  float value, slope;
+};
+
+__host__ __device__ __forceinline__ Capped soft_cap(float x, float cap, float inv_cap) {
+  const float e = fast_exp(-2.0f * fabsf(x) * inv_cap);
+  const float t = (1.0f - e) / (1.0f + e);
+  return {copysignf(cap * t, x), 4.0f * e / ((1.0f + e) * (1.0f + e))};
 }
 
 __host__ __device__ __forceinline__ void online_add(Online& a, float x) {
@@ -127,13 +143,18 @@ __device__ __forceinline__ Online block_merge(Online v) {
   return v;  // valid in thread 0
 }
 
-// logits [R, V] T; targets [R] int64; logp, entropy, lse [R] fp32. grid = (R), block = (kThreads).
-template <typename T, bool kVector>
+// logits [R, V] T; targets [R] int64; logp, entropy, lse [R] fp32; cap = κ (kSoftcap). grid = (R), block = (kThreads).
+template <typename T, bool kVector, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads)
     logprob_stats_kernel(const T* __restrict__ logits, const int64_t* __restrict__ targets, float* __restrict__ logp,
-                         float* __restrict__ entropy, float* __restrict__ lse, int64_t vocab) {
+                         float* __restrict__ entropy, float* __restrict__ lse, int64_t vocab, float cap) {
   const int64_t row = blockIdx.x;
   const T* z = logits + row * vocab;
+  const float inv_cap = kSoftcap ? 1.0f / cap : 0.0f;
+  auto logit = [&](T v) {
+    const float x = Convert<T>::to_float(v);
+    return kSoftcap ? soft_cap(x, cap, inv_cap).value : x;
+  };
   Online acc{-INFINITY, 0.0f, 0.0f};
   int64_t tail_begin = 0;
   if (kVector) {
@@ -143,11 +164,11 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = threadIdx.x; i < packs; i += kThreads) {
       const Pack<T> p = zp[i];
 #pragma unroll
-      for (int k = 0; k < kPack; ++k) online_add(acc, Convert<T>::to_float(p.v[k]));
+      for (int k = 0; k < kPack; ++k) online_add(acc, logit(p.v[k]));
     }
     tail_begin = packs * kPack;
   }
-  for (int64_t i = tail_begin + threadIdx.x; i < vocab; i += kThreads) online_add(acc, Convert<T>::to_float(z[i]));
+  for (int64_t i = tail_begin + threadIdx.x; i < vocab; i += kThreads) online_add(acc, logit(z[i]));
   acc = block_merge(acc);
   if (threadIdx.x == 0) {
     const float log_s = logf(acc.s);
@@ -155,7 +176,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t y = targets[row];
     lse[row] = row_lse;
     entropy[row] = log_s - acc.t / acc.s;
-    logp[row] = (y >= 0 && y < vocab) ? Convert<T>::to_float(z[y]) - row_lse : NAN;
+    logp[row] = (y >= 0 && y < vocab) ? logit(z[y]) - row_lse : NAN;
   }
 }
 
@@ -165,13 +186,22 @@ __host__ __device__ __forceinline__ float grad_value(float x, float lse, float c
   return p == 0.0f ? 0.0f : -p * (c + gh * log_p);
 }
 
-// logits [R, V] T (overwritten with dz); targets [R]; lse, entropy, grad_logp [R] fp32; grad_entropy [R]
-// fp32 or nullptr. grid = (R), block = (kThreads).
-template <typename T, bool kVector>
+// ∂L/∂x of one tile value x at column i: dz (+ gℓ at the target), times the cap's slope under kSoftcap.
+template <bool kSoftcap>
+__host__ __device__ __forceinline__ float tile_grad(float x, bool target, float lse, float c, float gl, float gh,
+                                                    float cap, float inv_cap) {
+  if (!kSoftcap) return grad_value(x, lse, c, gh) + (target ? gl : 0.0f);
+  const Capped zc = soft_cap(x, cap, inv_cap);
+  return (grad_value(zc.value, lse, c, gh) + (target ? gl : 0.0f)) * zc.slope;
+}
+
+// logits [R, V] T (overwritten with ∂L/∂x); targets [R]; lse, entropy, grad_logp [R] fp32; grad_entropy [R]
+// fp32 or nullptr; cap = κ (kSoftcap). grid = (R), block = (kThreads).
+template <typename T, bool kVector, bool kSoftcap>
 __global__ void __launch_bounds__(kThreads)
     logprob_grad_kernel(T* __restrict__ logits, const int64_t* __restrict__ targets, const float* __restrict__ lse,
                         const float* __restrict__ entropy, const float* __restrict__ grad_logp,
-                        const float* __restrict__ grad_entropy, int64_t vocab) {
+                        const float* __restrict__ grad_entropy, int64_t vocab, float cap) {
   const int64_t row = blockIdx.x;
   T* z = logits + row * vocab;
   const float gl = grad_logp[row];
@@ -180,6 +210,7 @@ __global__ void __launch_bounds__(kThreads)
   const float c = gl + gh * entropy[row];
   const int64_t y = targets[row];
   const bool masked = gl == 0.0f && gh == 0.0f;
+  const float inv_cap = kSoftcap ? 1.0f / cap : 0.0f;
   int64_t tail_begin = 0;
   if (kVector) {
     constexpr int kPack = Pack<T>::kSize;
@@ -189,8 +220,8 @@ __global__ void __launch_bounds__(kThreads)
       Pack<T> p = zp[i];
 #pragma unroll
       for (int k = 0; k < kPack; ++k) {
-        float d = masked ? 0.0f : grad_value(Convert<T>::to_float(p.v[k]), row_lse, c, gh);
-        if (i * kPack + k == y) d += gl;
+        const float x = Convert<T>::to_float(p.v[k]);
+        const float d = masked ? 0.0f : tile_grad<kSoftcap>(x, i * kPack + k == y, row_lse, c, gl, gh, cap, inv_cap);
         p.v[k] = Convert<T>::from_float(d);
       }
       zp[i] = p;
@@ -198,8 +229,8 @@ __global__ void __launch_bounds__(kThreads)
     tail_begin = packs * kPack;
   }
   for (int64_t i = tail_begin + threadIdx.x; i < vocab; i += kThreads) {
-    float d = masked ? 0.0f : grad_value(Convert<T>::to_float(z[i]), row_lse, c, gh);
-    if (i == y) d += gl;
+    const float x = Convert<T>::to_float(z[i]);
+    const float d = masked ? 0.0f : tile_grad<kSoftcap>(x, i == y, row_lse, c, gl, gh, cap, inv_cap);
     z[i] = Convert<T>::from_float(d);
   }
 }
@@ -210,31 +241,31 @@ inline bool rows_are_16B_aligned(const void* base, int64_t vocab) {
   return reinterpret_cast<uintptr_t>(base) % 16 == 0 && (vocab * static_cast<int64_t>(sizeof(T))) % 16 == 0;
 }
 
-// Host launchers (stream-ordered, no synchronisation). rows >= 1, vocab >= 1; rows <= 2^31 − 1.
+// Host launchers (stream-ordered, no synchronisation). rows >= 1, vocab >= 1; rows <= 2^31 − 1; softcap = κ
+// (0 = off: the plain kernels).
 template <typename T>
 inline cudaError_t launch_logprob_stats(const T* logits, const int64_t* targets, float* logp, float* entropy,
-                                        float* lse, int64_t rows, int64_t vocab, cudaStream_t stream) {
+                                        float* lse, int64_t rows, int64_t vocab, float softcap,
+                                        cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(rows));
-  if (rows_are_16B_aligned<T>(logits, vocab))
-    logprob_stats_kernel<T, true><<<grid, kThreads, 0, stream>>>(logits, targets, logp, entropy, lse, vocab);
-  else
-    logprob_stats_kernel<T, false><<<grid, kThreads, 0, stream>>>(logits, targets, logp, entropy, lse, vocab);
+  const bool vector = rows_are_16B_aligned<T>(logits, vocab), capped = softcap > 0.0f;
+  auto kernel = vector ? (capped ? logprob_stats_kernel<T, true, true> : logprob_stats_kernel<T, true, false>)
+                       : (capped ? logprob_stats_kernel<T, false, true> : logprob_stats_kernel<T, false, false>);
+  kernel<<<grid, kThreads, 0, stream>>>(logits, targets, logp, entropy, lse, vocab, softcap);
   return cudaGetLastError();
 }
 
 template <typename T>
 inline cudaError_t launch_logprob_grad(T* logits, const int64_t* targets, const float* lse, const float* entropy,
                                        const float* grad_logp, const float* grad_entropy, int64_t rows, int64_t vocab,
-                                       cudaStream_t stream) {
+                                       float softcap, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(rows));
-  if (rows_are_16B_aligned<T>(logits, vocab))
-    logprob_grad_kernel<T, true>
-        <<<grid, kThreads, 0, stream>>>(logits, targets, lse, entropy, grad_logp, grad_entropy, vocab);
-  else
-    logprob_grad_kernel<T, false>
-        <<<grid, kThreads, 0, stream>>>(logits, targets, lse, entropy, grad_logp, grad_entropy, vocab);
+  const bool vector = rows_are_16B_aligned<T>(logits, vocab), capped = softcap > 0.0f;
+  auto kernel = vector ? (capped ? logprob_grad_kernel<T, true, true> : logprob_grad_kernel<T, true, false>)
+                       : (capped ? logprob_grad_kernel<T, false, true> : logprob_grad_kernel<T, false, false>);
+  kernel<<<grid, kThreads, 0, stream>>>(logits, targets, lse, entropy, grad_logp, grad_entropy, vocab, softcap);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,10 @@
 """Backend dispatch for layer 1 (fused linear logprobs).
 
-A backend has `name`, `forward(hidden, weight, bias, targets, inv_temperature, workspace_bytes)` ->
-LogprobStats, and `backward(hidden, weight, bias, targets, inv_temperature, stats, grad_logp,
-grad_entropy, workspace_bytes)` -> (dh, dW fp32, db fp32 | None). Chunked backends also have
+A backend has `name`, `forward(hidden, weight, bias, targets, inv_temperature, workspace_bytes, softcap=0)`
+-> LogprobStats, and `backward(hidden, weight, bias, targets, inv_temperature, stats, grad_logp,
+grad_entropy, workspace_bytes, softcap=0)` -> (dh, dW fp32, db fp32 | None), for the logits
+z = c tanh((h Wᵀ + b) / c) · inv_temperature with softcap c > 0, or (h Wᵀ + b) · inv_temperature with
+softcap 0 (grpo_fast.loss.head folds a model's logit scale into these two). Chunked backends also have
 `forward_backward` (gradients formed in the forward pass, see grpo_fast.backends.chunked) and may
 name a `token_loss` implementation of layer 2 (default: grpo_fast.loss.token_math.grpo_token_loss).
 

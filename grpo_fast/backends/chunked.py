@@ -9,6 +9,11 @@ an epilogue reduces it to per-token statistics, and, for gradients, rewrites it 
 from which two more GEMMs give  dh = dz W / τ  and  dW += dzᵀ h / τ  (db += Σ_rows dz / τ).
 Nothing of size N·V exists; extra memory is O(N) + O(R·V).
 
+Soft-capped heads (`softcap` c > 0, Gemma's final_logit_softcapping): the logits are
+z = c tanh((h Wᵀ + b) / c) / τ. The GEMM still writes x = (h Wᵀ + b) / τ; the epilogue reads the tile as
+z = κ tanh(x / κ) with κ = c / τ (the same function: c tanh(u / c) / τ at u = τ x) and writes
+∂L/∂x = dz (1 − tanh²(x / κ)), so the GEMMs after it are unchanged. softcap = 0: no extra work.
+
 Two ways to get gradients:
   * `forward` then `backward` (recompute): 4 GEMMs, used when the upstream per-token gradients
     are only known later (`fused_logprobs` under autograd).
@@ -41,8 +46,13 @@ class LogprobStats:
 
 
 class Epilogue(Protocol):
-    def stats(self, z: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """z [R, V] fp32 (left intact), targets [R] int64 -> (logp, entropy, lse), each [R] fp32."""
+    """Reduces a tile z [R, V] fp32 (the GEMM output) to statistics and rewrites it into its gradient. With
+    softcap κ > 0 (in the tile's units) the tile holds the pre-cap values and the logits are κ tanh(z / κ)."""
+
+    def stats(
+        self, z: torch.Tensor, targets: torch.Tensor, softcap: float = 0.0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """z [R, V] fp32 (left intact), targets [R] int64 -> (logp, entropy, lse) of the logits, each [R] fp32."""
 
     def grad_(
         self,
@@ -52,38 +62,49 @@ class Epilogue(Protocol):
         entropy: torch.Tensor,
         grad_logp: torch.Tensor,
         grad_entropy: torch.Tensor | None,
+        softcap: float = 0.0,
     ) -> None:
-        """Overwrite z [R, V] fp32 with dz = gℓ (onehot − p) − gH p (log p + H) (gH None = 0)."""
+        """Overwrite z [R, V] fp32 with dℓ = gℓ (onehot − p) − gH p (log p + H) (∂L/∂logits, gH None = 0),
+        times the cap's slope 1 − tanh²(z / κ) when softcap κ > 0 (then ∂L/∂z)."""
 
 
 class TorchEpilogue:
-    """The epilogue in plain PyTorch ops, fp32 throughout. Rows go in blocks so that the one
-    temporary (the exponentials) stays within `temp_bytes` whatever the tile size."""
+    """The epilogue in plain PyTorch ops, fp32 throughout. Rows go in blocks so that the temporaries (the
+    exponentials; with a soft cap also tanh) stay within `temp_bytes` whatever the tile size."""
 
     def __init__(self, temp_bytes: int = 4 << 20):
         self.temp_bytes = temp_bytes
 
-    def _blocks(self, z):
-        return row_slices(z.shape[0], self.temp_bytes // (z.shape[1] * z.element_size()))
+    def _blocks(self, z, softcap):
+        temporaries = 3 if softcap else 2
+        return row_slices(z.shape[0], self.temp_bytes // (temporaries * z.shape[1] * z.element_size()))
 
-    def stats(self, z, targets):
+    def stats(self, z, targets, softcap=0.0):
         out = torch.empty(3, z.shape[0], dtype=z.dtype, device=z.device)
-        for rows in self._blocks(z):
+        for rows in self._blocks(z, softcap):
             block = z[rows]
+            if softcap:  # the logits κ tanh(x / κ) of the block x
+                block = torch.div(block, softcap).tanh_().mul_(softcap)
             row_max = block.amax(dim=1, keepdim=True)
-            exp = torch.sub(block, row_max).exp_()
+            shifted = torch.sub(block, row_max)
+            exp = shifted.exp()
             sum_exp = exp.sum(dim=1)
-            # Σ_v e^{z_v − m} z_v as a batched dot product, without another temporary.
-            sum_exp_z = torch.bmm(exp.unsqueeze(1), block.unsqueeze(2)).view(-1)
-            lse = row_max.view(-1) + torch.log(sum_exp)
-            out[2, rows] = lse
-            out[1, rows] = lse - sum_exp_z / sum_exp
+            # H = log Σ e^{z−m} − Σ_v e^{z_v − m} (z_v − m) / Σ e^{z−m}: in shifted units, so that nothing of the
+            # size of the logits themselves cancels (unshifted, logits of ±15 lost 1e-5 of H in fp32).
+            sum_exp_z = torch.bmm(exp.unsqueeze(1), shifted.unsqueeze(2)).view(-1)
+            log_sum_exp = torch.log(sum_exp)
+            out[2, rows] = row_max.view(-1) + log_sum_exp
+            out[1, rows] = log_sum_exp - sum_exp_z / sum_exp
+            lse = out[2, rows]
             out[0, rows] = block.gather(1, targets[rows].view(-1, 1)).view(-1) - lse
         return out[0], out[1], out[2]
 
-    def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy):
-        for rows in self._blocks(z):
+    def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy, softcap=0.0):
+        for rows in self._blocks(z, softcap):
             block, g_logp, row_lse = z[rows], grad_logp[rows].view(-1, 1), lse[rows].view(-1, 1)
+            if softcap:  # the block x becomes the logits κ tanh(x / κ); t = tanh(x / κ) is kept for the slope
+                tanh = torch.div(block, softcap).tanh_()
+                block.copy_(tanh).mul_(softcap)
             if grad_entropy is None:  # dz = gℓ (onehot − p)
                 block.sub_(row_lse).exp_().mul_(-g_logp)
             else:
@@ -93,6 +114,8 @@ class TorchEpilogue:
                 b = a * entropy[rows].view(-1, 1) - g_logp
                 block.mul_(a).add_(b - a * row_lse).mul_(p)
             block.scatter_add_(1, targets[rows].view(-1, 1), g_logp)
+            if softcap:  # ∂L/∂x = dℓ (1 − t²)
+                block.mul_(tanh.square_().neg_().add_(1.0))
 
 
 def row_slices(num_rows: int, step: int) -> list[slice]:
@@ -118,6 +141,17 @@ def _mm_acc(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -
     if out is None:
         return result
     return out.copy_(result)
+
+
+def _gemm_operands(hidden, weight, bias):
+    """The operands the GEMMs read. On CPU, bf16 / fp16 ones become fp32 copies (the weight's: one [V, H]
+    copy per call, 4·V·H bytes), so that the logits are fp32-exact (not bf16-rounded before the
+    epilogue) and every GEMM runs in fp32: ATen has no mixed-precision GEMM on CPU, and on CPUs without
+    AVX512-BF16 / AMX its bf16 GEMMs run 10-60x slower than fp32 ones (benchmarks/NOTES.md, "bf16 on
+    CPU"). On CUDA they are returned as they are (tensor cores, fp32 output through out_dtype)."""
+    if hidden.is_cuda:
+        return hidden, weight, bias
+    return tuple(None if t is None else t.to(accumulation_dtype(t.dtype)) for t in (hidden, weight, bias))
 
 
 _FP32_ADDMM_PROBED: dict[torch.device, bool] = {}
@@ -186,10 +220,15 @@ class ChunkedBackend:
             z.add_(bias)
         return z.mul_(inv_temperature)
 
-    def forward(self, hidden, weight, bias, targets, inv_temperature, workspace_bytes=None) -> LogprobStats:
-        """hidden [N, H], weight [V, H], bias [V] | None, targets [N] -> LogprobStats ([N] fp32 each)."""
+    def forward(
+        self, hidden, weight, bias, targets, inv_temperature, workspace_bytes=None, softcap=0.0
+    ) -> LogprobStats:
+        """hidden [N, H], weight [V, H], bias [V] | None, targets [N] -> LogprobStats ([N] fp32 each).
+        softcap: as in `forward_backward`."""
         chunks = self.row_chunks(hidden.shape[0], weight.shape[0], hidden.device, workspace_bytes)
-        stats, _ = self.forward_backward(hidden, weight, bias, targets, inv_temperature, None, chunks, need_grads=False)
+        stats, _ = self.forward_backward(
+            hidden, weight, bias, targets, inv_temperature, None, chunks, need_grads=False, softcap=softcap
+        )
         return stats
 
     def backward(
@@ -203,17 +242,22 @@ class ChunkedBackend:
         grad_logp,
         grad_entropy,
         workspace_bytes=None,
+        softcap=0.0,
     ):
-        """Recompute each tile and accumulate (dh [N, H] in hidden's dtype, dW [V, H] fp32, db [V] fp32 | None)."""
+        """Recompute each tile and accumulate (dh [N, H] in hidden's dtype, dW [V, H] fp32, db [V] fp32 | None).
+        softcap: as in `forward_backward`."""
+        hidden_dtype = hidden.dtype
+        hidden, weight, bias = _gemm_operands(hidden, weight, bias)
         grads = _GradAccumulator(hidden, weight, bias, inv_temperature)
         chunks = self.row_chunks(hidden.shape[0], weight.shape[0], hidden.device, workspace_bytes)
         workspace = self._workspace(chunks, weight.shape[0], hidden)
+        cap = _tile_cap(softcap, inv_temperature)
         for rows in chunks:
             z = self._logits(hidden[rows], weight, bias, inv_temperature, workspace[: rows.stop - rows.start])
             g_h = None if grad_entropy is None else grad_entropy[rows]
-            self.epilogue.grad_(z, targets[rows], stats.lse[rows], stats.entropy[rows], grad_logp[rows], g_h)
+            self.epilogue.grad_(z, targets[rows], stats.lse[rows], stats.entropy[rows], grad_logp[rows], g_h, *cap)
             grads.add(rows, z)
-        return grads.result()
+        return grads.result(hidden_dtype)
 
     def forward_backward(
         self,
@@ -225,29 +269,34 @@ class ChunkedBackend:
         token_grads: TokenGrads | None,
         chunks: Iterable[slice],
         need_grads: bool = True,
+        softcap: float = 0.0,
     ):
         """One pass with the gradient formed from the tile in the workspace (3 GEMMs per chunk).
 
         token_grads(rows, logp, entropy) -> (gℓ [R], gH [R] | None) is called once per chunk in order
         (None: statistics only). Returns (LogprobStats, (dh, dW, db) or None when not need_grads).
+        softcap: c of z = c tanh((h Wᵀ + b) / c) / τ (0 = off).
         """
         vocab = weight.shape[0]
+        hidden_dtype = hidden.dtype
+        hidden, weight, bias = _gemm_operands(hidden, weight, bias)
         out = self._stats_buffers(hidden)
         chunks = list(chunks)
         workspace = self._workspace(chunks, vocab, hidden)
         grads = _GradAccumulator(hidden, weight, bias, inv_temperature) if need_grads else None
+        cap = _tile_cap(softcap, inv_temperature)
         for rows in chunks:
             z = self._logits(hidden[rows], weight, bias, inv_temperature, workspace[: rows.stop - rows.start])
-            logp, entropy, lse = self.epilogue.stats(z, targets[rows])
+            logp, entropy, lse = self.epilogue.stats(z, targets[rows], *cap)
             for dst, value in zip(out, (logp, entropy, lse), strict=True):
                 dst[rows].copy_(value)
             if token_grads is None:
                 continue
             grad_logp, grad_entropy = token_grads(rows, logp, entropy)
             if grads is not None:
-                self.epilogue.grad_(z, targets[rows], lse, entropy, grad_logp, grad_entropy)
+                self.epilogue.grad_(z, targets[rows], lse, entropy, grad_logp, grad_entropy, *cap)
                 grads.add(rows, z)
-        return LogprobStats(*out), (grads.result() if grads is not None else None)
+        return LogprobStats(*out), (grads.result(hidden_dtype) if grads is not None else None)
 
     @staticmethod
     def _stats_buffers(hidden):
@@ -260,6 +309,12 @@ class ChunkedBackend:
     def _workspace(chunks, vocab, hidden):
         longest = max((c.stop - c.start for c in chunks), default=0)
         return torch.empty(longest, vocab, dtype=accumulation_dtype(hidden.dtype), device=hidden.device)
+
+
+def _tile_cap(softcap: float, inv_temperature: float) -> tuple[float, ...]:
+    """The epilogue's softcap argument: (κ,) with κ = c / τ, the cap in the tile's tempered units; () when off,
+    so that an epilogue without the argument keeps working for heads without a cap."""
+    return (softcap * inv_temperature,) if softcap else ()
 
 
 class _GradAccumulator:
@@ -311,8 +366,9 @@ class _GradAccumulator:
         if self.grad_bias is not None:
             self.grad_bias.add_(dz.sum(dim=0), alpha=self.inv_temperature)
 
-    def result(self):
-        return self.grad_hidden, self.grad_weight, self.grad_bias
+    def result(self, hidden_dtype: torch.dtype):
+        """(dh [N, H] in `hidden_dtype`, the caller's, dW [V, H] and db [V] | None in the accumulation dtype)."""
+        return self.grad_hidden.to(hidden_dtype), self.grad_weight, self.grad_bias
 
 
 TORCH_BACKEND = ChunkedBackend("torch", TorchEpilogue(), cpu_workspace_bytes=16 << 20, gpu_workspace_bytes=512 << 20)

@@ -5,8 +5,10 @@ Per row chunk: a vendor GEMM (ATen/MKL on CPU, cuBLAS on GPU) writes the tempere
 z [R, V] into the workspace; `torch.ops.grpo_fast.logprob_stats` reduces it in one pass (online
 max / Σe^{z−m} / Σe^{z−m}(z−m) and the target gather) and `torch.ops.grpo_fast.logprob_grad_`
 rewrites it in place into dz = gℓ (onehot(y) − p) − gH p (log p + H) in one read + write; two
-more GEMMs give dh and dW. Both ops are torch.library custom ops with fake implementations
-(registered below), so torch.compile traces through them.
+more GEMMs give dh and dW. A soft cap (`softcap` κ > 0) is applied inside both ops, element by
+element (κ tanh(z / κ) and its slope, see grpo_fast.backends.chunked); κ = 0 runs the plain loops.
+Both ops are torch.library custom ops with fake implementations (registered below), so torch.compile
+traces through them.
 
 Importing this module raises ImportError when the extension is not built (backend "auto" then
 falls back to "torch"); build it with `pip install --no-build-isolation -e .` from the repository.
@@ -31,7 +33,7 @@ __all__ = ["CPU_BACKEND", "CUDA_BACKEND", "NativeEpilogue", "cpu_kernel_isa", "b
 
 
 @torch.library.register_fake("grpo_fast::logprob_stats")
-def _logprob_stats_fake(logits, targets):
+def _logprob_stats_fake(logits, targets, softcap=0.0):
     torch._check(logits.dim() == 2, lambda: f"logits: expected a 2-d tile [R, V], got {list(logits.shape)}")
     torch._check(
         targets.device == logits.device,
@@ -43,7 +45,7 @@ def _logprob_stats_fake(logits, targets):
 
 
 @torch.library.register_fake("grpo_fast::logprob_grad_")
-def _logprob_grad_fake(logits, targets, lse, entropy, grad_logp, grad_entropy):
+def _logprob_grad_fake(logits, targets, lse, entropy, grad_logp, grad_entropy, softcap=0.0):
     for name, t in (("targets", targets), ("lse", lse), ("entropy", entropy), ("grad_logp", grad_logp)):
         message = f"{name}: expected device {logits.device}, got {t.device}"
         torch._check(t.device == logits.device, lambda message=message: message)
@@ -55,16 +57,18 @@ class NativeEpilogue:
 
     _fp64_cuda = TorchEpilogue()  # the CUDA kernels are fp32-math only; fp64 tiles on GPU (gradcheck) use torch ops
 
-    def stats(self, z, targets):
-        """z [R, V] fp32 (left intact), targets [R] int64 -> (logp, entropy, lse), each [R] fp32."""
+    def stats(self, z, targets, softcap=0.0):
+        """z [R, V] fp32 (left intact), targets [R] int64 -> (logp, entropy, lse), each [R] fp32; logits
+        κ tanh(z / κ) when softcap κ > 0."""
         if z.is_cuda and z.dtype == torch.float64:
-            return self._fp64_cuda.stats(z, targets)
-        return torch.ops.grpo_fast.logprob_stats(z, targets)
+            return self._fp64_cuda.stats(z, targets, softcap)
+        return torch.ops.grpo_fast.logprob_stats(z, targets, softcap)
 
-    def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy):
-        """Overwrite z [R, V] with dz = gℓ (onehot − p) − gH p (log p + H) (gH None = 0)."""
+    def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy, softcap=0.0):
+        """Overwrite z [R, V] with dz = gℓ (onehot − p) − gH p (log p + H) (gH None = 0), times
+        1 − tanh²(z / κ) when softcap κ > 0."""
         if z.is_cuda and z.dtype == torch.float64:
-            return self._fp64_cuda.grad_(z, targets, lse, entropy, grad_logp, grad_entropy)
+            return self._fp64_cuda.grad_(z, targets, lse, entropy, grad_logp, grad_entropy, softcap)
         dtype = accumulation_dtype(z.dtype)
         torch.ops.grpo_fast.logprob_grad_(
             z,
@@ -73,6 +77,7 @@ class NativeEpilogue:
             entropy.to(dtype).contiguous(),
             grad_logp.to(dtype).contiguous(),
             None if grad_entropy is None else grad_entropy.to(dtype).contiguous(),
+            softcap,
         )
 
 

@@ -36,9 +36,12 @@ class TritonBackend:
         """The same backend with the atomic-free backward (what GRPOLossConfig(deterministic=True) uses)."""
         return TRITON_DETERMINISTIC_BACKEND
 
-    def forward(self, hidden, weight, bias, targets, inv_temperature, workspace_bytes=None) -> LogprobStats:
-        """hidden [N, H], weight [V, H], bias [V] | None, targets [N] int64 -> LogprobStats ([N] fp32 each)."""
-        logp, entropy, lse = linear_logprobs_forward(hidden, weight, bias, targets, inv_temperature)
+    def forward(
+        self, hidden, weight, bias, targets, inv_temperature, workspace_bytes=None, softcap=0.0
+    ) -> LogprobStats:
+        """hidden [N, H], weight [V, H], bias [V] | None, targets [N] int64 -> LogprobStats ([N] fp32 each);
+        softcap c > 0: logits c tanh((h Wᵀ + b) / c) / τ."""
+        logp, entropy, lse = linear_logprobs_forward(hidden, weight, bias, targets, inv_temperature, softcap=softcap)
         return LogprobStats(logp, entropy, lse)
 
     def backward(
@@ -52,6 +55,7 @@ class TritonBackend:
         grad_logp,
         grad_entropy,
         workspace_bytes=None,
+        softcap=0.0,
     ):
         """-> (dh [N, H] in hidden's dtype, dW [V, H] fp32, db [V] fp32 | None), recomputing the logits tiles."""
         return linear_logprobs_backward(
@@ -65,6 +69,7 @@ class TritonBackend:
             grad_logp,
             grad_entropy,
             deterministic=self.deterministic,
+            softcap=softcap,
         )
 
     def token_loss(
@@ -78,9 +83,11 @@ class TritonBackend:
     ) -> TokenLossOutput:
         """Layer 2 on the fused kernel (same signature and results as token_math.grpo_token_loss).
 
-        Row subsets and non-fp32 (fp64 gradcheck) inputs go to the PyTorch twin."""
+        Row subsets, non-fp32 (fp64 gradcheck) inputs and TRL's token masks (top_entropy_quantile,
+        off_policy_mask_threshold; O(N) either way) go to the PyTorch twin."""
         whole = rows == slice(None) or (rows.start in (None, 0) and rows.stop in (None, layout.num_tokens))
-        if not whole or logprobs.dtype != torch.float32 or layout.mask.dtype != torch.float32:
+        twin_only = config.top_entropy_quantile < 1.0 or config.off_policy_mask_threshold is not None
+        if not whole or twin_only or logprobs.dtype != torch.float32 or layout.mask.dtype != torch.float32:
             return grpo_token_loss(logprobs, entropy, inputs, layout, config, rows)
         sums, grad_logp, grad_entropy = grpo_token_loss_triton(
             logprobs.detach(),
@@ -100,6 +107,14 @@ class TritonBackend:
             delta=config.delta,
             beta=config.beta,
             entropy_coef=config.entropy_coef,
+            use_bias_correction_kl=config.use_bias_correction_kl,
+            sapo_temperature_pos=config.sapo_temperature_pos,
+            sapo_temperature_neg=config.sapo_temperature_neg,
+            vespo_k_pos=config.vespo_k_pos,
+            vespo_lambda_pos=config.vespo_lambda_pos,
+            vespo_k_neg=config.vespo_k_neg,
+            vespo_lambda_neg=config.vespo_lambda_neg,
+            is_weights_per_sequence=inputs.is_weights_per_sequence,
         )
         return TokenLossOutput(sums, grad_logp, grad_entropy)
 

@@ -108,6 +108,7 @@ def make_step(name: str, batch: LossBatch, config: GRPOLossConfig) -> tuple[Call
             loss_type=config.loss_type,
             temperature=config.temperature,
             importance_sampling_level=config.importance_sampling_level,
+            use_bias_correction_kl=config.use_bias_correction_kl,  # Liger's default is False, TRL's True
         )
         ids, mask, adv, old = per_token
 

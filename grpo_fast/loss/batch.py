@@ -1,8 +1,8 @@
 """Validates the GRPO front ends' per-token arguments and turns them into flat `[N]` tensors.
 
 Padded layout: completion_ids / completion_mask / old / ref / is_weights are [B, T], advantages and
-is_weights may be [B]. Packed layout (`cu_seqlens` [B+1] given): the same arguments are [N],
-advantages and is_weights may be [B].
+is_weights may be [B] or [B, 1] (one per sequence; vespo then counts a weight once per sequence).
+Packed layout (`cu_seqlens` [B+1] given): the same arguments are [N], advantages and is_weights may be [B].
 """
 
 from __future__ import annotations
@@ -86,12 +86,16 @@ def prepare_batch(
         checks.require_token_ids("completion_ids", flat_ids, vocab, active)
     targets = torch.where(active, flat_ids, torch.zeros_like(flat_ids)).to(torch.int64)
 
+    per_sequence: set[str] = set()  # the arguments given one per sequence
+
     def per_token(name, value, allow_per_seq):
         if value is None:
             return None
         value = checks.require_tensor(name, value)
         checks.require_floating(name, value)
         checks.require_device(name, value, device)
+        if allow_per_seq and value.dim() == 2 and tuple(value.shape) == (layout.num_seqs, 1) and ids.dim() == 2:
+            value = value.reshape(-1)  # [B, 1] (TRL's per-sequence shape) as [B]; at T = 1 both mean the same
         if (
             allow_per_seq
             and value.dim() == 1
@@ -99,6 +103,7 @@ def prepare_batch(
             and (cu_seqlens is None or value.numel() != layout.num_tokens)
         ):
             flat = value.to(dtype)[layout.seq_index]
+            per_sequence.add(name)
         elif value.numel() == layout.num_tokens and tuple(value.shape) == tuple(ids.shape):
             flat = value.reshape(-1).to(dtype)
         else:
@@ -131,5 +136,6 @@ def prepare_batch(
         is_weights=per_token("is_weights", is_weights, allow_per_seq=True),
         loss_weights=reduction_weights(layout, config, num_items_in_batch),
         entropy_weights=entropy_weights(layout),
+        is_weights_per_sequence="is_weights" in per_sequence,
     )
     return PreparedBatch(layout, targets, inputs)

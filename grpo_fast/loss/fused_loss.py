@@ -12,6 +12,7 @@ from torch import nn
 from ..backends import LogprobStats, get_backend
 from ..backends.chunked import accumulation_dtype
 from .batch import PreparedBatch, prepare_batch
+from .head import LogitHead
 from .logprobs import check_linear_inputs
 from .options import GRPOLossConfig
 from .token_math import SUM_NAMES, finalize_metrics, grpo_token_loss
@@ -36,7 +37,8 @@ class _GRPOLossFunction(torch.autograd.Function):
     """(hidden [N, H], weight [V, H], bias [V] | None) -> (loss [], metric sums [K]).
 
     Chunked backends form the gradient during the forward pass when each chunk's (gℓ, gH) depend on
-    its own rows only (token-level ratios, or whole sequences per chunk): backward then only scales.
+    its own rows only (token-level terms, or whole sequences per chunk: GSPO's ratio, vespo's weight):
+    backward then only scales.
     Otherwise forward keeps O(N) state and backward recomputes the logits tiles.
     """
 
@@ -44,18 +46,20 @@ class _GRPOLossFunction(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, batch: PreparedBatch, config, backend):
         needs_grad = any(ctx.needs_input_grad[:3])
         token_loss = getattr(backend, "token_loss", grpo_token_loss)
-        inv_temperature = 1.0 / config.temperature
-        ctx.inv_temperature, ctx.backend, ctx.workspace_bytes = (
+        head = LogitHead(config.logit_scale, config.final_logit_softcapping)
+        inv_temperature, softcap = head.tile(config.temperature)
+        ctx.inv_temperature, ctx.softcap, ctx.backend, ctx.workspace_bytes = (
             inv_temperature,
+            softcap,
             backend,
             config.workspace_bytes,
         )
         ctx.weight_dtype = weight.dtype
 
         chunks = None
-        if hasattr(backend, "forward_backward"):
+        if hasattr(backend, "forward_backward") and not config.needs_all_rows:  # entropy quantile: recompute
             rows = backend.rows_per_chunk(weight.shape[0], hidden.device, config.workspace_bytes)
-            if config.importance_sampling_level == "token":
+            if not config.needs_whole_sequences:
                 chunks = backend.row_chunks(hidden.shape[0], weight.shape[0], hidden.device, config.workspace_bytes)
             else:
                 chunks = _sequence_aligned_chunks(batch.layout, rows)
@@ -77,6 +81,7 @@ class _GRPOLossFunction(torch.autograd.Function):
                 token_grads,
                 chunks,
                 need_grads=needs_grad,
+                softcap=softcap,
             )
             if partial_sums:
                 sums = torch.stack(partial_sums).sum(0)
@@ -85,7 +90,9 @@ class _GRPOLossFunction(torch.autograd.Function):
             ctx.mode = "precomputed"
             ctx.save_for_backward(*(grads if grads is not None else ()))
         else:
-            stats = backend.forward(hidden, weight, bias, batch.targets, inv_temperature, config.workspace_bytes)
+            stats = backend.forward(
+                hidden, weight, bias, batch.targets, inv_temperature, config.workspace_bytes, softcap=softcap
+            )
             out = token_loss(stats.logprobs, stats.entropy, batch.inputs, batch.layout, config)
             sums = out.sums
             ctx.mode = "recompute"
@@ -129,6 +136,7 @@ class _GRPOLossFunction(torch.autograd.Function):
                 grad_logp * grad_loss,
                 grad_entropy,
                 ctx.workspace_bytes,
+                softcap=ctx.softcap,
             )
         dtype = ctx.weight_dtype
         return grad_h, grad_w.to(dtype), None if grad_b is None else grad_b.to(dtype), None, None, None

@@ -8,6 +8,7 @@ import torch
 from ..backends import LogprobStats, get_backend
 from ..backends.chunked import accumulation_dtype
 from . import checks
+from .head import LogitHead
 
 
 def check_linear_inputs(hidden, weight, bias, targets_shape_name: str = "targets"):
@@ -61,18 +62,20 @@ def _linear_logprobs(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     inv_temperature: float,
+    softcap: float,
     backend: str,
     deterministic: bool,
     workspace_bytes: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(hidden [N, H], weight [V, H], bias [V] | None, targets [N]) -> (logp, entropy, lse) [N]."""
+    """(hidden [N, H], weight [V, H], bias [V] | None, targets [N]) -> (logp, entropy, lse) [N] of the logits
+    softcap tanh((h Wᵀ + b) / softcap) · inv_temperature ((h Wᵀ + b) · inv_temperature for softcap 0)."""
     impl = _resolve(backend, hidden.device, deterministic)
-    stats = impl.forward(hidden, weight, bias, targets, inv_temperature, workspace_bytes or None)
+    stats = impl.forward(hidden, weight, bias, targets, inv_temperature, workspace_bytes or None, softcap=softcap)
     return stats.logprobs, stats.entropy, stats.lse
 
 
 @_linear_logprobs.register_fake
-def _(hidden, weight, bias, targets, inv_temperature, backend, deterministic, workspace_bytes):
+def _(hidden, weight, bias, targets, inv_temperature, softcap, backend, deterministic, workspace_bytes):
     dtype = accumulation_dtype(hidden.dtype)
     return tuple(hidden.new_empty(hidden.shape[0], dtype=dtype) for _ in range(3))
 
@@ -84,6 +87,7 @@ def _linear_logprobs_backward(
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     inv_temperature: float,
+    softcap: float,
     backend: str,
     deterministic: bool,
     workspace_bytes: int,
@@ -96,14 +100,23 @@ def _linear_logprobs_backward(
     impl = _resolve(backend, hidden.device, deterministic)
     stats = LogprobStats(None, entropy, lse)
     grad_h, grad_w, grad_b = impl.backward(
-        hidden, weight, bias, targets, inv_temperature, stats, grad_logp, grad_entropy, workspace_bytes or None
+        hidden,
+        weight,
+        bias,
+        targets,
+        inv_temperature,
+        stats,
+        grad_logp,
+        grad_entropy,
+        workspace_bytes or None,
+        softcap=softcap,
     )
     grad_b = hidden.new_empty(0) if grad_b is None else grad_b.to(bias.dtype)
     return grad_h, grad_w.to(weight.dtype), grad_b
 
 
 @_linear_logprobs_backward.register_fake
-def _(hidden, weight, bias, targets, inv_temperature, backend, deterministic, workspace_bytes, *grads):
+def _(hidden, weight, bias, targets, inv_temperature, softcap, backend, deterministic, workspace_bytes, *grads):
     return (
         torch.empty_like(hidden),
         torch.empty_like(weight),
@@ -112,9 +125,9 @@ def _(hidden, weight, bias, targets, inv_temperature, backend, deterministic, wo
 
 
 def _setup_context(ctx, inputs, output):
-    hidden, weight, bias, targets, inv_temperature, backend, deterministic, workspace_bytes = inputs
+    hidden, weight, bias, targets, inv_temperature, softcap, backend, deterministic, workspace_bytes = inputs
     ctx.save_for_backward(hidden, weight, bias, targets, output[2], output[1])
-    ctx.options = (inv_temperature, backend, deterministic, workspace_bytes)
+    ctx.options = (inv_temperature, softcap, backend, deterministic, workspace_bytes)
 
 
 def _backward(ctx, grad_logp, grad_entropy, _grad_lse):
@@ -132,7 +145,7 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_lse):
         grad_logp.to(lse.dtype).contiguous(),
         None if grad_entropy is None else grad_entropy.to(lse.dtype).contiguous(),
     )
-    return grad_h, grad_w, None if bias is None else grad_b, None, None, None, None, None
+    return grad_h, grad_w, None if bias is None else grad_b, None, None, None, None, None, None
 
 
 _linear_logprobs.register_autograd(_backward, setup_context=_setup_context)
@@ -148,13 +161,17 @@ def fused_logprobs(
     bias: torch.Tensor | None = None,
     workspace_bytes: int | None = None,
     deterministic: bool = False,
+    logit_scale: float = 1.0,
+    final_logit_softcapping: float | None = None,
 ):
-    """log softmax((h Wᵀ + b) / τ)[y] per token, and optionally the entropy of that softmax.
+    """log softmax(z)[y] per token, and optionally the entropy of that softmax, for the logits
+    z = (h Wᵀ + b) · s / τ, or z = c tanh((h Wᵀ + b) · s / c) / τ with a soft cap (TRL's order).
 
     hidden [N, H] or [B, T, H]; weight [V, H] (same dtype); targets [N] or [B, T] int64 in [0, V).
     Returns fp32 `logp` shaped like targets, or `(logp, entropy)` when return_entropy. Differentiable
     w.r.t. hidden, weight and bias, through either output; traceable by torch.compile(fullgraph=True).
-    deterministic: the Triton backward without float atomics.
+    deterministic: the Triton backward without float atomics. logit_scale s and final_logit_softcapping c
+    (None: no cap) are the model's head transform (`grpo_fast.loss.head.logit_head(model)` reads them).
     """
     flat_hidden, leading = check_linear_inputs(hidden, weight, bias)
     targets = checks.require_tensor("targets", targets)
@@ -163,7 +180,8 @@ def fused_logprobs(
     checks.require_device("targets", targets, flat_hidden.device)
     if not torch.compiler.is_compiling():  # a value check would break the graph
         checks.require_token_ids("targets", targets, weight.shape[0])
-    inv_temperature = 1.0 / check_temperature(temperature)
+    head = LogitHead(logit_scale, final_logit_softcapping)
+    inv_temperature, softcap = head.tile(check_temperature(temperature))
     name = _backend_name(backend, flat_hidden.device.type)  # resolve "auto" (and fail early) outside the op
     logp, entropy, _ = _linear_logprobs(
         flat_hidden,
@@ -171,6 +189,7 @@ def fused_logprobs(
         None if bias is None else bias.contiguous(),
         targets.reshape(-1).to(torch.int64).contiguous(),
         inv_temperature,
+        softcap,
         name,
         deterministic,
         workspace_bytes or 0,

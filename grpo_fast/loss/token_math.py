@@ -1,7 +1,7 @@
 """Layer 2 of the loss: the O(N) GRPO token math, in PyTorch (the twin of kernels/grpo_token_loss.py).
 
-The loss type (grpo_fast.loss.loss_types) picks the objective (clipped or cispo) and the reduction
-weights c_i.
+The loss type (grpo_fast.loss.loss_types) picks the objective (clipped, cispo, sapo or vespo) and the
+reduction weights c_i.
 
 Notation, per token i of sequence b (flat rows, see grpo_fast.loss.layout):
   ℓ_i current logprob, o_i old logprob, r_i reference logprob, A_i advantage, w_i importance weight,
@@ -14,20 +14,32 @@ Notation, per token i of sequence b (flat rows, see grpo_fast.loss.layout):
   ρ_i = exp(s_i)
   clipped:      t1 = min(ρ, δ) (δ optional), t2 = clip(ρ, 1 − ε_lo, 1 + ε_hi), p_i = −min(t1 A, t2 A)
   cispo:        p_i = −sg(min(ρ, ε_hi)) A ℓ_i
+  sapo:         p_i = −(4/τ_i) σ(τ_i (ρ_i − 1)) A_i,  τ_i = τ_pos if A_i > 0 else τ_neg
+  vespo:        p_i = −sg(φ_i) A_i ℓ_i,  φ_i = exp(λ_i + k_i log W_b − λ_i W_b) (0 if it overflows),
+                log W_b = clamp(Σ_{j∈b} m_j (clamp(ℓ_j − o_j, −20, 20) + clamp(log w_j, log 1e-8, 20)), log 1e-8, 20)
+                (the log w term only with importance weights; weights given per sequence, [B], enter once:
+                clamp(log w_b) instead of the sum over tokens), (k_i, λ_i) = (k_pos, max(λ_pos, 1e-4)) if
+                A_i ≥ 0 else the _neg pair; vespo's w_i enter W_b only, so its v_i = 1 below (v_i = w_i otherwise)
   kl_i = exp(r_i − ℓ_i) − (r_i − ℓ_i) − 1        (k3 estimator)
+  κ_i = kl_i ρ_i with use_bias_correction_kl, kl_i otherwise (ρ differentiable, before δ)
 
-  L = Σ_i c_i (w_i p_i + β kl_i) − entropy_coef Σ_i e_i H_i
+  L = Σ_i c_i (v_i p_i + β κ_i) − entropy_coef Σ_i e_i H_i
 
-Gradients handed to layer 1 (gℓ = ∂L/∂ℓ, gH = ∂L/∂H):
-  ∂p/∂s = −A ∂t/∂s with t the branch the min picks; ∂t1/∂s = ρ [ρ ≤ δ], ∂t2/∂s = ρ [1−ε_lo ≤ ρ ≤ 1+ε_hi]
-  token level:    gℓ_i = c_i w_i ∂p_i/∂s_i + β c_i (1 − exp(r_i − ℓ_i))
-  sequence level: gℓ_j = m_j / max(L_b, 1) · Σ_{i∈b} c_i w_i ∂p_i/∂s_b + β c_j (1 − exp(r_j − ℓ_j))
-  cispo:          gℓ_i = −c_i w_i min(ρ_i, ε_hi) A_i + β c_i (1 − exp(r_i − ℓ_i))
+Gradients handed to layer 1 (gℓ = ∂L/∂ℓ, gH = ∂L/∂H), split into a part through ℓ_i directly (d_i) and a
+part through s_i (q_i = ∂L/∂s_i, which at sequence level reaches every token of the sequence):
+  ∂p/∂s: clipped −A ∂t/∂s with t the branch the min picks, ∂t1/∂s = ρ [ρ ≤ δ], ∂t2/∂s = ρ [1−ε_lo ≤ ρ ≤ 1+ε_hi];
+         sapo −4 A σ_i (1 − σ_i) ρ_i with σ_i = σ(τ_i (ρ_i − 1)); cispo, vespo 0 (their ratio is detached)
+  ∂p/∂ℓ directly: cispo −min(ρ, ε_hi) A; vespo −φ A; clipped, sapo 0
+  d_i = c_i v_i ∂p_i/∂ℓ_i + β c_i (1 − exp(r_i − ℓ_i)) (· ρ_i with bias correction)
+  q_i = c_i v_i ∂p_i/∂s_i (+ β c_i kl_i ρ_i with bias correction)
+  token level:    gℓ_i = d_i + q_i
+  sequence level: gℓ_j = d_j + m_j / max(L_b, 1) · Σ_{i∈b} q_i
   gH_i = −entropy_coef e_i
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +62,9 @@ class TokenInputs:
     is_weights: torch.Tensor | None
     loss_weights: torch.Tensor
     entropy_weights: torch.Tensor
+    is_weights_per_sequence: bool = False
+    """Whether `is_weights` came as one weight per sequence ([B] / [B, 1], broadcast over its tokens here):
+    vespo then adds log w_b once per sequence to log W_b (TRL's sequence-level ratio), not once per token."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,8 @@ def reduction_weights(
     if reduction is Reduction.SEQUENCE_MEAN:
         per_seq = layout.active_per_seq.clamp(min=1.0) * layout.num_seqs
         return mask / per_seq[layout.seq_index]
+    if reduction is Reduction.SEQUENCE_SUM:
+        return mask / float(max(layout.num_seqs, 1))
     if reduction is Reduction.CONSTANT_LENGTH:
         length = config.max_completion_length or layout.padded_length
         return mask / float(layout.num_seqs * max(length, 1))
@@ -105,21 +122,37 @@ def grpo_token_loss(
     old = logprobs.detach() if inputs.old_logprobs is None else inputs.old_logprobs[rows]
     weight = torch.ones_like(c) if inputs.is_weights is None else inputs.is_weights[rows]
 
-    log_ratio = logprobs - old
-    if config.importance_sampling_level == "sequence":
+    token_log_ratio = logprobs - old
+    log_ratio = token_log_ratio
+    sequence_level = config.importance_sampling_level == "sequence"
+    if config.needs_whole_sequences:
         seq = layout.seq_index[rows]
+    if sequence_level:
         seq_len = layout.active_per_seq.clamp(min=1.0)
-        seq_log_ratio = layout.seq_sum(log_ratio * mask, seq) / seq_len
+        seq_log_ratio = layout.seq_sum(token_log_ratio * mask, seq) / seq_len
         log_ratio = seq_log_ratio[seq]
     ratio = torch.exp(log_ratio)
 
     objective = config.loss_spec.objective
+    e = inputs.entropy_weights[rows]
+    gate = None  # g_i ∈ {0, 1}: which tokens keep their policy term (TRL's off-policy and entropy masks)
+    if config.off_policy_mask_threshold is not None:
+        gate = off_policy_keep(logprobs, old, adv, mask, seq, layout, config.off_policy_mask_threshold)
+    if config.top_entropy_quantile < 1.0:
+        if rows != slice(None) and (rows.start not in (None, 0) or rows.stop not in (None, layout.num_tokens)):
+            raise ValueError("top_entropy_quantile: the entropy quantile needs every row of the call at once")
+        top = high_entropy_mask(entropy, mask, config.top_entropy_quantile)
+        gate = top if gate is None else gate * top
+        e = top / top.sum().clamp(min=1.0)  # the bonus acts on the same tokens (TRL's effective_mask)
+    policy_weight = weight if gate is None else weight * gate
+    zero = torch.zeros_like(c)
+    d_logp, d_ratio = zero, zero  # the d_i and q_i of the module docstring
+    low = high = torch.zeros_like(mask, dtype=torch.bool)
     if objective is Objective.CISPO:
         capped = torch.clamp(ratio, max=config.clip_high)
         per_token = -capped * adv * logprobs
-        d_logp = c * weight * (-capped * adv)
+        d_logp = c * policy_weight * (-capped * adv)
         high = (ratio > config.clip_high) & (adv > 0)
-        low = torch.zeros_like(high)
     elif objective is Objective.CLIPPED:
         lo, hi = 1.0 - config.epsilon_low, 1.0 + config.clip_high
         t1 = ratio if config.delta is None else torch.clamp(ratio, max=config.delta)
@@ -128,27 +161,44 @@ def grpo_token_loss(
         dt2 = ratio * ((ratio >= lo) & (ratio <= hi))
         first = t1 * adv <= t2 * adv
         per_token = -torch.minimum(t1 * adv, t2 * adv)
-        d_ratio = c * weight * (-adv * torch.where(first, dt1, dt2))
-        if config.importance_sampling_level == "sequence":
-            d_seq = layout.seq_sum(d_ratio, seq) / seq_len
-            d_logp = mask * d_seq[seq]
-        else:
-            d_logp = d_ratio
+        d_ratio = c * policy_weight * (-adv * torch.where(first, dt1, dt2))
         low = (ratio < lo) & (adv < 0)
         high = (ratio > hi) & (adv > 0)
+    elif objective is Objective.SAPO:
+        tau = torch.where(adv > 0, c.new_tensor(config.sapo_temperature_pos), c.new_tensor(config.sapo_temperature_neg))
+        sig = torch.sigmoid(tau * (ratio - 1.0))
+        per_token = -(4.0 / tau) * sig * adv
+        d_ratio = c * policy_weight * (-4.0 * adv * sig * (1.0 - sig) * ratio)
+    elif objective is Objective.VESPO:
+        phi = vespo_weights(
+            token_log_ratio, inputs.is_weights, adv, mask, seq, layout, config, rows, inputs.is_weights_per_sequence
+        )
+        per_token = -phi * adv * logprobs
+        d_logp = c * (-phi * adv)  # v = 1 (or g): vespo's importance weights are inside φ
+        if gate is not None:
+            d_logp = d_logp * gate
     else:
         raise NotImplementedError(f"loss_type {config.loss_type!r}: no token math for objective {objective.value!r}")
 
-    loss_terms = c * weight * per_token
+    v = (torch.ones_like(c) if gate is None else gate) if objective is Objective.VESPO else policy_weight
+    loss_terms = c * v * per_token
     kl = None
     if config.beta != 0.0:
         # Padding rows get ref − ℓ = 0 (kl = 0) so that exp cannot overflow where c = 0.
         ref_gap = torch.where(mask > 0, inputs.ref_logprobs[rows] - logprobs, torch.zeros_like(logprobs))
         kl = torch.exp(ref_gap) - ref_gap - 1.0
+        d_kl = 1.0 - torch.exp(ref_gap)
+        if config.use_bias_correction_kl:  # κ = kl ρ: ∂κ/∂ℓ = ρ ∂kl/∂ℓ directly, + kl ρ through s
+            d_kl = d_kl * ratio
+            d_ratio = d_ratio + config.beta * c * kl * ratio
+            kl = kl * ratio
         loss_terms = loss_terms + config.beta * c * kl
-        d_logp = d_logp + config.beta * c * (1.0 - torch.exp(ref_gap))
+        d_logp = d_logp + config.beta * c * d_kl
+    if sequence_level:
+        d_logp = d_logp + mask * (layout.seq_sum(d_ratio, seq) / seq_len)[seq]
+    else:
+        d_logp = d_logp + d_ratio
 
-    e = inputs.entropy_weights[rows]
     grad_entropy = None
     loss = loss_terms.sum()
     if config.entropy_coef != 0.0:
@@ -169,6 +219,69 @@ def grpo_token_loss(
         ]
     )
     return TokenLossOutput(sums.detach(), d_logp.detach(), grad_entropy)
+
+
+def high_entropy_mask(entropy: torch.Tensor | None, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:
+    """1.0 where a token is active and its entropy is at least the (1 − top_quantile) quantile of the active
+    tokens' entropies (fp32, linear interpolation), else 0.0 — TRL's `get_high_entropy_mask` over this call's
+    tokens (TRL: one micro-batch, across processes)."""
+    if entropy is None:
+        raise ValueError("top_entropy_quantile: needs the entropies")
+    active = mask > 0
+    values = entropy.detach()[active].float()
+    if values.numel() == 0:
+        return torch.zeros_like(mask)
+    threshold = torch.quantile(values, 1.0 - top_quantile)
+    return ((entropy.detach() * mask >= threshold) & active).to(mask.dtype)
+
+
+def off_policy_keep(
+    logprobs: torch.Tensor,
+    old: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    seq: torch.Tensor,
+    layout: TokenLayout,
+    threshold: float,
+) -> torch.Tensor:
+    """1.0 where a token keeps its policy term under off-policy sequence masking (DeepSeek-V3.2, TRL's
+    `get_off_policy_mask`): A_i ≥ 0, or its sequence's mean KL estimate Σ m (o − sg(ℓ)) / max(L_b, 1) is at
+    most `threshold`; 0.0 otherwise (whole sequences; `seq` the rows' sequence index)."""
+    kl = torch.nan_to_num(old - logprobs.detach(), nan=0.0)
+    seq_kl = layout.seq_sum(kl * mask, seq) / layout.active_per_seq.clamp(min=1.0)
+    return ((advantages >= 0) | (seq_kl[seq] <= threshold)).to(mask.dtype)
+
+
+def vespo_weights(
+    token_log_ratio: torch.Tensor,
+    is_weights: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    seq: torch.Tensor,
+    layout: TokenLayout,
+    config: GRPOLossConfig,
+    rows: slice = slice(None),
+    per_sequence: bool = False,
+) -> torch.Tensor:
+    """φ [R] (detached) of vespo for rows `rows` (whole sequences; `seq` their sequence index), from the
+    token log-ratios ℓ − o [R], importance weights (all N rows, or None), advantages and mask [R]:
+    φ_i = exp(λ_i + k_i log W_b − λ_i W_b), 0 where that overflows (TRL's `get_gamma_weights`).
+    per_sequence: the weights are one per sequence broadcast over its tokens; clamp(log w_b) then enters
+    log W_b once (as m_i / L_b per token), as TRL's [B, 1] sequence ratio does."""
+    log_floor = math.log(1e-8)
+    log_terms = torch.clamp(token_log_ratio.detach(), -20.0, 20.0)
+    if is_weights is not None:  # log(0) = −inf (TRL's token_mask) clamps to log 1e-8
+        log_is = torch.clamp(torch.log(is_weights[rows]), log_floor, 20.0)
+        if per_sequence:
+            log_is = log_is / layout.active_per_seq.clamp(min=1.0)[seq]
+        log_terms = log_terms + log_is
+    log_w = torch.clamp(layout.seq_sum(mask * log_terms, seq), log_floor, 20.0)[seq]
+    nonneg = advantages >= 0
+    k_pos, k_neg = (log_w.new_tensor(config.vespo_k_pos), log_w.new_tensor(config.vespo_k_neg))
+    lam_pos, lam_neg = (log_w.new_tensor(max(lam, 1e-4)) for lam in (config.vespo_lambda_pos, config.vespo_lambda_neg))
+    k, lam = torch.where(nonneg, k_pos, k_neg), torch.where(nonneg, lam_pos, lam_neg)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def finalize_metrics(

@@ -4,8 +4,11 @@ exist (transformers' `model(input_ids, labels=...)` materialises them for every 
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import torch
 
+from grpo_fast.loss.head import logit_head
 from grpo_fast.loss.logprobs import fused_logprobs
 from grpo_fast.sft.batching import TokenBatch
 from grpo_fast.trainer.policy import backbone, lm_head_params
@@ -26,7 +29,7 @@ def loss_token_logprobs(model: torch.nn.Module, batch: TokenBatch, autocast: boo
     if weight.dtype != rows.dtype:
         weight = weight.to(rows.dtype)
         bias = None if bias is None else bias.to(rows.dtype)
-    return fused_logprobs(rows, weight, targets, bias=bias)
+    return fused_logprobs(rows, weight, targets, bias=bias, **asdict(logit_head(model)))  # the model's scale / cap
 
 
 def sft_loss(model: torch.nn.Module, batch: TokenBatch, num_loss_tokens: int, autocast: bool = False) -> torch.Tensor:

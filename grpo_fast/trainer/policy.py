@@ -5,7 +5,7 @@ consume (hidden, lm_head weight) directly."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
@@ -132,6 +132,7 @@ def completion_logprobs(
     """Per-token logprobs [B, T] (fp32) of the completion tokens under `model`, via `fused_logprobs`.
     dtype: compute dtype of the hidden states and lm_head weight (None = hidden's own)."""
     from grpo_fast import fused_logprobs
+    from grpo_fast.loss.head import logit_head
 
     hidden = completion_hidden(model, batch)
     weight, bias = lm_head_params(model)
@@ -140,4 +141,7 @@ def completion_logprobs(
     if weight.dtype != hidden.dtype:
         weight = weight.to(hidden.dtype)
         bias = None if bias is None else bias.to(hidden.dtype)
-    return fused_logprobs(hidden, weight, batch.completion_ids, temperature=temperature, backend=backend, bias=bias)
+    head = asdict(logit_head(model))  # the model's logit scale / soft cap
+    return fused_logprobs(
+        hidden, weight, batch.completion_ids, temperature=temperature, backend=backend, bias=bias, **head
+    )

@@ -20,9 +20,9 @@ TU = """
 namespace gc = grpo_fast::cuda;
 #define INSTANTIATE(T)                                                                                       \\
   template cudaError_t gc::launch_logprob_stats<T>(const T*, const int64_t*, float*, float*, float*, int64_t, \\
-                                                   int64_t, cudaStream_t);                                   \\
+                                                   int64_t, float, cudaStream_t);                            \\
   template cudaError_t gc::launch_logprob_grad<T>(T*, const int64_t*, const float*, const float*, const float*, \\
-                                                  const float*, int64_t, int64_t, cudaStream_t);
+                                                  const float*, int64_t, int64_t, float, cudaStream_t);
 INSTANTIATE(float)
 INSTANTIATE(__half)
 INSTANTIATE(__nv_bfloat16)
@@ -38,8 +38,8 @@ def test_cuda_kernels_compile(tmp_path, arch):
     cmd += [str(source), "-o", str(tmp_path / "epilogue_check.o"), "-Xptxas", "-v"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    # One stats and one grad kernel per dtype and load path: 12 kernels, none spilling registers.
-    assert out.stderr.count("Compiling entry function") == 12, out.stderr
+    # One stats and one grad kernel per dtype, load path and soft cap (off / on): 24 kernels, none spilling registers.
+    assert out.stderr.count("Compiling entry function") == 24, out.stderr
     spills = re.findall(r"(\d+) bytes spill stores", out.stderr)
     assert spills and all(n == "0" for n in spills), out.stderr
 
@@ -77,6 +77,32 @@ static void check_row(const std::vector<float>& z, int y, float gl, float gh) {
   printf("%.9g %.9g %.9g %.9g %.9g\n", lse, ref_lse, entropy, ref_ent, grad_err);
 }
 
+// The soft-capped kernels' math (kSoftcap): logits cap * tanh(x / cap) into the online statistics, and
+// tile_grad<true> = d/dx of the loss, against fp64 tanh.
+static void check_capped_row(const std::vector<float>& x, int y, float gl, float gh, float cap) {
+  std::vector<Online> part(kThreads, Online{-INFINITY, 0.0f, 0.0f});
+  for (size_t i = 0; i < x.size(); ++i) online_add(part[i % kThreads], soft_cap(x[i], cap, 1.0f / cap).value);
+  for (int width = kThreads / 2; width > 0; width /= 2)
+    for (int t = 0; t < width; ++t) part[t] = online_merge(part[t], part[t + width]);
+  const Online acc = part[0];
+  const float log_s = logf(acc.s), lse = acc.m + log_s, entropy = log_s - acc.t / acc.s;
+  std::vector<double> z(x.size());
+  for (size_t i = 0; i < x.size(); ++i) z[i] = cap * tanh((double)x[i] / cap);
+  double m = -INFINITY, s = 0.0, sz = 0.0;
+  for (double v : z) m = fmax(m, v);
+  for (double v : z) { s += exp(v - m); sz += exp(v - m) * (v - m); }
+  const double ref_lse = m + log(s), ref_ent = log(s) - sz / s;
+  double grad_err = 0.0;
+  const float c = gl + gh * entropy;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float d = tile_grad<true>(x[i], (int)i == y, lse, c, gl, gh, cap, 1.0f / cap);
+    const double t = tanh((double)x[i] / cap), p = exp(z[i] - ref_lse);
+    const double ref = (((int)i == y ? gl : 0.0) - p * (gl + gh * (z[i] - ref_lse + ref_ent))) * (1.0 - t * t);
+    grad_err = fmax(grad_err, fabs(d - ref));
+  }
+  printf("%.9g %.9g %.9g %.9g %.9g\n", lse, ref_lse, entropy, ref_ent, grad_err);
+}
+
 int main() {
   unsigned state = 12345u;
   auto uniform = [&]() { state = state * 1664525u + 1013904223u; return (state >> 8) / 16777216.0f; };
@@ -91,6 +117,10 @@ int main() {
   std::vector<float> banned(1001, -INFINITY);  // banned tokens (−inf) everywhere but a few
   banned[5] = 1.0f; banned[700] = 2.0f; banned[1000] = -3.0f;
   check_row(banned, 700, -0.2f, 0.1f);
+  std::vector<float> wide(1001);  // |x| up to 120 against caps of 30 (Gemma-2) and 3: saturated and linear parts
+  for (float& x : wide) x = 240.0f * uniform() - 120.0f;
+  check_capped_row(wide, 11, 0.7f, -0.3f, 30.0f);
+  check_capped_row(wide, 500, -1.0f, 0.4f, 3.0f);
   return 0;
 }
 """
@@ -98,7 +128,8 @@ int main() {
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 def test_cuda_kernel_math_on_host(tmp_path):
-    """The kernels' online softmax statistics and dz, run on the CPU: finite and equal to an fp64 reference."""
+    """The kernels' online softmax statistics and dz (plain and soft-capped), run on the CPU: finite and equal
+    to an fp64 reference."""
     source = tmp_path / "epilogue_host.cu"
     source.write_text(HOST_TU)
     exe = tmp_path / "epilogue_host"
@@ -108,7 +139,7 @@ def test_cuda_kernel_math_on_host(tmp_path):
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     rows = [[float(x) for x in line.split()] for line in run.stdout.splitlines()]
-    assert len(rows) == 6, run.stdout
+    assert len(rows) == 8, run.stdout
     for lse, ref_lse, ent, ref_ent, grad_err in rows:
         assert abs(lse - ref_lse) <= 1e-6 * max(1.0, abs(ref_lse)), rows
         assert abs(ent - ref_ent) <= 1e-5 * max(1.0, abs(ref_ent)), rows

@@ -44,6 +44,49 @@ def test_unknown_loss_type_is_an_error_where_it_is_named():
         register_loss_type(LossType("strings", "clipped", "token_mean"))
 
 
+def test_trl_loss_types_are_rows_of_the_table():
+    """TRL 1.16's sapo / luspo / vespo: their objective and reduction (TRL's `_compute_loss`)."""
+    rows = {name: (spec.objective, spec.reduction) for name, spec in LOSS_TYPES.items()}
+    assert rows["sapo"] == (Objective.SAPO, Reduction.SEQUENCE_MEAN)  # normalised like grpo
+    assert rows["luspo"] == (Objective.CLIPPED, Reduction.SEQUENCE_SUM)  # (per_token_loss * mask).sum(-1).mean()
+    assert rows["vespo"] == (Objective.VESPO, Reduction.GLOBAL_TOKEN_MEAN)  # normalised like dapo / cispo
+    assert Reduction.SEQUENCE_SUM.micro_batch_share(2, 5, 7, 30) == 2 / 5
+    # vespo's φ needs whole sequences even at token level; sapo and luspo only at sequence level
+    for name, token_level in (("vespo", True), ("sapo", False), ("luspo", False), ("grpo", False)):
+        assert _config(name).needs_whole_sequences is token_level
+        assert _config(name, importance_sampling_level="sequence").needs_whole_sequences
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("sapo_temperature_pos", 0.0),
+        ("sapo_temperature_neg", -1.0),
+        ("sapo_temperature_neg", float("inf")),
+        ("sapo_temperature_pos", "1.0"),
+        ("vespo_k_pos", -0.5),
+        ("vespo_k_neg", float("nan")),
+        ("vespo_lambda_pos", -1.0),
+        ("vespo_lambda_neg", None),
+        ("use_bias_correction_kl", 1),
+        ("use_bias_correction_kl", "true"),
+    ],
+)
+def test_trl_options_are_validated_naming_the_option(option, value):
+    with pytest.raises(ValueError, match=f"^{option}: expected"):
+        GRPOLossConfig(loss_type="sapo", **{option: value})
+
+
+def test_trl_options_reach_the_trainer_config_by_their_names():
+    from grpo_fast.trainer.config import load_config
+
+    overrides = ["loss.loss_type=vespo", "loss.vespo_k_pos=1.5", "loss.use_bias_correction_kl=false"]
+    loss = load_config(None, overrides).loss
+    assert (loss.loss_type, loss.vespo_k_pos, loss.use_bias_correction_kl) == ("vespo", 1.5, False)
+    with pytest.raises(ValueError, match="loss.sapo_temperature_neg: expected"):
+        load_config(None, ["loss.sapo_temperature_neg=0"])
+
+
 def test_unknown_loss_type_is_an_error_in_the_triton_launcher():
     pytest.importorskip("triton")
     from grpo_fast.kernels.grpo_token_loss import grpo_token_loss_triton
@@ -66,7 +109,11 @@ def test_unknown_loss_type_is_an_error_in_the_trainer_config():
 @pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
 def test_micro_batch_shares_add_up_to_the_batch_loss(loss_type):
     """Each reduction's micro_batch_share (what the trainer scales a micro-batch's loss by) makes
-    micro-batch losses and gradients add up to the whole batch's, global counts given as the trainer does."""
+    micro-batch losses and gradients add up to the whole batch's, global counts given as the trainer does —
+    except bnpo's token mean, which is each micro-batch's own, as in TRL (tests/trainer/test_trl_accumulation.py)."""
+    if LOSS_TYPES[loss_type].reduction is Reduction.TOKEN_MEAN:
+        assert LOSS_TYPES[loss_type].reduction.micro_batch_share(2, 5, 7, 30) == 2 / 5
+        pytest.skip("bnpo is normalised per micro-batch (TRL): its micro-batches do not add up to the batch's")
     batch = make_loss_batch(batch=5, length=6, hidden_size=16, vocab=31, dtype=torch.float64, seed=5)
     config = _config(loss_type, beta=0.05, max_completion_length=6, backend="torch")
     full = _loss_and_grads(grpo_loss, batch, config)
@@ -96,7 +143,7 @@ def test_a_loss_type_added_through_the_table_alone_works(dummy_loss_type):
     for got, ref, same in zip(ours, reference, builtin, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-12)
         torch.testing.assert_close(got, same, rtol=0, atol=0)
-    assert get_loss_type(dummy_loss_type).reduction.micro_batch_share(2, 4, 3, 12) == 0.25
+    assert get_loss_type(dummy_loss_type).reduction.micro_batch_share(2, 4, 3, 12) == 0.5  # rows / B, like bnpo
 
 
 @pytest.mark.triton

@@ -1,0 +1,211 @@
+"""TRL 1.16's per-token loss options beyond the loss types: `top_entropy_quantile` (the policy term and the
+entropy bonus on the high-entropy tokens only), `off_policy_mask_threshold` (off-policy sequence masking) and
+vespo with importance-sampling weights given per sequence ([B] or [B, 1]: log w_b enters φ once).
+
+(a) every backend that runs here (torch, cpu, triton under TRITON_INTERPRET=1 — its layer 2 hands the two
+    masks to the PyTorch twin —) against the fp64 reference: loss, ∂L/∂hidden, ∂L/∂weight; fp64 rtol 1e-9,
+    atol 1e-12; fp32 the rule of grpo_fast.testing.tolerance.
+(b) our loss against TRL's own `GRPOTrainer._compute_loss` (the harness of test_trl_loss_types): loss to
+    rtol 1e-5 (fp64) / 5e-5 (fp32), gradients to rtol 1e-5 (fp64) / 1e-4 (fp32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from test_trl_loss_types import TRL_OPTIONS, WORKSPACES, _backends, _config, _run, _trl, _trl_trainer
+
+from grpo_fast import GRPOLossConfig, grpo_loss
+from grpo_fast.testing.reference import naive_grpo_loss, naive_logprobs_and_entropy
+from grpo_fast.testing.synthetic import make_loss_batch
+from grpo_fast.testing.tolerance import assert_within_rule
+
+SHAPE = dict(batch=6, length=7, hidden_size=16, vocab=40)
+EVERYTHING = dict(beta=0.04, entropy_coef=0.01, temperature=0.9, **TRL_OPTIONS)
+
+# (loss_type, level, options, per-sequence is_weights shape or None)
+CASES = [
+    ("vespo", "token", EVERYTHING, "B"),
+    ("vespo", "sequence", EVERYTHING, "B1"),
+    ("grpo", "token", EVERYTHING | dict(top_entropy_quantile=0.3), None),
+    ("dapo", "sequence", EVERYTHING | dict(top_entropy_quantile=0.5), "B"),
+    ("vespo", "token", EVERYTHING | dict(top_entropy_quantile=0.4), None),
+    ("grpo", "sequence", EVERYTHING | dict(off_policy_mask_threshold=0.0), None),
+    ("cispo", "token", EVERYTHING | dict(off_policy_mask_threshold=0.0), None),
+    ("sapo", "token", EVERYTHING | dict(off_policy_mask_threshold=0.0), "B"),
+    ("vespo", "token", EVERYTHING | dict(off_policy_mask_threshold=0.0, top_entropy_quantile=0.5), "B"),
+    ("bnpo", "token", EVERYTHING | dict(off_policy_mask_threshold=-0.02, top_entropy_quantile=0.2), None),
+    ("dr_grpo", "token", EVERYTHING | dict(top_entropy_quantile=0.0), None),
+]
+IDS = [f"{t}-{level}-{i}" for i, (t, level, _, _) in enumerate(CASES)]
+
+
+def _arguments(batch, per_sequence):
+    args = batch.token_arguments()
+    if per_sequence is not None:
+        gen = torch.Generator().manual_seed(11)
+        weights = torch.rand(batch.completion_ids.shape[0], generator=gen, dtype=torch.float64) * 1.5 + 0.5
+        weights[1] = 0.0  # a sequence_mask-rejected sequence: log 0 floors at log 1e-8 inside vespo's φ
+        args["is_weights"] = weights if per_sequence == "B" else weights[:, None]
+    return args
+
+
+@pytest.mark.parametrize("workspace", list(WORKSPACES))
+@pytest.mark.parametrize(("loss_type", "level", "options", "per_sequence"), CASES, ids=IDS)
+@pytest.mark.parametrize("backend", _backends())
+def test_backend_matches_fp64_reference(backend, loss_type, level, options, per_sequence, workspace):
+    if backend == "triton" and workspace != "one_chunk":
+        pytest.skip("the triton backend has no workspace")
+    batch = make_loss_batch(**SHAPE, dtype=torch.float64, seed=sum(map(ord, loss_type + level)))
+    args = _arguments(batch, per_sequence)
+    base = _config(loss_type, importance_sampling_level=level, **options)
+    ours_cfg = dataclasses.replace(base, backend=backend, workspace_bytes=WORKSPACES[workspace])
+    oracle, _ = _run(naive_grpo_loss, batch, base, torch.float64, args)
+
+    if backend != "triton":
+        ours, _ = _run(grpo_loss, batch, ours_cfg, torch.float64, args)
+        for name, got, want in zip(("loss", "grad_hidden", "grad_weight"), ours, oracle, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, msg=name)
+
+    peer, _ = _run(naive_grpo_loss, batch, base, torch.float32, args)
+    ours, _ = _run(grpo_loss, batch, ours_cfg, torch.float32, args)
+    for name, got, ref, want in zip(("loss", "grad_hidden", "grad_weight"), ours, peer, oracle, strict=True):
+        assert_within_rule(name, got.detach(), ref.detach(), want, torch.float32)
+
+
+@pytest.mark.parametrize(("loss_type", "level", "options", "per_sequence"), CASES, ids=IDS)
+def test_each_option_changes_the_loss(loss_type, level, options, per_sequence):
+    """The cases exercise the options: turning each one off changes the loss or its gradient."""
+    batch = make_loss_batch(**SHAPE, dtype=torch.float64, seed=sum(map(ord, loss_type + level)))
+    args = _arguments(batch, per_sequence)
+    config = _config(loss_type, importance_sampling_level=level, backend="torch", **options)
+    base = _run(grpo_loss, batch, config, torch.float64, args)[0]
+    offs = [dict(top_entropy_quantile=1.0), dict(off_policy_mask_threshold=None)]
+    for off in offs:
+        if any(getattr(config, k) != v for k, v in off.items()):
+            other = _run(grpo_loss, batch, dataclasses.replace(config, **off), torch.float64, args)[0]
+            assert not torch.allclose(base[2], other[2], rtol=1e-6, atol=0), off
+
+
+def test_vespo_counts_a_sequence_weight_once():
+    """A [B] weight w_b gives φ the sequence ratio W·w_b (log w_b once), not W·w_b^L_b; [B], [B, 1] and the
+    per-token layout with w_b on one active token and 1 elsewhere agree."""
+    batch = make_loss_batch(**SHAPE, dtype=torch.float64, seed=5)
+    args = _arguments(batch, "B")
+    config = _config("vespo", backend="torch", **TRL_OPTIONS)
+    per_token = torch.ones_like(batch.is_weights)
+    per_token[:, 0] = args["is_weights"]  # every sequence has its first token active
+    once = _run(grpo_loss, batch, config, torch.float64, args | dict(is_weights=per_token))[0]
+    for weights in (args["is_weights"], args["is_weights"][:, None]):
+        got = _run(grpo_loss, batch, config, torch.float64, args | dict(is_weights=weights))[0]
+        for a, b in zip(got, once, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+    broadcast = args["is_weights"][:, None].expand_as(per_token).contiguous()
+    per_token_result = _run(grpo_loss, batch, config, torch.float64, args | dict(is_weights=broadcast))[0]
+    assert not torch.allclose(per_token_result[2], once[2], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("top_entropy_quantile", -0.1),
+        ("top_entropy_quantile", 1.5),
+        ("top_entropy_quantile", float("nan")),
+        ("off_policy_mask_threshold", float("inf")),
+        ("off_policy_mask_threshold", "0.5"),
+    ],
+)
+def test_bad_options_name_the_option(name, value):
+    with pytest.raises(ValueError, match=name):
+        GRPOLossConfig(**{name: value})
+
+
+def test_defaults_and_names_are_trls():
+    trl_defaults = {f.name: f.default for f in dataclasses.fields(_trl().GRPOConfig)}
+    ours = {f.name: f.default for f in dataclasses.fields(GRPOLossConfig)}
+    for name in ("top_entropy_quantile", "off_policy_mask_threshold"):
+        assert ours[name] == trl_defaults[name], name
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) against TRL's GRPOTrainer._compute_loss
+# ----------------------------------------------------------------------------------------------
+
+
+class _OneProcess:
+    num_processes = 1
+    sync_gradients = True
+
+    @staticmethod
+    def gather(x):
+        return x
+
+    gather_for_metrics = gather
+
+    @staticmethod
+    def reduce(x, reduction="sum"):
+        return x
+
+    @staticmethod
+    def pad_across_processes(x, dim=0, pad_index=0):
+        return x
+
+
+def trl_loss(batch, config, args, dtype, num_items_in_batch, gradient_accumulation_steps=None):
+    """TRL's `_compute_loss` (loss, ∂hidden, ∂weight) with our config's TRL options; per-sequence is_weights
+    go in as TRL's [B, 1] importance_sampling_ratio. With gradient_accumulation_steps, in train mode."""
+    _trl()
+    hidden = batch.hidden.to(dtype).clone().requires_grad_()
+    weight = batch.weight.to(dtype).clone().requires_grad_()
+    ids, mask = args["completion_ids"], args["completion_mask"]
+    logp, entropy = naive_logprobs_and_entropy(hidden, weight, ids, config.temperature)
+    is_weights = args.get("is_weights")
+    trainer = _trl_trainer(config, ids.shape[1], is_weights is not None)
+    trainer.top_entropy_quantile = config.top_entropy_quantile
+    trainer.off_policy_mask_threshold = config.off_policy_mask_threshold
+    trainer.accelerator = _OneProcess()
+    if gradient_accumulation_steps is not None:
+        trainer.model.training = True
+        trainer.current_gradient_accumulation_steps = gradient_accumulation_steps
+        trainer.args.steps_per_generation = gradient_accumulation_steps
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)
+    cast = lambda t: t.to(logp.dtype)  # noqa: E731
+    inputs = {
+        "prompt_ids": torch.zeros(ids.shape[0], 0, dtype=torch.long),
+        "prompt_mask": torch.zeros(ids.shape[0], 0, dtype=torch.long),
+        "completion_ids": ids,
+        "completion_mask": cast(mask),
+        "advantages": cast(args["advantages"]),
+        "num_items_in_batch": torch.tensor(float(num_items_in_batch), dtype=logp.dtype),
+    }
+    if args.get("old_logprobs") is not None:
+        inputs["old_per_token_logps"] = cast(args["old_logprobs"])
+    if config.beta != 0.0:
+        inputs["ref_per_token_logps"] = cast(args["ref_logprobs"])
+    if is_weights is not None:
+        if is_weights.dim() == 1 or is_weights.shape[-1] == 1:  # TRL's sequence_* modes: [B, 1]
+            inputs["importance_sampling_ratio"] = cast(is_weights.reshape(-1, 1))
+        else:  # TRL's ratio is exp(0) = 1 at padding
+            inputs["importance_sampling_ratio"] = torch.where(mask, cast(is_weights), 1.0)
+    loss = trainer._compute_loss(None, inputs)
+    return (loss, *torch.autograd.grad(loss, (hidden, weight)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize(("loss_type", "level", "options", "per_sequence"), CASES, ids=IDS)
+def test_matches_trl_compute_loss(loss_type, level, options, per_sequence, dtype):
+    batch = make_loss_batch(**SHAPE, dtype=torch.float64, seed=sum(map(ord, loss_type + level)) + 1)
+    args = _arguments(batch, per_sequence)
+    config = _config(
+        loss_type, importance_sampling_level=level, max_completion_length=SHAPE["length"], backend="torch", **options
+    )
+    num_items = int(batch.completion_mask.sum()) + 3
+    theirs = trl_loss(batch, config, args, dtype, num_items)
+    ours = _run(grpo_loss, batch, config, dtype, args, num_items_in_batch=num_items)[0]
+    # fp32: vespo's φ = exp(λ + k log W − λ W) amplifies the rounding of log W (both sides ~1e-5 off fp64)
+    loss_rtol, grad_rtol = (1e-5, 1e-5) if dtype == torch.float64 else (5e-5, 1e-4)
+    torch.testing.assert_close(ours[0].double(), theirs[0].double(), rtol=loss_rtol, atol=1e-8, msg="loss")
+    for name, got, want in zip(("grad_hidden", "grad_weight"), ours[1:], theirs[1:], strict=True):
+        torch.testing.assert_close(got.double(), want.double(), rtol=grad_rtol, atol=1e-7, msg=name)
