@@ -62,7 +62,10 @@ def build_trainer(args: argparse.Namespace):
         return None
     if not cfg.model.path:
         raise SystemExit(f"grpo-fast {args.command_name}: model.path is required")
-    return cfg, trainer_from_config(cfg)
+    try:
+        return cfg, trainer_from_config(cfg)
+    except ValueError as exc:  # a model path, dataset or reward the config names that cannot be used
+        raise SystemExit(f"grpo-fast {args.command_name}: {exc}") from None
 
 
 def flag_overrides(args: argparse.Namespace) -> list[str]:

@@ -90,6 +90,11 @@ def create_engine(name: str, config, *, model, tokenizer, export_model: Callable
     engine_cls = ROLLOUT_ENGINES.get(selection.name)
     if not (isinstance(engine_cls, type) and issubclass(engine_cls, RolloutEngine)):
         raise ValueError(f"rollout engine {name!r}: expected a RolloutEngine subclass, got {engine_cls!r}")
+    if not engine_cls.available():
+        raise RuntimeError(
+            f"rollout.engine: {selection.name!r} is not available here (its library, {selection.name}, is not "
+            "installed or does not import); install it, or set rollout.engine: hf (transformers generate) or auto"
+        )
     if name == "auto":
         logger.info("rollout engine 'auto' -> %s: %s", selection.name, selection.reason)
     engine = engine_cls.from_config(config, model=model, tokenizer=tokenizer, export_model=export_model)

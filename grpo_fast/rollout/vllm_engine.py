@@ -130,6 +130,13 @@ class VLLMEngine(RolloutEngine):
     def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> VLLMEngine:
         """The engine for a training run: the `rollout` section's vLLM options, the run's seed."""
         r = config.rollout
+        try:  # before the model is exported: a missing vLLM leaves nothing written
+            import vllm  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError(
+                f"rollout.engine: 'vllm' does not import here ({exc}); install vllm (pip install vllm), or set "
+                "rollout.engine: hf (transformers generate) or auto"
+            ) from exc
         return cls(
             export_model(),
             dtype=r.dtype,

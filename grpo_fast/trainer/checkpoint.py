@@ -13,6 +13,7 @@ an output directory (`earlier_run_files`, `clear_earlier_run`).
 from __future__ import annotations
 
 import enum
+import errno
 import json
 import logging
 import os
@@ -32,8 +33,10 @@ logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _OLD_DIR = re.compile(r"^\.old-(step-\d+)-\d+$")
+_TMP_DIR = re.compile(r"^\.tmp-step-\d+-(\d+)$")
 TRAINER_STATE = "trainer_state.pt"
 RUN_CONFIG = "train_config.json"
+MANIFEST = "checkpoint_files.json"  # written last: every other file's size, checked before a checkpoint is used
 
 
 class UnsafeCheckpointError(RuntimeError):
@@ -108,14 +111,28 @@ def save_checkpoint(
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
-    if run_config is not None:
-        (tmp / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, sort_keys=True) + "\n")
-    _fsync_tree(tmp)  # the renames below must never publish a directory whose files are not on disk
+    try:
+        tmp.mkdir()
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
+        if run_config is not None:
+            (tmp / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, sort_keys=True) + "\n")
+        (tmp / MANIFEST).write_text(json.dumps(_file_sizes(tmp), indent=1, sort_keys=True) + "\n")
+        _fsync_tree(tmp)  # the renames below must never publish a directory whose files are not on disk
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind; earlier checkpoints untouched
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            previous = latest_checkpoint(root)
+            kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+            raise OSError(
+                exc.errno,
+                f"checkpoint of step {step} not written: no space left on the device of {root} ({exc}); {kept}. "
+                "Free disk space (run.keep_checkpoints keeps only the newest checkpoints) or move "
+                "run.output_dir, then resume.",
+            ) from exc
+        raise
     if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
         old = root / f".old-step-{step:06d}-{os.getpid()}"
         os.replace(final, old)
@@ -141,6 +158,31 @@ def prune_checkpoints(root: str | Path, keep: int, protect: Iterable[str | Path]
     return deleted
 
 
+def _file_sizes(root: Path) -> dict[str, int]:
+    return {
+        str((Path(d) / name).relative_to(root)): (Path(d) / name).stat().st_size
+        for d, _, files in os.walk(root)
+        for name in files
+        if name != MANIFEST
+    }
+
+
+def is_complete(path: str | Path) -> bool:
+    """Whether checkpoint directory `path` holds everything its writer wrote: every file of its manifest, at
+    least as long as written (a checkpoint written before manifests: its trainer_state.pt). A directory cut
+    short (a copy killed half way, a file truncated) is not; a file changed otherwise is left to the loader
+    (a trainer_state.pt that gained a pickle payload is refused there, loudly, not skipped)."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.exists():
+        return (path / TRAINER_STATE).is_file()
+    try:
+        sizes = json.loads(manifest.read_text())
+        return all((path / name).is_file() and (path / name).stat().st_size >= size for name, size in sizes.items())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -161,12 +203,41 @@ def _fsync_tree(root: Path) -> None:
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:
+    """The complete checkpoints under `root`, oldest first. Incomplete step directories are skipped with a
+    warning (and never deleted); temporary directories of writers that died are removed."""
     root = Path(root)
     if not root.is_dir():
         return []
     _recover_interrupted_resaves(root)
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    _remove_dead_writers_temp_dirs(root)
+    found = []
+    for p in root.iterdir():
+        if p.is_dir() and (m := _STEP_DIR.match(p.name)):
+            if is_complete(p):
+                found.append((int(m.group(1)), p))
+            else:
+                logger.warning("skipping checkpoint %s: incomplete (files missing or cut short)", p)
     return [p for _, p in sorted(found)]
+
+
+def _remove_dead_writers_temp_dirs(root: Path) -> None:
+    """A writer killed mid-save leaves .tmp-step-N-<pid>: removed once no process of that pid runs."""
+    for p in root.iterdir():
+        m = _TMP_DIR.match(p.name)
+        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process writes one checkpoint at a time: a leftover of its own is stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _recover_interrupted_resaves(root: Path) -> None:
@@ -280,6 +351,7 @@ HARMLESS = (
     "run.save_every",
     "run.save_final",
     "run.keep_checkpoints",
+    "run.max_bad_steps",
     "run.output_dir",
     "run.tensorboard",
     "run.progress",

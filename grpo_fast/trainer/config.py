@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -105,8 +106,19 @@ class GRPOConfig:
     prompts for at most max_resample_rounds extra generations. mask_truncated_completions: truncated
     completions get no loss. overlong_buffer: DAPO's soft overlong penalty over the last `overlong_buffer`
     tokens before max_completion_length (0 disables), up to -overlong_penalty_factor.
-    is_correction: importance weights trainer/rollout from the engine's logprobs, "none" | "token" |
-    "sequence", truncated at is_cap.
+    Rollout correction (TRL's names; grpo_fast.trainer.importance): vllm_importance_sampling_correction turns
+    on importance weights π_old / π_engine from the engine's sampling logprobs (any engine that returns them,
+    not only vLLM; default False here, TRL's True: it costs an old-logprob forward per step);
+    vllm_importance_sampling_mode "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask"
+    (TRL's default): per-token ratios or one per sequence (exp of the summed log-ratio), clamped to
+    [clip_min, clip_max] (truncate) or set to 0 outside it (mask); vllm_importance_sampling_clip_max (3.0) /
+    _clip_min (None): the bounds, None = unbounded on that side; vllm_importance_sampling_cap: TRL's
+    deprecated name of clip_max (overrides it). is_correction ("none" | "token" | "sequence") with is_cap
+    is the older spelling of the truncate modes with clip_max = is_cap.
+    Adaptive entropy (Skywork-OR1, TRL's names; grpo_fast.trainer.entropy_control): with use_adaptive_entropy
+    the loss's entropy_coef is the initial coefficient, applied only while the last optimizer step's mean
+    entropy was <= entropy_target (so not on the first step), and moved after every optimizer step by
+    +entropy_coef_delta (entropy <= target) or -entropy_coef_delta, within [entropy_coef_min, entropy_coef_max].
     old_logprobs: where the old policy's logprobs come from when the loss needs them (num_iterations > 1):
     "recompute" (a forward pass of the policy before the first update, once per step) or "rollout" (the
     engine's sampling logprobs, as verl and prime-rl offer: no extra forward at all, but the ratio then
@@ -125,6 +137,28 @@ class GRPOConfig:
     overlong_penalty_factor: float = 1.0
     is_correction: str = "none"
     is_cap: float = 2.0
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    vllm_importance_sampling_clip_min: float | None = None
+    vllm_importance_sampling_cap: float | None = None
+    use_adaptive_entropy: bool = False
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    entropy_coef_delta: float = 0.005
+    entropy_target: float = 0.2
+
+    def rollout_correction(self) -> tuple[str, float | None, float | None] | None:
+        """(mode, clip_min, clip_max) of the importance weights against the engine, or None when off."""
+        if self.is_correction != "none":
+            return f"{self.is_correction}_truncate", None, self.is_cap
+        if not self.vllm_importance_sampling_correction:
+            return None
+        clip_max = self.vllm_importance_sampling_clip_max
+        if self.vllm_importance_sampling_cap is not None:
+            clip_max = self.vllm_importance_sampling_cap
+        return self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, clip_max
+
     old_logprobs: str = "recompute"
 
 
@@ -148,7 +182,10 @@ class RunConfig:
     finds that the model keeps packed sequences apart; "true" fails otherwise) the sequences are
     concatenated padding-free into micro-batches of at most micro_batch_tokens tokens (None:
     micro_batch_size x the batch's longest sequence); without it, micro_batch_size padded sequences per
-    forward. share_prompt: run each group's prompt through the backbone once and reuse its keys/values
+    forward. As in TRL, bnpo's token mean and the entropy bonus (a token mean) are each micro-batch's own, and a
+    micro-batch weighs by its share of the batch's sequences (TRL: 1 / gradient_accumulation_steps, equal-row
+    micro-batches); so with packing, bnpo depends on how the token budget groups sequences (dapo does not).
+    share_prompt: run each group's prompt through the backbone once and reuse its keys/values
     for the G completions ("auto": when the prompts are long enough for it to pay, see
     grpo_fast.trainer.prefix_sharing).
     offload_optimizer / offload_params: trainer state to pinned CPU memory during generation (GPU only).
@@ -158,7 +195,9 @@ class RunConfig:
     config must match the checkpoint's in the model, loss and batch shape (trainer/checkpoint.py lists the
     options). overwrite: a fresh run in an output_dir that holds an earlier run's metrics or checkpoints
     deletes them (checkpoints, metrics, audit trail, report, TensorBoard events, plots); without it such a
-    run is refused."""
+    run is refused. max_bad_steps: a step whose loss or gradient is NaN/inf skips its optimizer update (and
+    its checkpoint) and the run goes on; this many such steps in a row stop the run with an error, the last
+    good checkpoint kept (0: never stop)."""
 
     output_dir: str = "runs/train"
     max_steps: int = 100
@@ -182,6 +221,7 @@ class RunConfig:
     tensorboard: bool = True
     progress: bool = True
     plots: bool = True
+    max_bad_steps: int = 3
 
 
 @dataclass
@@ -277,6 +317,7 @@ _CHOICES = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "grpo.scale_rewards": ("group", "batch", "none"),
     "grpo.is_correction": ("none", "token", "sequence"),
+    "grpo.vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "grpo.old_logprobs": ("recompute", "rollout"),
     "optim.lr_scheduler": ("constant", "linear", "cosine"),
     "run.bf16": ("auto", "true", "false"),
@@ -304,9 +345,71 @@ _POSITIVE = (
 )
 
 
+_NON_NEGATIVE = (
+    "run.save_every",
+    "run.eval_every",
+    "rollout.kv_cache_memory_bytes",
+    "grpo.max_resample_rounds",
+    "grpo.overlong_penalty_factor",
+    "optim.weight_decay",
+    "optim.warmup_steps",
+    "check.difficulty_prompts",
+    "check.difficulty_samples",
+    "check.sft_control_steps",
+    "health.audit_every",
+    "health.audit_samples",
+    "sample.max_per_prompt",
+)
+_POSITIVE_MORE = ("run.log_every", "optim.eps", "optim.max_grad_norm")
+_RANGES = {  # inclusive bounds
+    "rollout.top_p": (1e-12, 1.0),
+    "rollout.gpu_memory_utilization": (1e-12, 1.0),
+    "optim.beta1": (0.0, 1.0 - 1e-12),
+    "optim.beta2": (0.0, 1.0 - 1e-12),
+    "sample.min_language_share": (0.0, 1.0),
+    "run.seed": (0, 2**32 - 1),  # numpy's seed range
+}
+
+
 def validate(cfg: TrainConfig) -> None:
     """Raises ValueError naming the key for a bad value (types are checked by `from_dict`)."""
-    check_fields(cfg, _CHOICES, _POSITIVE)
+    check_fields(cfg, _CHOICES, _POSITIVE + _POSITIVE_MORE)
+    for key in _NON_NEGATIVE:
+        value = _get(cfg, key)
+        if value is not None and not value >= 0:
+            raise ValueError(f"{key}: expected >= 0, got {value!r}")
+    for key, (low, high) in _RANGES.items():
+        value = _get(cfg, key)
+        if not low <= value <= high:
+            raise ValueError(f"{key}: expected a value in [{low:g}, {high:g}], got {value!r}")
+    if cfg.rollout.max_completion_length >= cfg.rollout.max_model_len:
+        raise ValueError(
+            f"rollout.max_completion_length: {cfg.rollout.max_completion_length} leaves no room for the prompt in "
+            f"rollout.max_model_len ({cfg.rollout.max_model_len}); lower it or raise rollout.max_model_len"
+        )
+    if cfg.rollout.top_k < -1:
+        raise ValueError(f"rollout.top_k: expected -1 (off) or a positive count, got {cfg.rollout.top_k}")
+    for key in ("data.prompt_column", "data.source", "run.output_dir"):
+        if not str(_get(cfg, key)).strip():
+            raise ValueError(f"{key}: expected a non-empty string")
+    _check_items("rollout.stop", cfg.rollout.stop, lambda v: isinstance(v, str) and v != "", "non-empty strings")
+    _check_items(
+        "reward.funcs",
+        cfg.reward.funcs,
+        lambda v: (
+            callable(v) or (isinstance(v, str) and v != "") or (isinstance(v, dict) and isinstance(v.get("name"), str))
+        ),
+        "reward names, {name: ..., <option>: value} mappings or callables",
+    )
+    if not cfg.reward.funcs:
+        raise ValueError("reward.funcs: expected at least one reward function")
+    if cfg.reward.weights is not None:
+        _check_items(
+            "reward.weights",
+            cfg.reward.weights,
+            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+            "finite numbers",
+        )
     engine = cfg.rollout.engine
     if engine != "auto" and engine not in ROLLOUT_ENGINES and ":" not in engine:
         raise ValueError(
@@ -341,16 +444,82 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError("grpo.is_cap: expected > 0")
     if cfg.grpo.old_logprobs == "rollout" and cfg.grpo.is_correction != "none":
         raise ValueError("grpo.old_logprobs: 'rollout' makes the engine the old policy; set grpo.is_correction: none")
+    validate_rollout_correction(cfg)
+    validate_adaptive_entropy(cfg)
     for section in ("sample", "curriculum"):
         limit = _get(cfg, f"{section}.max_prompts")
         if limit is not None and limit < 1:
             raise ValueError(f"{section}.max_prompts: expected a positive count or null, got {limit!r}")
     if not 0.0 <= cfg.curriculum.low <= cfg.curriculum.high <= 1.0:
         raise ValueError(
-            f"curriculum.low/high: expected 0 <= low <= high <= 1, got {cfg.curriculum.low}, {cfg.curriculum.high}"
+            "curriculum.low / curriculum.high: expected 0 <= low <= high <= 1, got "
+            f"{cfg.curriculum.low}, {cfg.curriculum.high}"
         )
+    if cfg.run.max_bad_steps < 0:
+        raise ValueError(f"run.max_bad_steps: expected >= 0 (0: never stop), got {cfg.run.max_bad_steps}")
     if cfg.curriculum.every < 0:
         raise ValueError(f"curriculum.every: expected >= 0 (0 disables), got {cfg.curriculum.every}")
+
+
+def validate_rollout_correction(cfg: TrainConfig) -> None:
+    """TRL's checks of the vllm_importance_sampling_* options (GRPOConfig.__post_init__), naming the key."""
+    g = cfg.grpo
+    if g.is_correction != "none" and g.vllm_importance_sampling_correction:
+        raise ValueError(
+            "grpo.is_correction: the older spelling of grpo.vllm_importance_sampling_correction; set only one"
+        )
+    for name in ("clip_max", "clip_min", "cap"):
+        value = getattr(g, f"vllm_importance_sampling_{name}")
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"grpo.vllm_importance_sampling_{name}: expected a finite value >= 0 or null, got {value!r}"
+            )
+    clip_min, clip_max = g.vllm_importance_sampling_clip_min, g.vllm_importance_sampling_clip_max
+    if g.vllm_importance_sampling_cap is not None:  # TRL's deprecated name of clip_max
+        clip_max = g.vllm_importance_sampling_cap
+    if clip_min is not None and clip_max is not None and clip_min >= clip_max:
+        raise ValueError(
+            f"grpo.vllm_importance_sampling_clip_min: ({clip_min}) must be less than "
+            f"vllm_importance_sampling_clip_max ({clip_max})"
+        )
+    if (
+        g.vllm_importance_sampling_correction
+        and g.vllm_importance_sampling_mode.endswith("_truncate")
+        and clip_min is None
+        and clip_max is None
+    ):
+        raise ValueError(
+            "grpo.vllm_importance_sampling_mode: a *_truncate mode needs vllm_importance_sampling_clip_min or _clip_max"
+        )
+    if g.old_logprobs == "rollout" and g.vllm_importance_sampling_correction:
+        raise ValueError(
+            "grpo.old_logprobs: 'rollout' makes the engine the old policy; "
+            "set grpo.vllm_importance_sampling_correction: false"
+        )
+
+
+def validate_adaptive_entropy(cfg: TrainConfig) -> None:
+    """The adaptive entropy controller's options (TRL does not check them; here they must make sense)."""
+    g = cfg.grpo
+    for name in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target"):
+        value = getattr(g, name)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"grpo.{name}: expected a finite value >= 0, got {value!r}")
+    if g.entropy_coef_min > g.entropy_coef_max:
+        raise ValueError(
+            f"grpo.entropy_coef_min: ({g.entropy_coef_min}) must be <= entropy_coef_max ({g.entropy_coef_max})"
+        )
+    if g.use_adaptive_entropy and cfg.loss.top_entropy_quantile < 1.0:
+        raise ValueError(
+            "grpo.use_adaptive_entropy: not supported with loss.top_entropy_quantile < 1 (TRL measures the "
+            "entropy over the kept tokens; this controller measures all completion tokens)"
+        )
+
+
+def _check_items(key: str, values: list, ok, expected: str) -> None:
+    for i, value in enumerate(values):
+        if not ok(value):
+            raise ValueError(f"{key}[{i}]: expected {expected}, got {value!r}")
 
 
 def check_fields(cfg, choices: dict[str, tuple[str, ...]], positive: tuple[str, ...]) -> None:
@@ -379,7 +548,7 @@ def from_dict(data: dict, cls: type = TrainConfig, prefix: str = ""):
         raise ValueError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(map(str, set(data) - names))
     if unknown:
         raise ValueError(f"{prefix or 'config'}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
     kwargs = {}
@@ -410,13 +579,17 @@ def _coerce(value: Any, hint: Any, path: str):
                 errors.append(str(exc))
         raise ValueError(errors[0])
     target = origin or hint
+    if target in (int, float) and isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        raise ValueError(f"{path}: {value} is out of range (beyond a 64-bit integer)")
     if target is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if target is float and isinstance(value, str):
         try:  # YAML 1.1 reads "3e-4" (no dot) as a string
-            return float(value)
+            value = float(value)
         except ValueError:
             raise ValueError(f"{path}: expected float, got str {value!r}") from None
+    if target is float and isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"{path}: expected a number, got NaN")
     if target is str and isinstance(value, bool):
         return str(value).lower()  # YAML turns `true` into a bool; choice fields take "true"/"false"
     if target in (list, dict, str, int, float, bool):
@@ -432,14 +605,35 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected key=value")
         key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--set {key}: the value {raw!r} is not valid YAML ({_first_line(exc)})") from None
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(f"--set {key}: {part!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        node[parts[-1]] = value
     return data
+
+
+def _first_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
+def _read_yaml(source: str | Path):
+    """The YAML file `source` as Python data; ValueError naming the file for bytes that are not UTF-8 text
+    or text that is not YAML."""
+    try:
+        text = Path(source).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"config file {source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"config file {source}: not valid YAML ({_first_line(exc)})") from None
 
 
 def load_tree(cls: type, source: str | Path | dict | None = None, overrides: list[str] | None = None):
@@ -449,8 +643,8 @@ def load_tree(cls: type, source: str | Path | dict | None = None, overrides: lis
     if isinstance(source, dict):
         data = copy.deepcopy(source)
     elif source is not None:
-        with open(source) as f:
-            data = yaml.safe_load(f) or {}
+        data = _read_yaml(source)
+        data = {} if data is None else data
     return from_dict(apply_overrides(data, overrides or []), cls)
 
 

@@ -1,9 +1,10 @@
 """The loss step: from a `RolloutBatch` to `num_iterations` optimizer steps.
 
-Old-policy logprobs (when needed), reference logprobs (beta > 0), truncated importance weights against
-the engine's logprobs, then per iteration: micro-batches whose accumulated gradient equals the gradient of
-`grpo_loss` on the whole batch (backbone forward -> completion hidden states -> fused loss), clipping,
-optimizer and scheduler steps.
+Old-policy logprobs (when needed), reference logprobs (beta > 0), importance weights against the engine's
+logprobs (TRL's rollout-correction modes, grpo_fast.trainer.importance), then per iteration: micro-batches
+whose accumulated gradient is TRL's (`_compute_loss` per micro-batch, summed; for the whole-batch reductions
+the gradient of `grpo_loss` on the whole batch) (backbone forward -> completion hidden states -> fused
+loss), clipping, optimizer and scheduler steps, and the adaptive entropy controller's update.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from collections import defaultdict
 import torch
 
 from grpo_fast.loss import fused_logprobs, grpo_loss
+from grpo_fast.loss.head import with_model_head
 from grpo_fast.sft.packing_check import packing_error
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
+from grpo_fast.trainer.entropy_control import AdaptiveEntropy
+from grpo_fast.trainer.importance import rollout_importance_weights
 from grpo_fast.trainer.micro_batches import packed_micro_batches, padded_micro_batches, sequence_lengths
 from grpo_fast.trainer.policy import SequenceBatch, build_sequence_batch, lm_head_params
 from grpo_fast.trainer.prefix_sharing import prefix_sharing_error, shared_completion_hidden, worth_sharing
@@ -63,7 +67,7 @@ class LossStep:
 
     def __init__(self, config: TrainConfig, model, optimizer, scheduler, pad_token_id: int) -> None:
         self.config, self.model, self.optimizer, self.scheduler = config, model, optimizer, scheduler
-        self.loss_config = config.loss_config()
+        self.loss_config = with_model_head(config.loss_config(), model)  # the model's logit scale / soft cap
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.autocast = self.device.type == "cuda" and config.run.bf16 in ("auto", "true")
@@ -74,6 +78,14 @@ class LossStep:
         self._packing: bool | None = None
         self._sharing_error: str | None = None
         self._sharing_probed = False
+        g = config.grpo
+        self.entropy_control = (
+            AdaptiveEntropy(
+                config.loss.entropy_coef, g.entropy_target, g.entropy_coef_delta, g.entropy_coef_min, g.entropy_coef_max
+            )
+            if g.use_adaptive_entropy
+            else None
+        )
 
     # -- micro-batches ----------------------------------------------------------------------------------
 
@@ -156,6 +168,8 @@ class LossStep:
                     weight,
                     mb.completion_ids,
                     temperature=self.loss_config.temperature,
+                    logit_scale=self.loss_config.logit_scale,
+                    final_logit_softcapping=self.loss_config.final_logit_softcapping,
                     backend=self.loss_config.backend,
                     bias=bias,
                 )
@@ -175,7 +189,12 @@ class LossStep:
 
     def train_on_batch(self, rollout: RolloutBatch) -> dict[str, float]:
         """num_iterations optimizer steps on the batch; returns the loss metrics (TRL's names), grad norm,
-        lr, trained tokens and the rollout/trainer logprob mismatch."""
+        lr, trained tokens and the rollout/trainer logprob mismatch.
+
+        An update whose loss or gradient norm is NaN/inf is skipped (no optimizer or scheduler step: the
+        parameters, optimizer state and schedule stay bit-identical); `train/nonfinite` counts the skipped
+        updates. The last update's check rides on the step's one read of the metrics; with num_iterations > 1
+        each earlier update reads one flag."""
         cfg, device = self.config, self.device
         comps = rollout.completions
         batch = build_sequence_batch(rollout.prompt_ids, [c.token_ids for c in comps], self.pad_token_id)
@@ -196,39 +215,64 @@ class LossStep:
         from_rollout = cfg.grpo.old_logprobs == "rollout"
         if from_rollout and not has_rollout_lp:
             raise ValueError("grpo.old_logprobs: 'rollout' needs the engine's sampling logprobs (temperature > 0)")
-        recompute = not from_rollout and (cfg.grpo.num_iterations > 1 or cfg.grpo.is_correction != "none")
+        correction = cfg.grpo.rollout_correction()  # (mode, clip_min, clip_max) or None
+        recompute = not from_rollout and (cfg.grpo.num_iterations > 1 or correction is not None)
         old_lp = rollout_lp if from_rollout else self.logprobs(self.model, batch, plan) if recompute else None
         ref_lp = self.reference_logprobs(batch, plan) if cfg.loss.beta > 0 else None
         self.model.train()
         is_weights = None
         if recompute and has_rollout_lp:
             stats.update(mismatch_metrics(old_lp, rollout_lp, mask))
-            diff = (old_lp - rollout_lp) * mask
-            if cfg.grpo.is_correction == "token":
-                is_weights = torch.exp(diff).clamp(max=cfg.grpo.is_cap) * mask
-            elif cfg.grpo.is_correction == "sequence":
-                is_weights = torch.exp(diff.sum(1)).clamp(max=cfg.grpo.is_cap)
+            if correction is not None:  # [B, T] (token_*) or [B] (sequence_*), TRL's importance_sampling_ratio
+                is_weights = rollout_importance_weights(old_lp, rollout_lp, mask, *correction)
         # Otherwise the first update's forward runs the policy the engine sampled from: measure there.
         measure_from = rollout_lp if has_rollout_lp and not recompute else None
 
         agg: dict[str, list[torch.Tensor]] = defaultdict(list)
         grad_norms = []
+        skipped = 0
+        last = cfg.grpo.num_iterations - 1
         for iteration in range(cfg.grpo.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             old = old_lp if cfg.grpo.num_iterations > 1 or from_rollout else None
             current = torch.zeros_like(rollout_lp) if iteration == 0 and measure_from is not None else None
-            self.accumulate_gradients(batch, advantages, old, ref_lp, is_weights, agg, current, plan)
+            control = self.entropy_control
+            coef = None if control is None else control.applied_coef()
+            entropy_sum, entropy_tokens = self.accumulate_gradients(
+                batch, advantages, old, ref_lp, is_weights, agg, current, plan, entropy_coef=coef
+            )
+            if control is not None:  # TRL's update at the optimizer-step boundary (one read of the device)
+                control.update(float(entropy_sum), float(entropy_tokens))
             if current is not None:
                 stats.update(mismatch_metrics(current, measure_from, mask))
-            grad_norms.append(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm))
-            self.optimizer.step()
-            self.scheduler.step()
-        stats["loss"] = torch.stack(agg.pop("loss")).sum() / cfg.grpo.num_iterations
-        for k, v in agg.items():
-            stats[k] = torch.stack(v).mean()
-        stats["grad_norm"] = torch.stack([g.to(device) for g in grad_norms]).mean()
-        out = read_metrics(stats)  # the step's one read of the device
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm).to(device)
+            grad_norms.append(norm)
+            finite = torch.isfinite(norm) & torch.isfinite(torch.stack(agg["loss"][-len(plan) :]).sum())
+            if iteration < last:  # an extra read only when num_iterations > 1
+                ok = bool(finite)
+            else:  # the last update's flag comes with the step's one read of the metrics
+                stats["loss"] = torch.stack(agg.pop("loss")).sum() / cfg.grpo.num_iterations
+                for k, v in agg.items():
+                    stats[k] = torch.stack(v).mean()
+                stats["grad_norm"] = torch.stack(grad_norms).mean()
+                out = read_metrics({**stats, "_finite": finite})  # the step's one read of the device
+                ok = out.pop("_finite") == 1.0
+            if ok:
+                self.optimizer.step()
+                self.scheduler.step()
+            else:  # skipped: parameters, optimizer state and schedule stay exactly as they were
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+        if skipped:
+            logger.warning(
+                "non-finite loss or gradient norm: skipped %d of %d optimizer step(s) of this batch",
+                skipped,
+                cfg.grpo.num_iterations,
+            )
+        out["train/nonfinite"] = float(skipped)
         out["lr"] = self.scheduler.get_last_lr()[0]
+        if self.entropy_control is not None:
+            out["entropy_coef"] = self.entropy_control.coef
         out["train_tokens"] = float(batch.attention_mask.sum()) * cfg.grpo.num_iterations
         out["completion/padded_width"] = float(batch.completion_ids.shape[1])
         out["train/micro_batches"] = float(len(plan))
@@ -236,8 +280,17 @@ class LossStep:
         return out
 
     def accumulate_gradients(
-        self, batch, advantages, old_lp, ref_lp, is_weights, agg=None, current_logprobs=None, plan=None
-    ) -> None:
+        self,
+        batch,
+        advantages,
+        old_lp,
+        ref_lp,
+        is_weights,
+        agg=None,
+        current_logprobs=None,
+        plan=None,
+        entropy_coef: float | None = None,
+    ) -> tuple[torch.Tensor, int]:
         """Backward of the loss of the whole `batch` as micro-batches (`plan`, default `micro_batches(batch)`),
         so that the accumulated gradient equals the gradient of `grpo_loss` on the whole batch at once.
         Per-token arguments are [B, T] (advantages and sequence-level is_weights [B]). `agg` (a dict of
@@ -245,24 +298,31 @@ class LossStep:
         tensor), the micro-batches' logprobs under the current policy are written into it, from the same
         forward (an extra lm_head pass without gradient, no backbone pass).
 
-        Each micro-batch's loss is scaled by its share of the batch's normaliser, which the loss type's
-        reduction gives (`Reduction.micro_batch_share`; global reductions get the batch's token count as
-        num_items_in_batch). The entropy bonus is a token mean over each call's own tokens: its coefficient
-        becomes coef * tokens / (N * share) so that the bonus, too, is the batch's token mean."""
+        The accumulated gradient is TRL 1.16's: `GRPOTrainer._compute_loss` per micro-batch, summed. Each
+        micro-batch's loss is scaled by the share the loss type's reduction gives
+        (`Reduction.micro_batch_share`: rows / B for the per-sequence reductions and for bnpo, whose token
+        mean is the micro-batch's own as in TRL; 1 for the global ones, which get the batch's token count as
+        num_items_in_batch). The entropy bonus is, as in TRL and for every loss type, the mean over each
+        micro-batch's own tokens weighted like a micro-batch (TRL: / gradient_accumulation_steps; here
+        rows / B, the same for equal-row micro-batches): its coefficient becomes coef * (rows / B) / share.
+        `entropy_coef` overrides the loss config's (the adaptive-entropy controller's current value).
+        Returns (Σ entropy over the batch's active tokens as a device tensor, their count): what the
+        adaptive-entropy controller measures."""
         plan = self.micro_batches(batch) if plan is None else plan
         agg = defaultdict(list) if agg is None else agg
         row_tokens = batch.completion_mask.sum(1).tolist()
         n_rows, num_items = len(row_tokens), sum(row_tokens)
         reduction = self.loss_config.loss_spec.reduction
-        coef = self.loss_config.entropy_coef
+        coef = self.loss_config.entropy_coef if entropy_coef is None else entropy_coef
         device = self.device
         weight, bias = self.head(self.model)
+        entropy_sum = torch.zeros((), device=device)
         for mb in plan:
             rows, tokens = mb.num_rows, sum(row_tokens[i] for i in mb.row_list)
             share = reduction.micro_batch_share(rows, n_rows, tokens, num_items)
             config = self.loss_config
-            if coef != 0.0:
-                mb_coef = coef * tokens / (num_items * share) if tokens and share else 0.0
+            if coef != 0.0 or config.entropy_coef != 0.0:
+                mb_coef = coef * (rows / max(n_rows, 1)) / share if share else 0.0
                 config = dataclasses.replace(config, entropy_coef=mb_coef)
             hidden = self.forward_hidden(self.model, mb)
             loss, metrics = grpo_loss(
@@ -289,11 +349,15 @@ class LossStep:
                         weight.detach(),
                         mb.completion_ids,
                         temperature=config.temperature,
+                        logit_scale=config.logit_scale,
+                        final_logit_softcapping=config.final_logit_softcapping,
                         backend=config.backend,
                         bias=None if bias is None else bias.detach(),
                     )
                 mb.scatter(current_logprobs, lp.float())
             loss.backward()
             agg["loss"].append(loss.detach())
+            entropy_sum = entropy_sum + metrics["entropy"].detach().float() * tokens
             for k, v in metrics.items():
                 agg[k].append(v)
+        return entropy_sum, num_items

@@ -57,9 +57,10 @@ class PromptEncoder:
     """Token ids of prompts: chat messages (or a string wrapped as a user turn) through the tokenizer's chat
     template when it has one (data.use_chat_template), plain strings as they are; training prompts cached."""
 
-    def __init__(self, tokenizer, data_config) -> None:
+    def __init__(self, tokenizer, data_config, max_tokens: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.data = data_config
+        self.max_tokens = max_tokens  # longest prompt the engine can complete (ValueError naming the row beyond)
         self._cache: dict[int, list[int]] = {}
 
     def _use_chat_template(self) -> bool:
@@ -81,12 +82,21 @@ class PromptEncoder:
         out = []
         for i in index:
             if not cache:
-                out.append(self.encode(rows[i]["prompt"]))
+                out.append(self._checked(i, self.encode(rows[i]["prompt"])))
                 continue
             if i not in self._cache:
-                self._cache[i] = self.encode(rows[i]["prompt"])
+                self._cache[i] = self._checked(i, self.encode(rows[i]["prompt"]))
             out.append(self._cache[i])
         return out
+
+    def _checked(self, row: int, ids: list[int]) -> list[int]:
+        if self.max_tokens is not None and len(ids) > self.max_tokens:
+            raise ValueError(
+                f"dataset row {row}: the prompt is {len(ids)} tokens, more than the {self.max_tokens} that "
+                "rollout.max_model_len minus rollout.max_completion_length leaves; shorten or drop the row, or "
+                "raise rollout.max_model_len"
+            )
+        return ids
 
 
 def training_sampling(config: TrainConfig, stop_ids: tuple[int, ...], n: int, seed: int) -> SamplingSpec:

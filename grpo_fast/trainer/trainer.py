@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -38,6 +39,10 @@ from grpo_fast.trainer.rollout_phase import PromptEncoder, RolloutPhase, stop_to
 from grpo_fast.trainer.scoring import RewardSet, TrainerState
 
 logger = logging.getLogger(__name__)
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """run.max_bad_steps steps in a row had a non-finite loss or gradient norm."""
 
 
 def set_seed(seed: int) -> None:
@@ -76,6 +81,7 @@ class GRPOTrainer:
         set_seed(cfg.run.seed)
         if isinstance(model, str):
             cfg.model.path = cfg.model.path or model
+            check_model_path(model)
             model = load_policy(cfg.model, model)
         self.model = model
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.path or model.name_or_path)
@@ -107,7 +113,9 @@ class GRPOTrainer:
         )
         self.sampler = PromptSampler(len(self.train_rows), cfg.run.seed)
         self.curriculum = PassRateCurriculum(cfg.curriculum, len(self.train_rows), cfg.run.seed)
-        self.prompts = PromptEncoder(self.tokenizer, cfg.data)
+        self.prompts = PromptEncoder(
+            self.tokenizer, cfg.data, max_tokens=cfg.rollout.max_model_len - cfg.rollout.max_completion_length
+        )
         self.stop_ids = stop_token_ids(self.tokenizer, cfg.rollout.stop)
         self.rollout = RolloutPhase(cfg, self.train_rows, self.prompts, self.rewards, self.sampler, self.stop_ids)
         self.step = 0
@@ -119,6 +127,8 @@ class GRPOTrainer:
         self.audit: AuditTrail | None = None
         self.preflight_report: PreflightReport | None = None
         self.resumed_from: Path | None = None  # the checkpoint resumed from: never pruned by run.keep_checkpoints
+        self.skipped_steps = 0  # steps whose loss or gradient was non-finite (their update skipped)
+        self.bad_steps_in_row = 0
 
     # -- the rollout engine -----------------------------------------------------------------------------
 
@@ -158,7 +168,16 @@ class GRPOTrainer:
 
     def sync_weights(self) -> dict:
         t0 = time.perf_counter()
-        out = self.engine.load_weights(trainer_weights(self.model))
+        try:
+            out = self.engine.load_weights(trainer_weights(self.model))
+        except torch.OutOfMemoryError as exc:
+            raise torch.OutOfMemoryError(
+                f"the {self.engine.name} rollout engine ran out of accelerator memory waking up for the weight "
+                f"sync ({exc}). Give it less: lower rollout.gpu_memory_utilization (now "
+                f"{self.config.rollout.gpu_memory_utilization}) or set rollout.kv_cache_memory_bytes, lower "
+                "rollout.max_model_len; or free the trainer's share: run.offload_optimizer: true, "
+                "run.offload_params: true, a smaller run.micro_batch_size."
+            ) from exc
         dt = time.perf_counter() - t0
         self.timers["sync"] += dt
         return {**out, "time/sync": dt}
@@ -227,7 +246,10 @@ class GRPOTrainer:
             "sampler": self.sampler.state_dict(),
             "curriculum": self.curriculum.state_dict(),
             "timers": dict(self.timers),
+            "skipped_steps": self.skipped_steps,
         }
+        if self.loss_step.entropy_control is not None:  # grpo.use_adaptive_entropy's coefficient (TRL saves it too)
+            state["entropy_control"] = self.loss_step.entropy_control.state_dict()
         return ckpt.save_checkpoint(
             self.output_dir / "checkpoints",
             self.step,
@@ -266,6 +288,9 @@ class GRPOTrainer:
         self.curriculum.load_state_dict(state.get("curriculum", {"pass_rates": {}}))
         self.step = state["step"]
         self.timers.update(state.get("timers", {}))
+        self.skipped_steps = state.get("skipped_steps", 0)
+        if self.loss_step.entropy_control is not None and "entropy_control" in state:
+            self.loss_step.entropy_control.load_state_dict(state["entropy_control"])
         ckpt.set_rng_state(state["rng"])
         self.resumed_from = path
         logger.info("resumed from %s (step %d)", path, self.step)
@@ -299,17 +324,22 @@ class GRPOTrainer:
     def train(self) -> dict:
         """Runs `run.max_steps` steps (continuing a checkpoint with run.resume); returns the final metrics."""
         cfg = self.config
+        fresh_dir = not self.output_dir.exists()
         resume_from = self._prepare_output_dir()  # refusals come before the engine starts
-        # The engine first: starting vLLM reseeds the global RNGs (set_random_seed), which would overwrite the
-        # RNG states a resume restores.
-        self._ensure_engine()
-        if resume_from is not None:
-            self._load_checkpoint(resume_from)
+        try:
+            # The engine first: starting vLLM reseeds the global RNGs (set_random_seed), which would overwrite
+            # the RNG states a resume restores.
+            self._ensure_engine()
+            if resume_from is not None:
+                self._load_checkpoint(resume_from)
+            self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
+        except BaseException:
+            self._remove_unstarted_outputs(fresh_dir)
+            raise
         self.metrics = MetricsLogger(self.output_dir, tensorboard=cfg.run.tensorboard)
         self.metrics.truncate_after(self.step)
         self.audit = AuditTrail(self.output_dir, cfg.health.audit_samples)
         self.audit.truncate_after(self.step)
-        self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
         bar = _progress(cfg.run.max_steps, self.step, cfg.run.progress)
         last: dict = {}
         stop = False
@@ -320,6 +350,7 @@ class GRPOTrainer:
         while self.step < cfg.run.max_steps:
             last = self.training_step()
             self.step += 1
+            bad = self._count_bad_step(last)
             if (
                 self.eval_rows
                 and cfg.run.eval_every > 0
@@ -328,14 +359,16 @@ class GRPOTrainer:
                 self.last_eval = self.evaluate()
                 last.update(self.last_eval)
             stop = self._watch(last)
-            if self.step % cfg.run.log_every == 0 or self.step == cfg.run.max_steps or stop:
+            if self.step % cfg.run.log_every == 0 or self.step == cfg.run.max_steps or stop or bad:
                 self.metrics.log(self.step, last)
+            if bad and cfg.run.max_bad_steps and self.bad_steps_in_row >= cfg.run.max_bad_steps:
+                self._stop_on_bad_steps()
             if stop:
                 logger.error("stopping at step %d on a health alarm (health.stop_on); checkpoint saved", self.step)
                 self.save()
                 break
-            if cfg.run.save_every and self.step % cfg.run.save_every == 0:
-                self.save()
+            if cfg.run.save_every and self.step % cfg.run.save_every == 0 and not bad:
+                self.save()  # a skipped step changed nothing worth a checkpoint: the last good one stays latest
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(
@@ -355,6 +388,44 @@ class GRPOTrainer:
         )
         self.metrics.close()
         return last
+
+    def _remove_unstarted_outputs(self, fresh_dir: bool) -> None:
+        """A run whose engine failed to start leaves no outputs: the exported rollout_init/ goes, and so does
+        run.output_dir when this run created it and nothing else is in it."""
+        if not fresh_dir:
+            return
+        shutil.rmtree(self.output_dir / "rollout_init", ignore_errors=True)
+        try:
+            self.output_dir.rmdir()  # only when empty
+        except OSError:
+            pass
+
+    def _count_bad_step(self, metrics: dict) -> bool:
+        """Counts the step just finished as bad when the loss step skipped an update (non-finite loss or
+        gradient); adds train/skipped_steps to its metrics."""
+        bad = metrics.get("train/nonfinite", 0.0) > 0
+        self.skipped_steps += bad
+        self.bad_steps_in_row = self.bad_steps_in_row + 1 if bad else 0
+        metrics["train/skipped_steps"] = float(self.skipped_steps)
+        if bad:
+            logger.warning(
+                "step %d: non-finite loss or gradient, update skipped (%d in a row, run.max_bad_steps=%d)",
+                self.step,
+                self.bad_steps_in_row,
+                self.config.run.max_bad_steps,
+            )
+        return bad
+
+    def _stop_on_bad_steps(self) -> None:
+        latest = ckpt.latest_checkpoint(self.output_dir / "checkpoints")
+        kept = f"the last good checkpoint is {latest}" if latest else "no checkpoint was written before them"
+        self.metrics.close()
+        raise NonFiniteTrainingError(
+            f"stopping at step {self.step}: {self.bad_steps_in_row} steps in a row had a non-finite (NaN/inf) loss "
+            f"or gradient norm, their updates skipped (run.max_bad_steps={self.config.run.max_bad_steps}); "
+            f"{kept}. Look for the cause (optim.lr, optim.max_grad_norm, the rewards, the data, model.dtype), "
+            "then resume; raise run.max_bad_steps (0: never stop) to ride out longer stretches."
+        )
 
     def training_step(self) -> dict:
         t_step = time.perf_counter()
@@ -387,13 +458,29 @@ class GRPOTrainer:
         return out
 
 
+def check_model_path(path: str) -> None:
+    """ValueError naming model.path when `path` is meant as a local directory (absolute, relative with ./ or
+    ~, or more than one /) and does not exist, or is a directory without a Hugging Face config."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not any((local / name).is_file() for name in ("config.json", "adapter_config.json")):
+            raise ValueError(
+                f"model.path: {path} is a directory without config.json, not a Hugging Face model directory; "
+                "point model.path at the directory save_pretrained wrote (or a hub name such as org/model)"
+            )
+    elif local.exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1:
+        raise ValueError(
+            f"model.path: {path} does not exist (expected a Hugging Face model directory or a hub name such as "
+            "org/model); check the path"
+        )
+
+
 def _as_rows(dataset) -> list[dict]:
+    from grpo_fast.data.loading import validate_prompt_rows
+
     if dataset is None:
         return []
-    rows = dataset.to_list() if hasattr(dataset, "to_list") else list(dataset)
-    if rows and "prompt" not in rows[0]:
-        raise ValueError(f"dataset rows need a 'prompt' column (got {sorted(rows[0])})")
-    return rows
+    return validate_prompt_rows(dataset.to_list() if hasattr(dataset, "to_list") else dataset)
 
 
 def _progress(total: int, initial: int, enabled: bool):

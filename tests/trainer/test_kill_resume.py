@@ -1,0 +1,185 @@
+"""kill -9 at chosen points of a run (generation, scoring, the optimizer step, a checkpoint being written),
+then `--resume`, until the run finishes: every step is logged exactly once, no partly written checkpoint is
+ever resumed from, and the final weights and optimizer state equal an uninterrupted run's bit for bit (CPU,
+transformers engine, one thread).
+
+The runs are `grpo-fast train` subprocesses; the kills come from tests/trainer/kill_points.py (the engine and
+reward named by import path; GRPO_TEST_KILL picks the point). Also here: a checkpoint directory left
+incomplete (killed while copied or written outside the atomic writer) is skipped on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from grpo_fast.trainer.checkpoint import TRAINER_STATE, latest_checkpoint, list_checkpoints, load_trainer_state
+
+HERE = Path(__file__).parent
+STEPS = 4
+
+
+def _config(tmp_path: Path, model_dir: Path, steps: int = STEPS) -> Path:
+    cfg = {
+        "model": {"path": str(model_dir)},
+        "data": {
+            "source": "task:modular_arithmetic",
+            "task_kwargs": {"n": 16, "seed": 0},
+            "use_chat_template": "false",
+        },
+        "reward": {"funcs": ["kill_points:char_code_reward"], "workers": 0},
+        "rollout": {"engine": "kill_points:KillingEngine", "num_generations": 4, "max_completion_length": 3},
+        "grpo": {"num_iterations": 2},
+        "optim": {"lr": 1e-2, "lr_scheduler": "linear", "warmup_steps": 1},
+        "run": {
+            "max_steps": steps,
+            "prompts_per_step": 2,
+            "micro_batch_size": 4,
+            "eval_every": 0,
+            "save_every": 1,
+            "tensorboard": False,
+            "progress": False,
+            "plots": False,
+        },
+        "health": {"audit_every": 0},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train(config: Path, out: Path, kill: str | None = None, resume: bool = False) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("GRPO_TEST_KILL", None)
+    if kill:
+        env["GRPO_TEST_KILL"] = kill
+    cmd = [sys.executable, "-c", "import sys; from grpo_fast.cli import main; sys.exit(main(sys.argv[1:]))"]
+    cmd += ["train", "--config", str(config), "--skip-checks"]
+    cmd += ["--set", f"run.output_dir={out}"] + (["--resume"] if resume else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    if kill is None:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.returncode, proc.stderr
+
+
+def _final_state(out: Path, steps: int) -> tuple[dict, dict]:
+    last = latest_checkpoint(out / "checkpoints")
+    assert last is not None and last.name == f"step-{steps:06d}"
+    return load_file(last / "model.safetensors"), load_trainer_state(last)
+
+
+def _assert_equal_trees(a, b, path="state"):
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            _assert_equal_trees(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_equal_trees(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)
+
+
+def _train_in_process(config: Path, out: Path, monkeypatch, *overrides: str):
+    """The uninterrupted run, in this process (as `grpo-fast train` builds it; one thread like the others)."""
+    from grpo_fast.cli.train import trainer_from_config
+    from grpo_fast.trainer import load_config
+
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.delenv("GRPO_TEST_KILL", raising=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        trainer = trainer_from_config(load_config(config, [f"run.output_dir={out}", *overrides]))
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+    finally:
+        torch.set_num_threads(threads)
+    return trainer
+
+
+def _check_killed_run_matches(tmp_path, tiny_dir, monkeypatch, kills: list[str], steps: int = STEPS) -> None:
+    config = _config(tmp_path, tiny_dir, steps)
+    # The uninterrupted run in a fresh process too: a process that already ran other tests (vLLM imported,
+    # kernels chosen, thread pools sized) need not round the same way bit for bit.
+    rc, err = _train(config, tmp_path / "full")
+    assert rc == 0, err[-3000:]
+    out = tmp_path / "killed"
+    for i, kill in enumerate(kills):
+        rc, err = _train(config, out, kill=kill, resume=i > 0)
+        assert rc == -signal.SIGKILL, f"kill point {kill} was not reached (exit {rc}):\n{err[-3000:]}"
+        for ckpt in list_checkpoints(out / "checkpoints"):  # every published checkpoint is whole
+            load_trainer_state(ckpt)
+    _train(config, out, resume=True)
+
+    weights, state = _final_state(out, steps)
+    ref_weights, ref_state = _final_state(tmp_path / "full", steps)
+    _assert_equal_trees(weights, ref_weights, "model")
+    for key in ("optimizer", "scheduler", "sampler", "step"):
+        _assert_equal_trees(state[key], ref_state[key], key)
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, steps + 1))  # no step lost or repeated
+    leftovers = [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # the killed writers' temporary directories were cleaned up
+
+
+def test_kill_at_three_points_then_resume_equals_the_uninterrupted_run(tmp_path, tiny_dir, monkeypatch):
+    # generation of step 2; the 3rd optimizer update (step 2 of the resumed run); the step-4 checkpoint
+    # half written (its trainer_state.pt cut short inside the temporary directory).
+    _check_killed_run_matches(tmp_path, tiny_dir, monkeypatch, ["generate:2", "optimizer:3", "ckpt_write:2"])
+
+
+@pytest.mark.slow
+def test_kill_at_every_phase_then_resume_equals_the_uninterrupted_run(tmp_path, tiny_dir, monkeypatch):
+    kills = [
+        "generate:1",
+        "score:3",
+        "optimizer:1",
+        "optimizer:4",
+        "ckpt_write:1",
+        "ckpt_rename:1",
+        "generate:3",
+        "score:2",
+        "ckpt_rename:2",
+        "optimizer:2",
+        "ckpt_write:2",
+        "ckpt_resave:1",
+    ]
+    _check_killed_run_matches(tmp_path, tiny_dir, monkeypatch, kills, steps=10)  # the kills never reach the end
+
+
+def test_an_incomplete_checkpoint_directory_is_skipped_on_resume(tmp_path, tiny_dir, monkeypatch):
+    config = _config(tmp_path, tiny_dir)
+    out = tmp_path / "run"
+    _train_in_process(config, out, monkeypatch, "run.max_steps=1")
+    root = out / "checkpoints"
+    # step-000002 and step-000003: copies of step 1 cut short, as a kill while copying or a writer without
+    # the atomic rename leaves them (a truncated state file; no state file at all).
+    for step, damage in ((2, "truncate"), (3, "remove")):
+        broken = root / f"step-{step:06d}"
+        shutil.copytree(root / "step-000001", broken)
+        state = broken / TRAINER_STATE
+        if damage == "truncate":
+            state.write_bytes(state.read_bytes()[:100])
+        else:
+            state.unlink()
+    assert latest_checkpoint(root).name == "step-000001"
+    assert [p.name for p in list_checkpoints(root)] == ["step-000001"]
+    trainer = _train_in_process(config, out, monkeypatch, "run.max_steps=2", "run.resume=true")
+    assert trainer.resumed_from == root / "step-000001" and trainer.step == 2
+    assert [p.name for p in list_checkpoints(root)] == ["step-000001", "step-000002"]  # the broken one replaced
