@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from grpo_fast.sft.data import SFTExample
+if TYPE_CHECKING:  # a type only: importing sft.data here would close the loop sft.data -> trainer -> here
+    from grpo_fast.sft.data import SFTExample
 
 MEGA_BATCH = 50  # micro-batches' worth of examples sorted by length together (transformers' group_by_length)
 
