@@ -6,6 +6,9 @@ metrics and the per-token upstream gradients (gℓ, gH) that layer 1 turns into 
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import torch
 from torch import nn
 
@@ -177,7 +180,18 @@ def grpo_loss(
     each a device-to-host synchronisation on a GPU, for callers that checked them already (the trainer
     checks each step's batch once on the host); shapes, dtypes and devices are always checked.
     """
-    flat_hidden, leading = check_linear_inputs(hidden, weight, bias)
+    per_token = (completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights)
+    if torch.compiler.is_compiling():  # one custom op for dynamo (the eager path reads the host)
+        return _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate)
+    inputs, batch, backend = _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate)
+    loss, sums = _GRPOLossFunction.apply(*inputs, batch, config, backend)
+    return loss, finalize_metrics(sums.detach(), batch.layout.mask.sum(), config, is_weights is not None)
+
+
+def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
+    """Checked inputs of _GRPOLossFunction: ((hidden [N, H], weight, bias), PreparedBatch, backend)."""
+    completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights = per_token
+    flat_hidden, _ = check_linear_inputs(hidden, weight, bias)
     batch = prepare_batch(
         completion_ids=completion_ids,
         completion_mask=completion_mask,
@@ -198,25 +212,109 @@ def grpo_loss(
     if config.deterministic:
         # Backends with a distinct atomic-free mode (triton) expose it as `deterministic_variant`.
         backend = getattr(backend, "deterministic_variant", backend)
-    loss, sums = _GRPOLossFunction.apply(
-        flat_hidden, weight.contiguous(), None if bias is None else bias.contiguous(), batch, config, backend
+    inputs = (flat_hidden, weight.contiguous(), None if bias is None else bias.contiguous())
+    return inputs, batch, backend
+
+
+# -- torch.compile ---------------------------------------------------------------------------------------
+# Under dynamo, `grpo_loss` is one custom op: its eager implementation runs the fused loss and forms the
+# gradients of hidden, weight and bias at once (as the chunked backends do anyway), and its autograd
+# formula scales them by the upstream gradient. The config travels as JSON (a custom op takes no dataclass).
+
+
+@torch.library.custom_op("grpo_fast::grpo_loss", mutates_args=())
+def _grpo_loss_op(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    is_weights: torch.Tensor | None,
+    num_items_in_batch: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+    config: str,
+    validate: bool,
+    needs_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss [], [metric sums, active tokens] [len(SUM_NAMES) + 1], dh, dW, db ([0] without bias))."""
+    per_token = (completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights)
+    options = GRPOLossConfig(**json.loads(config))
+    inputs, batch, backend = _prepare(
+        hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, options, validate
     )
-    return loss, finalize_metrics(sums.detach(), batch.layout, config, is_weights is not None)
+    # A custom op runs below the autograd dispatcher: the autograd function's forward and backward are called
+    # directly, with a stand-in for its ctx.
+    ctx = _DirectContext(needs_grad)
+    loss, sums = _GRPOLossFunction.forward(ctx, *inputs, batch, options, backend)
+    if needs_grad:
+        dh, dw, db, *_ = _GRPOLossFunction.backward(ctx, torch.ones_like(loss), None)
+        dh = dh.view(hidden.shape)
+    else:
+        dh, dw, db = torch.zeros_like(hidden), torch.zeros_like(weight), None
+    db = hidden.new_zeros(0) if bias is None else (db if db is not None else torch.zeros_like(bias))
+    stats = torch.cat([sums, batch.layout.mask.sum().to(sums.dtype).view(1)])
+    return loss, stats, dh, dw, db
+
+
+class _DirectContext:
+    """What _GRPOLossFunction uses of autograd's ctx, for calling its forward and backward directly."""
+
+    def __init__(self, needs_grad: bool) -> None:
+        self.needs_input_grad = (needs_grad,) * 3 + (False,) * 3
+
+    def save_for_backward(self, *tensors) -> None:
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *tensors) -> None:
+        pass
+
+
+@_grpo_loss_op.register_fake
+def _(hidden, weight, bias, completion_ids, completion_mask, advantages, *rest):
+    acc = accumulation_dtype(hidden.dtype)
+    db = torch.empty_like(bias) if bias is not None else hidden.new_empty(0)
+    stats = hidden.new_empty(len(SUM_NAMES) + 1, dtype=acc)
+    return hidden.new_empty((), dtype=acc), stats, torch.empty_like(hidden), torch.empty_like(weight), db
+
+
+def _grpo_loss_op_setup(ctx, inputs, output):
+    ctx.has_bias = inputs[2] is not None
+    ctx.save_for_backward(*output[2:])
+
+
+def _grpo_loss_op_backward(ctx, grad_loss, grad_stats, grad_dh, grad_dw, grad_db):
+    dh, dw, db = ctx.saved_tensors
+    scaled = [(g * grad_loss).to(g.dtype) for g in (dh, dw)]
+    return (*scaled, (db * grad_loss).to(db.dtype) if ctx.has_bias else None, *([None] * 11))
+
+
+_grpo_loss_op.register_autograd(_grpo_loss_op_backward, setup_context=_grpo_loss_op_setup)
+
+
+@torch.compiler.assume_constant_result
+def _options_json(config: GRPOLossConfig) -> str:
+    """The config as the op's JSON argument, evaluated once at trace time (a constant of the graph)."""
+    return json.dumps(dataclasses.asdict(config))
+
+
+def _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
+    if num_items_in_batch is not None and not isinstance(num_items_in_batch, torch.Tensor):
+        num_items_in_batch = torch.tensor(float(num_items_in_batch))
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    options = _options_json(config)
+    loss, stats, *_ = _grpo_loss_op(
+        hidden, weight, bias, *per_token, num_items_in_batch, cu_seqlens, options, validate, needs_grad
+    )
+    return loss, finalize_metrics(stats[:-1], stats[-1], config, per_token[-1] is not None)
 
 
 class GRPOLoss(nn.Module):
-    """`grpo_loss` with its config fixed at construction; a drop-in for Liger-Kernel's
-    `LigerFusedLinearGRPOLoss`:
-
-        Liger: LigerFusedLinearGRPOLoss(beta, loss_type, epsilon_low, epsilon_high, temperature, ...)
-               loss, metrics = liger(_input, lin_weight, selected_token_ids, attention_mask, advantages,
-                                     bias, ref_per_token_logps, old_per_token_logps, ...)
-        ours:  GRPOLoss(GRPOLossConfig(beta=..., loss_type=..., epsilon_low=..., epsilon_high=..., temperature=...))
-               loss, metrics = ours(_input, lin_weight, selected_token_ids, attention_mask, advantages,
-                                    bias=bias, ref_logprobs=ref_per_token_logps, old_logprobs=old_per_token_logps)
-
-    Liger returns metrics as a list; ours is a dict keyed by TRL's metric names.
-    """
+    """`grpo_loss` with its config fixed at construction; metrics as a dict keyed by TRL's names.
+    Liger-Kernel's `LigerFusedLinearGRPOLoss` interface (arguments, defaults, metrics tuple) is
+    grpo_fast.integrations.liger."""
 
     def __init__(self, config: GRPOLossConfig | None = None, **options):
         super().__init__()

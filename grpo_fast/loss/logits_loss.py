@@ -92,4 +92,4 @@ def logits_grpo_loss(
     )
     flat_logits = logits.view(-1, logits.shape[-1]) if logits.is_contiguous() else logits.reshape(-1, logits.shape[-1])
     loss, sums = _LogitsGRPOLoss.apply(flat_logits, batch, config, inplace_backward)
-    return loss, finalize_metrics(sums.detach(), batch.layout, config, is_weights is not None)
+    return loss, finalize_metrics(sums.detach(), batch.layout.mask.sum(), config, is_weights is not None)

@@ -285,11 +285,12 @@ def vespo_weights(
 
 
 def finalize_metrics(
-    sums: torch.Tensor, layout: TokenLayout, config: GRPOLossConfig, has_is_weights: bool
+    sums: torch.Tensor, active_tokens: torch.Tensor, config: GRPOLossConfig, has_is_weights: bool
 ) -> dict[str, torch.Tensor]:
-    """Masked means from the summed partials (TRL's metric names), as detached 0-dim tensors."""
+    """Masked means from the summed partials [len(SUM_NAMES)] over `active_tokens` (0-dim, the layout's
+    mask sum) under TRL's metric names, as detached 0-dim tensors."""
     values = dict(zip(SUM_NAMES, sums.unbind(0), strict=True))
-    count = layout.mask.sum().clamp(min=1.0)
+    count = active_tokens.clamp(min=1.0)
     metrics = {}
     if config.beta != 0.0:
         metrics["kl"] = values["kl"] / count
