@@ -12,6 +12,7 @@ import torch
 from grpo_fast.data.tasks import modular_arithmetic_dataset
 from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.rewards.text import completion_text
+from grpo_fast.testing.trees import assert_equal_trees
 from grpo_fast.trainer import GRPOTrainer, load_config
 
 STEPS, KILLED_AFTER = 3, 1
@@ -50,21 +51,6 @@ def _kill_after(step):
     return callback
 
 
-def _assert_equal_trees(a, b, path="state"):
-    if torch.is_tensor(a):
-        assert torch.is_tensor(b) and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            _assert_equal_trees(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_equal_trees(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, (path, a, b)
-
-
 def _run(trainer):
     try:
         trainer.train()
@@ -84,8 +70,8 @@ def test_k_steps_then_resume_equals_the_uninterrupted_run(tmp_path):
     init = build_tiny_model(build_char_tokenizer())
     moved = [not torch.equal(p, q) for p, q in zip(full.model.parameters(), init.parameters(), strict=True)]
     assert all(moved)  # every step had a gradient: the comparison below is not between untouched weights
-    _assert_equal_trees(dict(resumed.model.named_parameters()), dict(full.model.named_parameters()), "model")
-    _assert_equal_trees(resumed.optimizer.state_dict(), full.optimizer.state_dict(), "optimizer")
-    _assert_equal_trees(resumed.scheduler.state_dict(), full.scheduler.state_dict(), "scheduler")
+    assert_equal_trees(dict(resumed.model.named_parameters()), dict(full.model.named_parameters()), "model")
+    assert_equal_trees(resumed.optimizer.state_dict(), full.optimizer.state_dict(), "optimizer")
+    assert_equal_trees(resumed.scheduler.state_dict(), full.scheduler.state_dict(), "scheduler")
     assert resumed.sampler.state_dict() == full.sampler.state_dict()
     assert resumed.optimizer.param_groups[0]["lr"] == full.optimizer.param_groups[0]["lr"]

@@ -22,6 +22,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from grpo_fast.testing.trees import assert_equal_trees
 from grpo_fast.trainer.checkpoint import TRAINER_STATE, latest_checkpoint, list_checkpoints, load_trainer_state
 
 HERE = Path(__file__).parent
@@ -78,21 +79,6 @@ def _final_state(out: Path, steps: int) -> tuple[dict, dict]:
     return load_file(last / "model.safetensors"), load_trainer_state(last)
 
 
-def _assert_equal_trees(a, b, path="state"):
-    if torch.is_tensor(a):
-        assert torch.is_tensor(b) and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            _assert_equal_trees(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_equal_trees(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, (path, a, b)
-
-
 def _train_in_process(config: Path, out: Path, monkeypatch, *overrides: str):
     """The uninterrupted run, in this process (as `grpo-fast train` builds it; one thread like the others)."""
     from grpo_fast.cli.train import trainer_from_config
@@ -129,9 +115,9 @@ def _check_killed_run_matches(tmp_path, tiny_dir, monkeypatch, kills: list[str],
 
     weights, state = _final_state(out, steps)
     ref_weights, ref_state = _final_state(tmp_path / "full", steps)
-    _assert_equal_trees(weights, ref_weights, "model")
+    assert_equal_trees(weights, ref_weights, "model")
     for key in ("optimizer", "scheduler", "sampler", "step"):
-        _assert_equal_trees(state[key], ref_state[key], key)
+        assert_equal_trees(state[key], ref_state[key], key)
     logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert logged == list(range(1, steps + 1))  # no step lost or repeated
     leftovers = [p.name for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]

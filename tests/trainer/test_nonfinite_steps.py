@@ -17,6 +17,7 @@ import torch
 from grpo_fast.data.tasks import modular_arithmetic_dataset
 from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.rewards.text import completion_text
+from grpo_fast.testing.trees import assert_equal_trees
 from grpo_fast.trainer import GRPOTrainer, load_config
 from grpo_fast.trainer.checkpoint import list_checkpoints, load_model_weights, load_trainer_state
 
@@ -57,21 +58,6 @@ def _snapshot(trainer):
     )
 
 
-def _assert_equal_trees(a, b, path="state"):
-    if torch.is_tensor(a):
-        assert torch.is_tensor(b) and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            _assert_equal_trees(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _assert_equal_trees(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, (path, a, b)
-
-
 def _metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -94,8 +80,8 @@ def test_a_nonfinite_step_is_skipped_and_the_run_goes_on(tmp_path, caplog, itera
     # Step 1 (the second) was skipped: its update left the weights and optimizer state as step 0 left them.
     params0, optim0 = snapshots[0]
     params1, optim1 = snapshots[1]
-    _assert_equal_trees(params1, params0, "model")
-    _assert_equal_trees(optim1, optim0, "optimizer")
+    assert_equal_trees(params1, params0, "model")
+    assert_equal_trees(optim1, optim0, "optimizer")
     assert not all(torch.equal(params0[k], v) for k, v in snapshots[2][0].items())  # step 2 trained again
     rows = _metrics(out)
     assert [r["train/nonfinite"] for r in rows] == [0.0, float(iterations), 0.0]
@@ -119,11 +105,11 @@ def test_max_bad_steps_in_a_row_stop_the_run_keeping_the_last_good_checkpoint(tm
     ckpts = list_checkpoints(out / "checkpoints")
     assert [p.name for p in ckpts] == ["step-000001", "step-000002"]
     params, optim = good[1]
-    _assert_equal_trees(dict(t.model.named_parameters()), params, "model")  # the bad steps changed nothing
+    assert_equal_trees(dict(t.model.named_parameters()), params, "model")  # the bad steps changed nothing
     reloaded = build_tiny_model(build_char_tokenizer(), seed=1)
     load_model_weights(reloaded, ckpts[-1])
-    _assert_equal_trees(dict(reloaded.named_parameters()), params, "checkpoint")
-    _assert_equal_trees(load_trainer_state(ckpts[-1])["optimizer"], optim, "checkpoint optimizer")
+    assert_equal_trees(dict(reloaded.named_parameters()), params, "checkpoint")
+    assert_equal_trees(load_trainer_state(ckpts[-1])["optimizer"], optim, "checkpoint optimizer")
     rows = _metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert rows[-1]["train/skipped_steps"] == 2.0
