@@ -15,12 +15,13 @@ import dataclasses
 
 import pytest
 import torch
-from test_trl_loss_types import TRL_OPTIONS, WORKSPACES, _backends, _config, _run, _trl, _trl_trainer
+from test_trl_loss_types import TRL_OPTIONS, WORKSPACES, _backends, _config, _run, _trl
 
 from grpo_fast import GRPOLossConfig, grpo_loss
 from grpo_fast.testing.reference import naive_grpo_loss, naive_logprobs_and_entropy
 from grpo_fast.testing.synthetic import make_loss_batch
 from grpo_fast.testing.tolerance import assert_within_rule
+from grpo_fast.testing.trl_harness import bare_trl_trainer
 
 SHAPE = dict(batch=6, length=7, hidden_size=16, vocab=40)
 EVERYTHING = dict(beta=0.04, entropy_coef=0.01, temperature=0.9, **TRL_OPTIONS)
@@ -134,25 +135,6 @@ def test_defaults_and_names_are_trls():
 # ----------------------------------------------------------------------------------------------
 
 
-class _OneProcess:
-    num_processes = 1
-    sync_gradients = True
-
-    @staticmethod
-    def gather(x):
-        return x
-
-    gather_for_metrics = gather
-
-    @staticmethod
-    def reduce(x, reduction="sum"):
-        return x
-
-    @staticmethod
-    def pad_across_processes(x, dim=0, pad_index=0):
-        return x
-
-
 def trl_loss(batch, config, args, dtype, num_items_in_batch, gradient_accumulation_steps=None):
     """TRL's `_compute_loss` (loss, ∂hidden, ∂weight) with our config's TRL options; per-sequence is_weights
     go in as TRL's [B, 1] importance_sampling_ratio. With gradient_accumulation_steps, in train mode."""
@@ -162,12 +144,9 @@ def trl_loss(batch, config, args, dtype, num_items_in_batch, gradient_accumulati
     ids, mask = args["completion_ids"], args["completion_mask"]
     logp, entropy = naive_logprobs_and_entropy(hidden, weight, ids, config.temperature)
     is_weights = args.get("is_weights")
-    trainer = _trl_trainer(config, ids.shape[1], is_weights is not None)
-    trainer.top_entropy_quantile = config.top_entropy_quantile
-    trainer.off_policy_mask_threshold = config.off_policy_mask_threshold
-    trainer.accelerator = _OneProcess()
-    if gradient_accumulation_steps is not None:
-        trainer.model.training = True
+    training = gradient_accumulation_steps is not None
+    trainer = bare_trl_trainer(config, ids.shape[1], is_weights is not None, training)
+    if training:
         trainer.current_gradient_accumulation_steps = gradient_accumulation_steps
         trainer.args.steps_per_generation = gradient_accumulation_steps
     trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)

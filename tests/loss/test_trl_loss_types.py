@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import types
-from collections import defaultdict
 
 import pytest
 import torch
@@ -29,6 +27,7 @@ from grpo_fast.loss import LOSS_TYPES, Objective
 from grpo_fast.testing.reference import naive_grpo_loss, naive_logprobs_and_entropy
 from grpo_fast.testing.synthetic import make_loss_batch
 from grpo_fast.testing.tolerance import assert_within_rule
+from grpo_fast.testing.trl_harness import bare_trl_trainer
 
 NEW_TYPES = ("sapo", "luspo", "vespo")
 # Non-default hyper-parameters, so that a swapped or ignored option shows.
@@ -218,47 +217,6 @@ def test_defaults_and_names_are_trls():
     assert ours["epsilon_low"] == trl_defaults["epsilon"]  # TRL calls it `epsilon`
 
 
-class _Accelerator:
-    num_processes = 1
-
-    @staticmethod
-    def gather(x):
-        return x
-
-    gather_for_metrics = gather
-
-    @staticmethod
-    def reduce(x, reduction="sum"):
-        return x
-
-
-def _trl_trainer(config: GRPOLossConfig, max_completion_length: int, use_is: bool):
-    """A GRPOTrainer without __init__ (no model, no data): the attributes `_compute_loss` reads, set from
-    our config as GRPOTrainer.__init__ sets them from a GRPOConfig; eval mode (no accumulation scaling)."""
-    from trl import GRPOTrainer  # noqa: PLC0415
-
-    trainer = object.__new__(GRPOTrainer)
-    names = ("use_bias_correction_kl", "delta", *TRL_OPTIONS)
-    trainer.args = types.SimpleNamespace(**{n: getattr(config, n) for n in names}, steps_per_generation=1)
-    trainer.loss_type = config.loss_type
-    trainer.beta = config.beta
-    trainer.epsilon_low, trainer.epsilon_high = config.epsilon_low, config.clip_high
-    trainer.importance_sampling_level = config.importance_sampling_level
-    trainer.max_completion_length = max_completion_length
-    trainer.top_entropy_quantile = 1.0
-    trainer.off_policy_mask_threshold = None
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = use_is
-    trainer.entropy_coef = config.entropy_coef
-    trainer.use_adaptive_entropy = False
-    trainer._entropy_bonus_enabled = config.entropy_coef != 0.0
-    trainer.aux_loss_enabled = False
-    trainer.model = types.SimpleNamespace(training=False)
-    trainer.current_gradient_accumulation_steps = 1
-    trainer.accelerator = _Accelerator()
-    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-    return trainer
-
-
 def _trl_loss(batch, config, args, dtype, num_items_in_batch):
     """TRL's loss, gradients and metrics: per-token logprobs and entropies from the materialised logits
     (what `_get_per_token_logps_and_entropies` computes), then `_compute_loss` itself."""
@@ -268,7 +226,7 @@ def _trl_loss(batch, config, args, dtype, num_items_in_batch):
     ids, mask = args["completion_ids"], args["completion_mask"]
     logp, entropy = naive_logprobs_and_entropy(hidden, weight, ids, config.temperature)
     use_is = args.get("is_weights") is not None
-    trainer = _trl_trainer(config, ids.shape[1], use_is)
+    trainer = bare_trl_trainer(config, ids.shape[1], use_is)
     trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)
     cast = lambda t: t.to(logp.dtype)  # noqa: E731
     inputs = {

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import types
-from collections import defaultdict
 
 import pytest
 import torch
@@ -25,6 +23,7 @@ import torch
 from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Objective
 from grpo_fast.testing.reference import naive_logprobs_and_entropy
+from grpo_fast.testing.trl_harness import OneProcessAccelerator, bare_trl_trainer
 from grpo_fast.trainer import GRPOTrainer, load_config
 from grpo_fast.trainer.entropy_control import AdaptiveEntropy
 from grpo_fast.trainer.importance import rollout_importance_weights
@@ -34,55 +33,6 @@ from grpo_fast.trainer.policy import build_sequence_batch, completion_hidden, co
 def _trl():
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     return pytest.importorskip("trl")
-
-
-class _Accelerator:
-    num_processes = 1
-    sync_gradients = True
-
-    @staticmethod
-    def gather(x):
-        return x
-
-    gather_for_metrics = gather
-
-    @staticmethod
-    def reduce(x, reduction="sum"):
-        return x
-
-    @staticmethod
-    def pad_across_processes(x, dim=0, pad_index=0):
-        return x
-
-
-def bare_trl_trainer(config: GRPOLossConfig, max_completion_length: int, use_is: bool, **extra_args):
-    """A GRPOTrainer without __init__: the attributes `_compute_loss` reads, from our config, in train mode."""
-    from trl import GRPOTrainer as TRLGRPOTrainer  # noqa: PLC0415
-
-    trainer = object.__new__(TRLGRPOTrainer)
-    names = ("use_bias_correction_kl", "delta", "sapo_temperature_pos", "sapo_temperature_neg")
-    names += ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg")
-    trainer.args = types.SimpleNamespace(**{n: getattr(config, n) for n in names}, steps_per_generation=1)
-    vars(trainer.args).update(extra_args)
-    trainer.loss_type = config.loss_type
-    trainer.beta = config.beta
-    trainer.epsilon_low, trainer.epsilon_high = config.epsilon_low, config.clip_high
-    trainer.importance_sampling_level = config.importance_sampling_level
-    trainer.max_completion_length = max_completion_length
-    trainer.top_entropy_quantile = config.top_entropy_quantile
-    trainer.off_policy_mask_threshold = config.off_policy_mask_threshold
-    trainer.use_vllm = trainer.vllm_importance_sampling_correction = use_is
-    trainer.entropy_coef = config.entropy_coef
-    trainer.use_adaptive_entropy = False
-    trainer._entropy_bonus_enabled = config.entropy_coef != 0.0
-    trainer._last_world_entropy = math.inf
-    trainer._entropy_window_stats = None
-    trainer.aux_loss_enabled = False
-    trainer.model = types.SimpleNamespace(training=True)
-    trainer.current_gradient_accumulation_steps = 1
-    trainer.accelerator = _Accelerator()
-    trainer._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
-    return trainer
 
 
 def trl_micro_batch_loss(trainer, logp, entropy, ids, mask, advantages, old, ref, is_weights, num_items, steps):
@@ -186,7 +136,7 @@ def test_accumulated_gradient_is_trls(setup, loss_type, packed, extra):
 
     model.zero_grad(set_to_none=True)
     n_rows, num_items = batch.completion_ids.shape[0], int(row_tokens.sum())
-    trl = bare_trl_trainer(config, 8, use_is=True)
+    trl = bare_trl_trainer(config, 8, use_is=True, training=True)
     for mb in plan:
         rows = list(mb.row_list)
         part = batch.rows(rows)
@@ -309,11 +259,11 @@ def test_adaptive_entropy_follows_trls_update_rule():
     g = torch.Generator().manual_seed(4)
     config = GRPOLossConfig(loss_type="grpo", entropy_coef=0.02)
     extra = dict(entropy_target=1.0, entropy_coef_delta=0.015, entropy_coef_min=0.005, entropy_coef_max=0.04)
-    trl = bare_trl_trainer(config, 5, use_is=False, **extra)
+    trl = bare_trl_trainer(config, 5, use_is=False, training=True, **extra)
     trl.use_adaptive_entropy = True
     trl._entropy_bonus_enabled = True
     ours = AdaptiveEntropy(0.02, 1.0, 0.015, 0.005, 0.04)
-    accelerator = _Accelerator()
+    accelerator = OneProcessAccelerator()
     trl.accelerator = accelerator
     for window, scale in enumerate((2.0, 0.5, 0.6, 0.4, 3.0, 0.2, 0.1)):
         h_sum, count = 0.0, 0.0
