@@ -75,7 +75,9 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        """Replaces the engine's weights with the trainer's (HF parameter names); returns timing stats."""
+        """Replaces the engine's weights with the trainer's (HF parameter names); returns timing stats. An engine
+        that copies the weights checks that the sync named each of its parameters exactly once and raises
+        otherwise (`grpo_fast.rollout.weight_check`): a partial sync would leave it generating from stale weights."""
 
     def sleep(self) -> None:
         """Releases accelerator memory between generations (no-op where unsupported)."""

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.rollout.weight_check import WeightNameCheck, checkpoint_weight_names, synced_names
 from grpo_fast.rollout.weight_sync import iter_weight_buckets
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,15 @@ class _QuietParameterlessReload(logging.Filter):
         return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
 
 
+def launcher_kwargs() -> dict:
+    """vLLM arguments for a process of a torchrun launch (WORLD_SIZE > 1): each rank runs its own engine on
+    its own device inside the launch's process group (vLLM's "external_launcher" executor, as TRL's
+    colocated mode does), generating that rank's prompts. None of them for a single process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return {}
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+
+
 class VLLMEngine(RolloutEngine):
     """`vllm.LLM` in this process.
 
@@ -50,6 +60,8 @@ class VLLMEngine(RolloutEngine):
         tiny model on a 24 GiB machine). None on GPU = `gpu_memory_utilization` decides.
     sleep_level: 0 = never sleep, 1 = offload weights to CPU + drop the KV cache, 2 = drop both.
     sync_bucket_bytes: bound on the converted weight copies alive at once during a sync.
+    weight_names: the parameter names every `load_weights` must push, each exactly once (None: the tensor names
+        of the checkpoint at `model_path`, which the engine loaded at start; see `weight_check`).
 
     Sleep levels. Level 1 copies the weights to host memory at `sleep` and back at `wake_up`: a full copy
     each way per step, and a host-memory copy of the weights, only for `load_weights` to overwrite them
@@ -64,6 +76,8 @@ class VLLMEngine(RolloutEngine):
     """
 
     name = "vllm"
+    weight_names: frozenset[str] | None = None
+    """Set by `__init__`; None only on an engine object built without it (a test's stand-in): no name check."""
 
     def __init__(
         self,
@@ -77,6 +91,7 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: bool = True,
         seed: int = 0,
         sync_bucket_bytes: int = 256 << 20,
+        weight_names: Iterable[str] | None = None,
         extra_kwargs: dict | None = None,
     ) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -118,6 +133,16 @@ class VLLMEngine(RolloutEngine):
         self.model_dtype = self.llm.llm_engine.model_config.dtype
         self._decoder = _rust_tokenizer(self.llm.get_tokenizer())
         self.sync_bucket_bytes = sync_bucket_bytes
+        if weight_names is None:
+            self.weight_names_source = f"the checkpoint the engine started from ({model_path})"
+            config = self.llm.llm_engine.model_config.hf_config.get_text_config()
+            weight_names = synced_names(
+                checkpoint_weight_names(model_path, self.llm.llm_engine.vllm_config.load_config.download_dir),
+                tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            )
+        else:
+            self.weight_names_source = "the engine's weight_names"
+        self.weight_names = frozenset(weight_names)
         self.asleep: set[str] = set()  # the vLLM sleep tags ("weights", "kv_cache") now asleep
         self.weights_stale = False  # a weight sync started and did not finish
         self.num_syncs = 0
@@ -146,6 +171,7 @@ class VLLMEngine(RolloutEngine):
             sleep_level=r.sleep_level,
             seed=config.run.seed,
             sync_bucket_bytes=r.sync_bucket_mb << 20,
+            extra_kwargs=launcher_kwargs(),
         )
 
     # -- generation -------------------------------------------------------------------------------------
@@ -197,6 +223,10 @@ class VLLMEngine(RolloutEngine):
         """Wakes the weights (GPU sleep mode), streams `weights` in bounded buckets through
         `reload_weights(weights_iterator=...)`, resets the prefix cache, then wakes the KV cache.
 
+        Complete or an error: the pushed names must be exactly `weight_names`, each once (`WeightNameCheck`:
+        names the engine does not know are held back from vLLM, which would otherwise skip or half-apply
+        them); a sync that leaves any out raises RuntimeError naming them, and the engine refuses to generate.
+
         Exception-safe: the engine's record of what is asleep always matches vLLM's, and after a failed
         reload `generate` refuses to run (the weights may be half old, half new) until a reload succeeds."""
         t0 = time.perf_counter()
@@ -204,10 +234,15 @@ class VLLMEngine(RolloutEngine):
         self.weights_stale = True
         stats: dict = {}
         device = "cuda" if self.on_gpu else "cpu"
+        check = None if self.weight_names is None else WeightNameCheck(self.weight_names, self.weight_names_source)
+        if check is not None:
+            weights = check.stream(weights)
         iterator = iter_weight_buckets(
             weights, self.sync_bucket_bytes, dtype=self.model_dtype, device=device, stats=stats
         )
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iterator, "is_checkpoint_format": True})
+        if check is not None:
+            check.raise_if_incomplete()
         if not stats.get("tensors"):
             raise RuntimeError("weight sync pushed no tensors (an empty iterator would leave stale weights)")
         if self.llm.reset_prefix_cache() is False:
