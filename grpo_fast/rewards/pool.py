@@ -3,7 +3,9 @@
 A verifier that hangs, raises, or kills its process (segfault, os.abort, OOM) costs the reward of
 the one completion it was scoring: the pool logs the failure, records it in `Scores.failures`, gives
 that completion `failure_reward` (default None: skipped by the trainer, neither rewarded nor punished),
-kills and replaces the worker if needed, and carries on with the rest of the batch.
+kills and replaces the worker if needed, and carries on with the rest of the batch. A worker killed
+from outside while idle or starting up (the OOM killer) costs nothing: it is replaced; only workers that
+die at start-up _STARTUP_ATTEMPTS times in a row (their imports fail) stop the scoring.
 
 Work unit: one (reward function, completion) pair, called as `fn([prompt], [completion], **columns)`
 with the row's column values, so a timeout measures one completion. Workers receive items in chunks
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 16
 _STARTUP_S = 300.0  # a fresh worker imports the reward modules (seconds on a loaded machine)
+_STARTUP_ATTEMPTS = 3  # workers in a row that may die before they are ready, before the pool gives up
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class RewardPool:
         self._ctx = mp.get_context(mp_context)
         self._workers = [_Worker(self._ctx) for _ in range(workers)]
         self._batch = 0
+        self._startup_deaths = 0  # workers in a row that died before they were ready
         self._background: ThreadPoolExecutor | None = None
 
     def submit(self, *args: Any, **kwargs: Any) -> Future[Scores]:
@@ -179,7 +183,12 @@ class RewardPool:
                 if w.ready and items and not w.pending:
                     chunk = [items.popleft() for _ in range(min(_CHUNK, len(items)))]
                     loading = w.batch != self._batch
-                    w.conn.send((self._batch, blob if loading else None, chunk))
+                    try:
+                        w.conn.send((self._batch, blob if loading else None, chunk))
+                    except OSError:  # it died while idle (killed from outside): no item of it was lost
+                        items.extendleft(reversed(chunk))
+                        self._replace(w, items, by_task)
+                        continue
                     w.batch = self._batch
                     w.pending.extend(item[0] for item in chunk)
                     w.deadline = time.monotonic() + (_STARTUP_S if loading else self.timeout)
@@ -192,15 +201,21 @@ class RewardPool:
                         message = w.conn.recv()
                     except (EOFError, OSError):
                         w.proc.join(1.0)
-                        if not w.ready:
-                            raise RuntimeError(
-                                f"reward worker died at start-up (exit code {w.proc.exitcode})"
-                            ) from None
+                        if not w.ready:  # killed from outside (OOM) once: replaced; every time: broken
+                            self._startup_deaths += 1
+                            if self._startup_deaths >= _STARTUP_ATTEMPTS:
+                                raise RuntimeError(
+                                    f"reward worker died at start-up {self._startup_deaths} times in a row (last exit "
+                                    f"code {w.proc.exitcode}): the reward modules do not import in a fresh process"
+                                ) from None
+                            self._replace(w, items, by_task)
+                            continue
                         fail(w.pending.popleft(), "crash", f"worker died (exit code {w.proc.exitcode})")
                         self._replace(w, items, by_task)
                         continue
                     if message == "ready":
                         w.ready = True
+                        self._startup_deaths = 0
                         continue
                     if message == "loaded":
                         w.deadline = time.monotonic() + self.timeout

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -71,3 +73,22 @@ def test_loading_the_functions_does_not_count_against_the_timeout():
     with RewardPool(workers=1, timeout=2.0) as pool:
         scores = pool.score([slow_to_load], ["p"] * 2, ["a", "b"])
     assert scores.rewards == [[1.0, 1.0]] and not scores.failures
+
+
+def test_a_worker_killed_while_idle_is_replaced_at_no_cost():
+    """The OOM killer (or a hostile process outside the sandbox) kills an idle worker between two batches:
+    the next batch is scored in full, with no failure."""
+    with RewardPool(workers=2, timeout=5.0) as p:
+        assert p.score([constant], ["p"] * 4, list("abcd")).rewards == [[1.0] * 4]
+        for w in p._workers:
+            os.kill(w.proc.pid, signal.SIGKILL)
+            w.proc.join()
+        scores = p.score([constant], ["p"] * 4, list("abcd"))
+        assert scores.rewards == [[1.0] * 4] and scores.failures == []
+
+
+def test_a_worker_killed_while_starting_is_replaced():
+    with RewardPool(workers=1, timeout=5.0) as p:
+        os.kill(p._workers[0].proc.pid, signal.SIGKILL)
+        scores = p.score([constant], ["p"] * 2, ["a", "b"])
+        assert scores.rewards == [[1.0, 1.0]] and scores.failures == []
