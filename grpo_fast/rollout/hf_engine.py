@@ -1,8 +1,10 @@
 """Fallback rollout engine on transformers `generate`, for environments without vLLM.
 
 It generates with the trainer's own model object (shared, so `load_weights` has nothing to copy), in
-eval mode under `no_grad`. Sampling logprobs come from the processed scores (after temperature / top-p /
-top-k), like vLLM's `processed_logprobs`. Seeding is per call (`sampling.seed`), not per request.
+eval mode under `no_grad`; when the trainer's model is sharded over ranks (FSDP2), whose every forward is
+a collective, with a whole copy of its own that `load_weights` fills. Sampling logprobs come from the
+processed scores (after temperature / top-p / top-k), like vLLM's `processed_logprobs`. Seeding is per
+call (`sampling.seed`), not per request.
 """
 
 from __future__ import annotations
@@ -12,21 +14,32 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from grpo_fast.distributed.fsdp import is_sharded
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.rollout.weight_sync import trainer_weights
 
 
 class HFEngine(RolloutEngine):
     name = "hf"
     shares_trainer_model = True
 
-    def __init__(self, model, tokenizer, batch_size: int = 256) -> None:
+    def __init__(self, model, tokenizer, batch_size: int = 256, owns_model: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.shares_trainer_model = not owns_model
 
     @classmethod
     def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> HFEngine:
-        return cls(model, tokenizer)
+        if not is_sharded(model):
+            return cls(model, tokenizer)
+        from transformers import AutoModelForCausalLM
+
+        first = next(model.parameters())
+        copy = AutoModelForCausalLM.from_config(model.config, dtype=first.dtype).to(first.device)
+        engine = cls(copy.eval().requires_grad_(False), tokenizer, owns_model=True)
+        engine.load_weights(trainer_weights(model))  # every rank builds its engine at once: a collective gather
+        return engine
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingSpec) -> list[list[Completion]]:
@@ -92,6 +105,19 @@ class HFEngine(RolloutEngine):
         return [flat[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompt_token_ids))]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        # The engine generates with the trainer's model itself: nothing to copy.
+        """Copies `weights` into the engine's own model; a no-op when it generates with the trainer's model.
+        Every parameter of the engine's model must come, under its name (RuntimeError otherwise)."""
         t0 = time.perf_counter()
-        return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": 0.0, "sync/buckets": 0.0}
+        if self.shares_trainer_model:
+            return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": 0.0, "sync/buckets": 0.0}
+        params = dict(self.model.named_parameters())
+        pushed, nbytes = set(), 0
+        for name, tensor in weights:
+            if name not in params:
+                raise RuntimeError(f"weight sync: {name} is not a parameter of the hf engine's model")
+            params[name].data.copy_(tensor)
+            pushed.add(name)
+            nbytes += tensor.numel() * tensor.element_size()
+        if missing := sorted(set(params) - pushed):
+            raise RuntimeError(f"weight sync: no weights pushed for {len(missing)} parameter(s): {missing[:5]}")
+        return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(nbytes), "sync/buckets": 1.0}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_fast.trainer.policy import backbone
+from grpo_fast.trainer.policy import last_hidden
 
 PROBE_LENGTHS = (7, 5)
 
@@ -19,13 +19,14 @@ def packing_error(model: torch.nn.Module) -> str | None:
     device = next(model.parameters()).device
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = [torch.arange(3 + 11 * k, 3 + 11 * k + n, device=device) % vocab for k, n in enumerate(PROBE_LENGTHS)]
-    decoder = backbone(model)
     was_training = model.training
     model.eval()
     try:
-        alone = [_hidden(decoder, x[None], torch.arange(len(x), device=device)[None]) for x in ids]
+        alone = [
+            last_hidden(model, input_ids=x[None], position_ids=torch.arange(len(x), device=device)[None]) for x in ids
+        ]
         positions = torch.cat([torch.arange(len(x), device=device) for x in ids])[None]
-        packed = _hidden(decoder, torch.cat(ids)[None], positions)
+        packed = last_hidden(model, input_ids=torch.cat(ids)[None], position_ids=positions)
     except Exception as exc:  # noqa: BLE001 - any failure of the packed forward means: do not pack
         return f"the packed forward fails ({type(exc).__name__}: {exc})"
     finally:
@@ -40,8 +41,3 @@ def packing_error(model: torch.nn.Module) -> str | None:
             f"difference {diff:.2e} > {tolerance:.0e})"
         )
     return None
-
-
-def _hidden(decoder, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-    out = decoder(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]

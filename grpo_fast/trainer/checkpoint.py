@@ -21,13 +21,15 @@ import pickle
 import random
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from grpo_fast.distributed.context import Distributed
 
 logger = logging.getLogger(__name__)
 
@@ -99,51 +101,83 @@ def save_checkpoint(
     *,
     protect: Iterable[str | Path] = (),
     run_config: dict | None = None,
+    write_weights: Callable[[Path], None] | None = None,
+    dist: Distributed | None = None,
 ) -> Path:
     """Writes root/step-{step:06d} atomically; returns its path.
 
     trainer_state: tensors and plain Python values only (it must load with weights_only=True); the RNG
     states are added. keep: prune to the newest `keep` checkpoints, never deleting a path in `protect`.
-    run_config: JSON-able, written to train_config.json."""
+    run_config: JSON-able, written to train_config.json. write_weights(directory): writes the model's
+    weights (default: `model.save_pretrained`).
+
+    With several ranks (`dist`), every rank calls this: `write_weights` runs on every rank (a sharded
+    checkpoint's collective writes), everything else on rank 0, and the checkpoint is published only when
+    every rank's part succeeded; the directory must be on a file system all ranks share."""
+    dist = dist or Distributed()
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
-    tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = root / f".tmp-step-{step:06d}-{dist.broadcast(os.getpid())}"
+    if dist.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    failure = None
     try:
-        tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
-        if run_config is not None:
-            (tmp / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, sort_keys=True) + "\n")
-        (tmp / MANIFEST).write_text(json.dumps(_file_sizes(tmp), indent=1, sort_keys=True) + "\n")
-        _fsync_tree(tmp)  # the renames below must never publish a directory whose files are not on disk
+        if dist.is_main:
+            tmp.mkdir()
+        dist.barrier()
+        (write_weights or (lambda d: model.save_pretrained(d, safe_serialization=True)))(tmp)
+        if dist.is_main:
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+            torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
+            if run_config is not None:
+                (tmp / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, sort_keys=True) + "\n")
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing behind; earlier checkpoints untouched
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        failure = exc
+    failed = [rank for rank, ok in enumerate(dist.all_gather_ints(failure is None)) if not ok]
+    if not failed and dist.is_main:
+        try:
+            (tmp / MANIFEST).write_text(json.dumps(_file_sizes(tmp), indent=1, sort_keys=True) + "\n")
+            _fsync_tree(tmp)  # the renames below must never publish a directory whose files are not on disk
+        except BaseException as exc:
+            failure = exc
+    if dist.broadcast(failure is not None) and not failed:
+        failed = [0]
+    if failed:
+        if dist.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing; earlier checkpoints untouched
+        if failure is None:
+            raise RuntimeError(f"checkpoint of step {step} not written: rank(s) {failed} failed writing it")
+        if isinstance(failure, OSError) and failure.errno in (errno.ENOSPC, errno.EDQUOT):
             previous = latest_checkpoint(root)
             kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
             raise OSError(
-                exc.errno,
-                f"checkpoint of step {step} not written: no space left on the device of {root} ({exc}); {kept}. "
-                "Free disk space (run.keep_checkpoints keeps only the newest checkpoints) or move "
+                failure.errno,
+                f"checkpoint of step {step} not written: no space left on the device of {root} ({failure}); "
+                f"{kept}. Free disk space (run.keep_checkpoints keeps only the newest checkpoints) or move "
                 "run.output_dir, then resume.",
-            ) from exc
-        raise
+            ) from failure
+        raise failure
+    if dist.is_main:
+        _publish(tmp, final)
+        if keep is not None:
+            prune_checkpoints(root, keep, protect)
+    dist.barrier()
+    return final
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Renames the written `tmp` to `final`, replacing an earlier checkpoint of the same step."""
     if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
-        old = root / f".old-step-{step:06d}-{os.getpid()}"
+        old = final.parent / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old)
     else:
         os.replace(tmp, final)
-    _fsync(root)
-    if keep is not None:
-        prune_checkpoints(root, keep, protect)
-    return final
+    _fsync(final.parent)
 
 
 def prune_checkpoints(root: str | Path, keep: int, protect: Iterable[str | Path] = ()) -> list[Path]:

@@ -650,3 +650,14 @@ def load_tree(cls: type, source: str | Path | dict | None = None, overrides: lis
 
 def load_config(path: str | Path | dict | None = None, overrides: list[str] | None = None) -> TrainConfig:
     return load_tree(TrainConfig, path, overrides)
+
+
+def check_distributed_config(cfg: TrainConfig, world_size: int) -> None:
+    """ValueError naming the key for what a run of `world_size` > 1 processes cannot do."""
+    if cfg.run.prompts_per_step % world_size:
+        raise ValueError(
+            f"run.prompts_per_step: {cfg.run.prompts_per_step} prompts do not split evenly over {world_size} "
+            f"processes; use a multiple of {world_size} (each rank generates and trains on an equal share)"
+        )
+    if cfg.curriculum.every > 0:
+        raise ValueError("curriculum.every: the pass-rate curriculum runs in a single process only; set it to 0")

@@ -16,6 +16,8 @@ from collections import defaultdict
 
 import torch
 
+from grpo_fast.distributed.context import Distributed
+from grpo_fast.distributed.fsdp import full_tensor, is_sharded
 from grpo_fast.loss import fused_logprobs, grpo_loss
 from grpo_fast.loss.head import with_model_head
 from grpo_fast.sft.packing_check import packing_error
@@ -23,7 +25,7 @@ from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.entropy_control import AdaptiveEntropy
 from grpo_fast.trainer.importance import rollout_importance_weights
-from grpo_fast.trainer.micro_batches import packed_micro_batches, padded_micro_batches, sequence_lengths
+from grpo_fast.trainer.micro_batches import idle_copy, packed_micro_batches, padded_micro_batches, sequence_lengths
 from grpo_fast.trainer.policy import SequenceBatch, build_sequence_batch, lm_head_params
 from grpo_fast.trainer.prefix_sharing import prefix_sharing_error, shared_completion_hidden, worth_sharing
 from grpo_fast.trainer.rollout_phase import RolloutBatch
@@ -65,15 +67,26 @@ class LossStep:
     forward; the micro-batch loop reads nothing back, and the metrics stay on the device until one read at
     the end of the step."""
 
-    def __init__(self, config: TrainConfig, model, optimizer, scheduler, pad_token_id: int) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        model,
+        optimizer,
+        scheduler,
+        pad_token_id: int,
+        dist: Distributed | None = None,
+        ref_model=None,
+    ) -> None:
         self.config, self.model, self.optimizer, self.scheduler = config, model, optimizer, scheduler
+        self.dist = dist or Distributed()
+        self.sharded = is_sharded(model)
         self.loss_config = with_model_head(config.loss_config(), model)  # the model's logit scale / soft cap
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
         self.autocast = self.device.type == "cuda" and config.run.bf16 in ("auto", "true")
         self.head_dtype = torch.bfloat16 if self.autocast else None
-        self.ref_model = None
-        if config.loss.beta > 0 and not hasattr(model, "disable_adapter"):
+        self.ref_model = ref_model
+        if ref_model is None and config.loss.beta > 0 and not hasattr(model, "disable_adapter"):
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self._packing: bool | None = None
         self._sharing_error: str | None = None
@@ -106,7 +119,7 @@ class LossStep:
         """Whether this batch's micro-batches run each group's prompt once (run.share_prompt; "auto": when
         the prompt-sharing probe passes, asked once, and `worth_sharing` expects a saving for the batch)."""
         mode = self.config.run.share_prompt
-        if mode == "false":
+        if mode == "false" or self.sharded:  # two backbone passes per micro-batch: not through FSDP's root
             return False
         if not self._sharing_probed:
             self._sharing_error, self._sharing_probed = prefix_sharing_error(self.model), True
@@ -126,14 +139,21 @@ class LossStep:
 
     def micro_batches(self, batch: SequenceBatch) -> list:
         """The batch's micro-batches on the device (see grpo_fast.trainer.micro_batches): whole groups
-        sharing their prompt's forward when `shares_prompts`, else packed when `packing`, else padded."""
+        sharing their prompt's forward when `shares_prompts`, else packed when `packing`, else padded; with
+        several ranks, topped up with idle copies to the most any rank has."""
         run = self.config.run
         if self.shares_prompts(batch):
-            return padded_micro_batches(batch, self.group_rows()[0], self.device, shared_completion_hidden)
-        if not self.packing:
-            return padded_micro_batches(batch, run.micro_batch_size, self.device)
-        budget = run.micro_batch_tokens or run.micro_batch_size * batch.input_ids.shape[1]
-        return [mb for mb in packed_micro_batches(batch, budget, self.device) if mb.completion_ids.numel()]
+            plan = padded_micro_batches(batch, self.group_rows()[0], self.device, shared_completion_hidden)
+        elif not self.packing:
+            plan = padded_micro_batches(batch, run.micro_batch_size, self.device)
+        else:
+            budget = run.micro_batch_tokens or run.micro_batch_size * batch.input_ids.shape[1]
+            plan = [mb for mb in packed_micro_batches(batch, budget, self.device) if mb.completion_ids.numel()]
+        if self.dist.enabled:
+            most = max(self.dist.all_gather_ints(len(plan)))
+            filler = plan[0] if plan else padded_micro_batches(batch, 1, self.device)[0]
+            plan += [idle_copy(filler) for _ in range(most - len(plan))]
+        return plan
 
     # -- forward passes ---------------------------------------------------------------------------------
 
@@ -160,11 +180,16 @@ class LossStep:
         was_training = model.training
         model.eval()
         try:
-            weight, bias = self.head(model)
+            weight = bias = None
             out = torch.zeros(batch.completion_ids.shape, device=self.device)
             for mb in self.micro_batches(batch) if plan is None else plan:
+                hidden = self.forward_hidden(model, mb)
+                if weight is None or self.sharded:  # a sharded root's head exists whole after its forward
+                    weight, bias = self.head(model)
+                if mb.idle:
+                    continue
                 lp = fused_logprobs(
-                    self.forward_hidden(model, mb),
+                    hidden,
                     weight,
                     mb.completion_ids,
                     temperature=self.loss_config.temperature,
@@ -187,6 +212,15 @@ class LossStep:
 
     # -- the step ---------------------------------------------------------------------------------------
 
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """[B] advantages of this rank's [B] rewards (whole groups). With several ranks they are computed on
+        every rank's rewards (equal shares, in rank order), so "batch" scaling sees the whole batch."""
+        everyone = self.dist.all_gather_equal(rewards)
+        cfg = self.config
+        advantages, _ = group_advantages(everyone, cfg.rollout.num_generations, cfg.grpo.scale_rewards)
+        n = rewards.numel()
+        return advantages[self.dist.rank * n : (self.dist.rank + 1) * n]
+
     def train_on_batch(self, rollout: RolloutBatch) -> dict[str, float]:
         """num_iterations optimizer steps on the batch; returns the loss metrics (TRL's names), grad norm,
         lr, trained tokens and the rollout/trainer logprob mismatch.
@@ -200,7 +234,7 @@ class LossStep:
         batch = build_sequence_batch(rollout.prompt_ids, [c.token_ids for c in comps], self.pad_token_id)
         if cfg.grpo.mask_truncated_completions:
             batch.completion_mask[torch.tensor([c.truncated for c in comps])] = False
-        advantages, _ = group_advantages(rollout.rewards, cfg.rollout.num_generations, cfg.grpo.scale_rewards)
+        advantages = self.advantages(rollout.rewards)
         check_step_inputs(batch, advantages, lm_head_params(self.model)[0].shape[0])
         rollout_lp = torch.zeros(batch.completion_ids.shape)
         for i, c in enumerate(comps):
@@ -229,6 +263,7 @@ class LossStep:
         measure_from = rollout_lp if has_rollout_lp and not recompute else None
 
         agg: dict[str, list[torch.Tensor]] = defaultdict(list)
+        real = sum(not mb.idle for mb in plan)
         grad_norms = []
         skipped = 0
         last = cfg.grpo.num_iterations - 1
@@ -242,16 +277,22 @@ class LossStep:
                 batch, advantages, old, ref_lp, is_weights, agg, current, plan, entropy_coef=coef
             )
             if control is not None:  # TRL's update at the optimizer-step boundary (one read of the device)
-                control.update(float(entropy_sum), float(entropy_tokens))
+                entropy_sum = self.dist.sum(
+                    torch.stack([entropy_sum.float(), torch.tensor(entropy_tokens, device=device, dtype=torch.float)])
+                )
+                control.update(float(entropy_sum[0]), float(entropy_sum[1]))
             if current is not None:
                 stats.update(mismatch_metrics(current, measure_from, mask))
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm).to(device)
-            grad_norms.append(norm)
-            finite = torch.isfinite(norm) & torch.isfinite(torch.stack(agg["loss"][-len(plan) :]).sum())
+            norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm))
+            grad_norms.append(norm.to(device))
+            losses = agg["loss"][len(agg["loss"]) - real :]  # this update's
+            loss_sum = torch.stack(losses).sum() if losses else torch.zeros((), device=device)
+            finite = torch.isfinite(norm) & torch.isfinite(self.dist.sum(loss_sum))
             if iteration < last:  # an extra read only when num_iterations > 1
                 ok = bool(finite)
             else:  # the last update's flag comes with the step's one read of the metrics
-                stats["loss"] = torch.stack(agg.pop("loss")).sum() / cfg.grpo.num_iterations
+                losses = agg.pop("loss", [])
+                stats["loss"] = (torch.stack(losses).sum() if losses else loss_sum) / cfg.grpo.num_iterations
                 for k, v in agg.items():
                     stats[k] = torch.stack(v).mean()
                 stats["grad_norm"] = torch.stack(grad_norms).mean()
@@ -275,8 +316,8 @@ class LossStep:
             out["entropy_coef"] = self.entropy_control.coef
         out["train_tokens"] = float(batch.attention_mask.sum()) * cfg.grpo.num_iterations
         out["completion/padded_width"] = float(batch.completion_ids.shape[1])
-        out["train/micro_batches"] = float(len(plan))
-        out["train/backbone_tokens"] = float(sum(mb.input_ids.numel() for mb in plan))
+        out["train/micro_batches"] = float(real)
+        out["train/backbone_tokens"] = float(sum(mb.input_ids.numel() for mb in plan if not mb.idle))
         return out
 
     def accumulate_gradients(
@@ -306,25 +347,32 @@ class LossStep:
         micro-batch's own tokens weighted like a micro-batch (TRL: / gradient_accumulation_steps; here
         rows / B, the same for equal-row micro-batches): its coefficient becomes coef * (rows / B) / share.
         `entropy_coef` overrides the loss config's (the adaptive-entropy controller's current value).
-        Returns (Σ entropy over the batch's active tokens as a device tensor, their count): what the
-        adaptive-entropy controller measures."""
+        Returns (Σ entropy over the batch's active tokens as a device tensor, their count; this rank's):
+        what the adaptive-entropy controller measures."""
         plan = self.micro_batches(batch) if plan is None else plan
         agg = defaultdict(list) if agg is None else agg
         row_tokens = batch.completion_mask.sum(1).tolist()
         n_rows, num_items = len(row_tokens), sum(row_tokens)
+        if self.dist.enabled:  # the whole batch's rows and tokens: every rank's (each holds an equal share)
+            n_rows, num_items = self.dist.sum(torch.tensor([n_rows, num_items])).tolist()
         reduction = self.loss_config.loss_spec.reduction
         coef = self.loss_config.entropy_coef if entropy_coef is None else entropy_coef
         device = self.device
-        weight, bias = self.head(self.model)
+        weight = bias = None
         entropy_sum = torch.zeros((), device=device)
         for mb in plan:
+            hidden = self.forward_hidden(self.model, mb)
+            if weight is None or self.sharded:  # a sharded root's head exists whole after its forward
+                weight, bias = self.head(self.model)
+            if mb.idle:  # joins the ranks' collectives; contributes nothing
+                (hidden.sum() * 0.0 + weight.sum() * 0.0).backward()
+                continue
             rows, tokens = mb.num_rows, sum(row_tokens[i] for i in mb.row_list)
             share = reduction.micro_batch_share(rows, n_rows, tokens, num_items)
             config = self.loss_config
             if coef != 0.0 or config.entropy_coef != 0.0:
                 mb_coef = coef * (rows / max(n_rows, 1)) / share if share else 0.0
                 config = dataclasses.replace(config, entropy_coef=mb_coef)
-            hidden = self.forward_hidden(self.model, mb)
             loss, metrics = grpo_loss(
                 hidden,
                 weight,
@@ -355,9 +403,10 @@ class LossStep:
                         bias=None if bias is None else bias.detach(),
                     )
                 mb.scatter(current_logprobs, lp.float())
-            loss.backward()
+            # FSDP averages the ranks' gradients of their shares of the batch's loss: scale to the sum.
+            (loss * self.dist.world_size if self.dist.enabled else loss).backward()
             agg["loss"].append(loss.detach())
             entropy_sum = entropy_sum + metrics["entropy"].detach().float() * tokens
             for k, v in metrics.items():
                 agg[k].append(v)
-        return entropy_sum, num_items
+        return entropy_sum, sum(row_tokens)

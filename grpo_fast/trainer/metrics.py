@@ -88,14 +88,20 @@ def write_jsonl(path: str | Path, records: list[dict]) -> None:
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str | Path, tensorboard: bool = True, filename: str = "metrics.jsonl") -> None:
-        self.path = Path(output_dir) / filename
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    """metrics.jsonl (and TensorBoard) under `output_dir`; output_dir None keeps the history in memory only
+    (the ranks other than 0 of a multi-process run)."""
+
+    def __init__(
+        self, output_dir: str | Path | None, tensorboard: bool = True, filename: str = "metrics.jsonl"
+    ) -> None:
+        self.path = None if output_dir is None else Path(output_dir) / filename
         self.history: list[dict] = []
-        if self.path.exists():  # resumed run: keep the earlier steps (plots cover the whole run)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path is not None and self.path.exists():  # resumed run: keep the earlier steps (plots cover it all)
             self.history = read_jsonl(self.path)
         self._tb = None
-        if tensorboard:
+        if tensorboard and self.path is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -106,11 +112,14 @@ class MetricsLogger:
     def truncate_after(self, step: int) -> None:
         """Drops records past `step` (a resumed run re-logs them), and a partly written last line."""
         self.history = [r for r in self.history if r.get("step", 0) <= step]
-        write_jsonl(self.path, self.history)
+        if self.path is not None:
+            write_jsonl(self.path, self.history)
 
     def log(self, step: int, metrics: dict) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self.history.append(record)
+        if self.path is None:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self._tb is not None:

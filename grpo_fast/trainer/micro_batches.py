@@ -17,17 +17,21 @@ the matching layout:
 Either way, sequence i's completion tokens predicted from its hidden states are the same, so the
 accumulated gradient equals one `grpo_loss` on the whole batch (the loss step scales each micro-batch by
 its share of the batch's normaliser).
+
+With several ranks (torchrun), every rank must run as many micro-batches as the others (each forward and
+backward of an FSDP-sharded model is a collective): a rank with fewer runs `idle_copy`s of one of its own.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from grpo_fast.sft.batching import pack
-from grpo_fast.trainer.policy import SequenceBatch, backbone, completion_hidden
+from grpo_fast.trainer.policy import SequenceBatch, completion_hidden, last_hidden
 
 
 @dataclass
@@ -39,6 +43,7 @@ class PaddedMicroBatch:
     index: slice
     forward: Callable = completion_hidden
     cu_seqlens = None
+    idle = False
 
     @property
     def row_list(self) -> range:
@@ -92,6 +97,7 @@ class PackedMicroBatch:
     cu_seqlens: torch.Tensor
     local_index: torch.Tensor
     width: int
+    idle = False
 
     @property
     def row_list(self) -> list[int]:
@@ -102,9 +108,7 @@ class PackedMicroBatch:
         return len(self.rows)
 
     def hidden(self, model) -> torch.Tensor:
-        out = backbone(model)(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=False)
-        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
-        return hidden[0, self.source]
+        return last_hidden(model, input_ids=self.input_ids, position_ids=self.position_ids)[0, self.source]
 
     def tokens(self, values: torch.Tensor, device) -> torch.Tensor:
         """This micro-batch's share of a [B, T] (per token, -> [N]) or [B] (per sequence, -> [b]) tensor."""
@@ -116,6 +120,15 @@ class PackedMicroBatch:
         mine = out[self.rows_index]
         mine.view(-1)[self.local_index] = values
         out[self.rows_index] = mine
+
+
+def idle_copy(micro_batch):
+    """A copy of `micro_batch` marked idle: run by a rank that has fewer micro-batches than the others, so
+    that every rank joins each of FSDP's collectives. The loss step runs its forward and backward with the
+    loss multiplied by 0, and writes back or logs nothing of it."""
+    idle = copy.copy(micro_batch)
+    idle.idle = True
+    return idle
 
 
 def sequence_lengths(batch: SequenceBatch) -> tuple[list[int], list[int]]:

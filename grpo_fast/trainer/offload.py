@@ -54,9 +54,7 @@ class TrainerStateOffloader:
         self.ref_model = ref_model
         self.offload_ref_model = ref_model is not None and self.enabled
         self._pinned: dict[tuple, torch.Tensor] = {}
-        # What the last offload moved: (state dict, key, device) and (parameter, device).
-        self._moved_state: list[tuple[dict, object, torch.device]] = []
-        self._moved_params: list[tuple[torch.nn.Parameter, torch.device]] = []
+        self._moved: list[tuple[torch.Tensor, torch.device]] = []  # what the last offload moved, from where
         self.offloaded = False
 
     def _to_cpu(self, key, t: torch.Tensor) -> torch.Tensor:
@@ -69,40 +67,47 @@ class TrainerStateOffloader:
     @torch.no_grad()
     def offload(self) -> None:
         """Optimizer state (+ parameters, + the reference model's) -> pinned CPU; gradients dropped; CUDA
-        cache emptied."""
+        cache emptied. A tensor sharded over ranks (an FSDP2 DTensor) moves its own shard, under the same
+        DTensor."""
         if not self.enabled or self.offloaded:
             return
         self.optimizer.zero_grad(set_to_none=True)
         for i, p in enumerate(self.model.parameters()):
             state = self.optimizer.state.get(p, {}) if self.offload_optimizer else {}
             for key, value in state.items():
-                if torch.is_tensor(value) and value.is_cuda:
-                    self._moved_state.append((state, key, value.device))
-                    state[key] = self._to_cpu(("opt", i, key), value)
-            if self.offload_params and p.is_cuda:
-                self._moved_params.append((p, p.device))
-                p.data = self._to_cpu(("param", i), p.data)
+                if torch.is_tensor(value):
+                    self._move_to_cpu(("opt", i, key), value)
+            if self.offload_params:
+                self._move_to_cpu(("param", i), p)
         if self.offload_ref_model:
             for i, p in enumerate(self.ref_model.parameters()):
-                if p.is_cuda:
-                    self._moved_params.append((p, p.device))
-                    p.data = self._to_cpu(("ref", i), p.data)
+                self._move_to_cpu(("ref", i), p)
         # The device->host copies are asynchronous: wait for them before the GPU blocks are reused.
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         self.offloaded = True
+
+    def _move_to_cpu(self, key, tensor: torch.Tensor) -> None:
+        """Points the tensor (its local shard for a DTensor) at a pinned CPU copy, remembering its device;
+        every holder of the tensor object sees the move."""
+        local = _local_shard(tensor)
+        if local.is_cuda:
+            self._moved.append((local, local.device))
+            local.data = self._to_cpu(key, local.data)
 
     @torch.no_grad()
     def reload(self) -> None:
         """Brings back exactly what `offload` moved, each tensor to its original device."""
         if not self.enabled or not self.offloaded:
             return
-        for p, device in self._moved_params:
-            p.data = p.data.to(device, non_blocking=True)
-        for state, key, device in self._moved_state:
-            state[key] = state[key].to(device, non_blocking=True)
-        self._moved_params.clear()
-        self._moved_state.clear()
+        for tensor, device in self._moved:
+            tensor.data = tensor.data.to(device, non_blocking=True)
+        self._moved.clear()
         # The pinned sources are overwritten by the next offload: finish the host->device copies first.
         torch.cuda.synchronize()
         self.offloaded = False
+
+
+def _local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (the tensor this rank holds), any other tensor itself."""
+    return tensor._local_tensor if hasattr(tensor, "_local_tensor") else tensor

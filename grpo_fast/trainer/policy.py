@@ -109,15 +109,23 @@ def lm_head_params(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]
     return head.weight, getattr(head, "bias", None)
 
 
+def last_hidden(model: nn.Module, **inputs) -> torch.Tensor:
+    """The backbone's last hidden states [b, L, H] for `inputs` (input_ids, position_ids, attention_mask).
+    A model sharded with FSDP2 runs through its root forward instead, with the head computing no logits
+    (grpo_fast.distributed.fsdp.root_forward_hidden)."""
+    from grpo_fast.distributed.fsdp import is_sharded, root_forward_hidden
+
+    if is_sharded(model):
+        return root_forward_hidden(model, backbone(model), **inputs)
+    out = backbone(model)(**inputs, use_cache=False)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
 def completion_hidden(model: nn.Module, batch: SequenceBatch) -> torch.Tensor:
     """[B, T, H] last hidden states at the positions that predict completion_ids[:, t]."""
-    out = backbone(model)(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
+    hidden = last_hidden(
+        model, input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
     )
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     p, t = batch.prompt_width, batch.completion_ids.shape[1]
     return hidden[:, p - 1 : p - 1 + t]
 

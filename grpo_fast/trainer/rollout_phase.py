@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_fast.distributed.context import Distributed
 from grpo_fast.rewards.length import soft_overlong_penalty
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 from grpo_fast.trainer.advantages import group_advantages
@@ -135,19 +136,32 @@ class RolloutPhase:
         rewards: RewardSet,
         sampler: PromptSampler,
         stop_ids: tuple[int, ...],
+        dist: Distributed | None = None,
     ) -> None:
         self.config, self.rows, self.prompts, self.rewards, self.sampler = config, rows, prompts, rewards, sampler
         self.stop_ids = stop_ids
+        self.dist = dist or Distributed()
 
     def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
+        """This rank's share of the step's batch: run.prompts_per_step / world_size groups.
+
+        Every rank holds the same prompt sampler. Each round, the ranks exchange how many groups each still
+        needs, draw that many prompts in total, and each takes its slice in rank order; request i of the
+        round (counted over all ranks) is seeded as in a single process, so the ranks together generate what
+        one process would, split by rank."""
         cfg, g = self.config, self.config.rollout.num_generations
-        want = cfg.run.prompts_per_step
+        want = cfg.run.prompts_per_step // self.dist.world_size
         kept, spare, generated, generated_rows, rewards_all, per_func_all = [], [], [], [], [], []
         times, failures = Counter(), Counter()
         rounds = 0
         while True:
-            index = self.sampler.next(want - len(kept) if rounds else want)
-            seed = (cfg.run.seed * 1_000_003 + step * 10_007 + rounds * 101) * 1000
+            needed = self.dist.all_gather_ints(want - len(kept))
+            if not sum(needed):
+                break
+            drawn = self.sampler.next(sum(needed))
+            offset = sum(needed[: self.dist.rank])
+            index = drawn[offset : offset + needed[self.dist.rank]]
+            seed = (cfg.run.seed * 1_000_003 + step * 10_007 + rounds * 101) * 1000 + offset * g
             prompt_ids, flat, per_func, rewards = self._generate_and_score(engine, index, seed, step, times, failures)
             generated += flat
             generated_rows += [i for i in index for _ in range(g)]
@@ -159,7 +173,7 @@ class RolloutPhase:
                     spare.append(group)
                 else:
                     kept.append(group)
-            if not cfg.grpo.dynamic_sampling or len(kept) >= want or rounds >= cfg.grpo.max_resample_rounds:
+            if not cfg.grpo.dynamic_sampling or rounds >= cfg.grpo.max_resample_rounds:
                 break
             rounds += 1
         # Out of rounds: fill up with zero-variance groups (advantage 0, they still count in dapo's normaliser).
@@ -192,6 +206,8 @@ class RolloutPhase:
         scored: (prompt ids [P], completions [P*G], per-function rewards [P*G, F], combined rewards with the
         overlong penalty [P*G]); adds the seconds spent to `times` and the verifier failures to `failures`."""
         cfg, n = self.config, self.config.rollout.num_generations
+        if not index:  # this rank has its groups; the others resample
+            return [], [], torch.zeros(0, len(self.rewards.names)), torch.zeros(0)
         prompt_ids = self.prompts.encode_rows(self.rows, index, cache=True)
         state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
         chunk = max(1, -(-len(index) // cfg.reward.overlap_chunks))

@@ -9,6 +9,7 @@ held-out evaluation, checkpoints and metrics.
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import shutil
@@ -20,12 +21,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from grpo_fast.distributed.checkpoint import (
+    SHARDED_DIR,
+    full_model_state,
+    load_full_checkpoint,
+    load_sharded,
+    save_sharded,
+)
+from grpo_fast.distributed.context import init_distributed
+from grpo_fast.distributed.fsdp import shard_policy
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
 from grpo_fast.rollout.registry import create_engine
 from grpo_fast.rollout.weight_sync import trainer_weights
 from grpo_fast.trainer import checkpoint as ckpt
 from grpo_fast.trainer.audit import AuditTrail
-from grpo_fast.trainer.config import TrainConfig
+from grpo_fast.trainer.config import TrainConfig, check_distributed_config
 from grpo_fast.trainer.curriculum import PassRateCurriculum
 from grpo_fast.trainer.data_sampler import PromptSampler
 from grpo_fast.trainer.health import HealthMonitor
@@ -39,6 +49,17 @@ from grpo_fast.trainer.rollout_phase import PromptEncoder, RolloutPhase, stop_to
 from grpo_fast.trainer.scoring import RewardSet, TrainerState
 
 logger = logging.getLogger(__name__)
+
+
+SUMMED_METRICS = (
+    "loss",
+    "train_tokens",
+    "train/micro_batches",
+    "train/backbone_tokens",
+    "tokens_per_second/*",
+    "reward/*/failures",
+)
+"""The step metrics that add up over ranks (the others are averaged, times and memory the slowest rank's)."""
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -78,11 +99,20 @@ class GRPOTrainer:
         from grpo_fast.trainer.policy import load_policy
 
         self.config = cfg = config or TrainConfig()
+        self.dist = init_distributed()
+        if self.dist.enabled:
+            check_distributed_config(cfg, self.dist.world_size)
         set_seed(cfg.run.seed)
         if isinstance(model, str):
             cfg.model.path = cfg.model.path or model
             check_model_path(model)
             model = load_policy(cfg.model, model)
+        ref_model = None
+        if self.dist.enabled:
+            device = torch.device("cuda", self.dist.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+            if cfg.loss.beta > 0:  # the frozen reference, sharded like the policy
+                ref_model = shard_policy(copy.deepcopy(model).eval().requires_grad_(False), device)
+            model = shard_policy(model, device)
         self.model = model
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.path or model.name_or_path)
         if self.tokenizer.pad_token_id is None:  # a tokenizer passed in
@@ -103,7 +133,9 @@ class GRPOTrainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = build_optimizer(model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.run.max_steps * cfg.grpo.num_iterations)
-        self.loss_step = LossStep(cfg, model, self.optimizer, self.scheduler, self.tokenizer.pad_token_id)
+        self.loss_step = LossStep(
+            cfg, model, self.optimizer, self.scheduler, self.tokenizer.pad_token_id, self.dist, ref_model
+        )
         self.offloader = TrainerStateOffloader(
             model,
             self.optimizer,
@@ -117,7 +149,9 @@ class GRPOTrainer:
             self.tokenizer, cfg.data, max_tokens=cfg.rollout.max_model_len - cfg.rollout.max_completion_length
         )
         self.stop_ids = stop_token_ids(self.tokenizer, cfg.rollout.stop)
-        self.rollout = RolloutPhase(cfg, self.train_rows, self.prompts, self.rewards, self.sampler, self.stop_ids)
+        self.rollout = RolloutPhase(
+            cfg, self.train_rows, self.prompts, self.rewards, self.sampler, self.stop_ids, self.dist
+        )
         self.step = 0
         self.timers: dict[str, float] = defaultdict(float)
         self.metrics: MetricsLogger | None = None
@@ -155,9 +189,28 @@ class GRPOTrainer:
         if self.config.model.path:
             return self.config.model.path
         path = self.output_dir / "rollout_init"
-        self.model.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        self._write_hf_model(path)
+        if self.dist.is_main:
+            self.tokenizer.save_pretrained(path)
+        self.dist.barrier()
         return str(path)
+
+    def _write_weights(self, directory: Path) -> None:
+        """A checkpoint's weights under `directory`: the model in Hugging Face format; with several ranks, also
+        the model and optimizer shards (grpo_fast.distributed.checkpoint). Every rank must call it."""
+        if self.dist.enabled:
+            save_sharded(directory / SHARDED_DIR, self.model, self.optimizer)
+        self._write_hf_model(directory)
+
+    def _write_hf_model(self, directory: Path) -> None:
+        """The whole model in Hugging Face format under `directory` (a sharded one gathered parameter by
+        parameter onto rank 0's CPU, which writes it). Every rank must call it."""
+        if not self.dist.enabled:
+            self.model.save_pretrained(directory, safe_serialization=True)
+            return
+        full = full_model_state(self.model)
+        if self.dist.is_main:
+            self.model.save_pretrained(directory, state_dict=full, safe_serialization=True)
 
     def close(self) -> None:
         """Stop the reward worker processes, and the rollout engine when the trainer built it."""
@@ -190,7 +243,15 @@ class GRPOTrainer:
         if not self.eval_rows:
             return {}
         self._ensure_engine()
-        ids = self.prompts.encode_rows(self.eval_rows, list(range(len(self.eval_rows))), cache=False)
+        rows = self.eval_rows[self.dist.rank :: self.dist.world_size]  # this rank's share
+        correct, total = self._score_greedy(rows) if rows else (torch.zeros(()), torch.zeros(()))
+        correct, total = self.dist.sum(torch.stack([correct, total]).cpu())
+        n = len(self.eval_rows)
+        return {"eval/accuracy": float(correct) / n, "eval/reward_mean": float(total) / n}
+
+    def _score_greedy(self, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(how many of `rows` reach their full reward, the sum of their rewards), greedy decoding."""
+        ids = self.prompts.encode_rows(rows, list(range(len(rows))), cache=False)
         spec = SamplingSpec(
             n=1,
             max_tokens=self.config.rollout.max_completion_length,
@@ -201,13 +262,11 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         outs = [group[0] for group in self.engine.generate(ids, spec)]
         state = TrainerState(global_step=self.step, max_steps=self.config.run.max_steps)
-        scored = self.rewards.submit(self.eval_rows, [c.text for c in outs], [c.token_ids for c in outs], state)
+        scored = self.rewards.submit(rows, [c.text for c in outs], [c.token_ids for c in outs], state)
         rewards = self.rewards.combine(scored.result().per_func)
         self.timers["eval"] += time.perf_counter() - t0
-        return {
-            "eval/accuracy": float((rewards >= self.rewards.full_rewards(self.eval_rows) - 1e-6).float().mean()),
-            "eval/reward_mean": float(torch.nan_to_num(rewards, nan=0.0).mean()),
-        }
+        solved = (rewards >= self.rewards.full_rewards(rows) - 1e-6).float().sum()
+        return solved, torch.nan_to_num(rewards, nan=0.0).float().sum()
 
     # -- checks before, during and after the run -------------------------------------------------------
 
@@ -227,7 +286,7 @@ class GRPOTrainer:
         for alarm in alarms:
             metrics[f"health/{alarm.name}"] = 1.0
         metrics["health/alarms_total"] = float(len(self.health.alarms))
-        if cfg.audit_every and self.step % cfg.audit_every == 0 and self.last_rollout is not None:
+        if self.audit and cfg.audit_every and self.step % cfg.audit_every == 0 and self.last_rollout is not None:
             self.audit.record(self.step, self.last_rollout, self.train_rows, self.rewards.names)
         return any(alarm.name in cfg.stop_on for alarm in alarms)
 
@@ -241,13 +300,14 @@ class GRPOTrainer:
         memory; `resume` puts each tensor back on its parameter's device."""
         state = {
             "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "sampler": self.sampler.state_dict(),
             "curriculum": self.curriculum.state_dict(),
             "timers": dict(self.timers),
             "skipped_steps": self.skipped_steps,
         }
+        if not self.dist.enabled:  # with several ranks, the optimizer is in the sharded state
+            state["optimizer"] = self.optimizer.state_dict()
         if self.loss_step.entropy_control is not None:  # grpo.use_adaptive_entropy's coefficient (TRL saves it too)
             state["entropy_control"] = self.loss_step.entropy_control.state_dict()
         return ckpt.save_checkpoint(
@@ -259,6 +319,8 @@ class GRPOTrainer:
             self.config.run.keep_checkpoints,
             protect=[self.resumed_from] if self.resumed_from else [],
             run_config=self.run_signature(),
+            write_weights=self._write_weights,
+            dist=self.dist,
         )
 
     def run_signature(self) -> dict:
@@ -281,8 +343,13 @@ class GRPOTrainer:
     def _load_checkpoint(self, path: Path) -> None:
         """The loading half of `resume` (its config already checked)."""
         state = ckpt.load_trainer_state(path)  # before the weights: a refused checkpoint changes nothing
-        ckpt.load_model_weights(self.model, path)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if (path / SHARDED_DIR).is_dir():  # written by several ranks: any world size loads it
+            load_sharded(path / SHARDED_DIR, self.model, self.optimizer)
+        elif self.dist.enabled:
+            load_full_checkpoint(self.model, self.optimizer, path, state["optimizer"])
+        else:
+            ckpt.load_model_weights(self.model, path)
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.sampler.load_state_dict(state["sampler"])
         self.curriculum.load_state_dict(state.get("curriculum", {"pass_rates": {}}))
@@ -297,7 +364,11 @@ class GRPOTrainer:
 
     def _prepare_output_dir(self) -> Path | None:
         """Before the engine starts: the checkpoint to resume from (run.resume), its config checked; or, for
-        a fresh start, the output directory cleared of an earlier run (run.overwrite) or refused."""
+        a fresh start, the output directory cleared of an earlier run (run.overwrite) or refused. Decided
+        and done by rank 0."""
+        return self.dist.run_on_main(self._prepare_output_dir_here)
+
+    def _prepare_output_dir_here(self) -> Path | None:
         run = self.config.run
         self.output_dir.mkdir(parents=True, exist_ok=True)
         path = ckpt.latest_checkpoint(self.output_dir / "checkpoints") if run.resume else None
@@ -324,7 +395,7 @@ class GRPOTrainer:
     def train(self) -> dict:
         """Runs `run.max_steps` steps (continuing a checkpoint with run.resume); returns the final metrics."""
         cfg = self.config
-        fresh_dir = not self.output_dir.exists()
+        fresh_dir = self.dist.run_on_main(lambda: not self.output_dir.exists())
         resume_from = self._prepare_output_dir()  # refusals come before the engine starts
         try:
             # The engine first: starting vLLM reseeds the global RNGs (set_random_seed), which would overwrite
@@ -336,11 +407,13 @@ class GRPOTrainer:
         except BaseException:
             self._remove_unstarted_outputs(fresh_dir)
             raise
-        self.metrics = MetricsLogger(self.output_dir, tensorboard=cfg.run.tensorboard)
+        main = self.dist.is_main  # rank 0 writes the run's files; the others keep the metrics in memory
+        self.metrics = MetricsLogger(self.output_dir if main else None, tensorboard=cfg.run.tensorboard)
         self.metrics.truncate_after(self.step)
-        self.audit = AuditTrail(self.output_dir, cfg.health.audit_samples)
-        self.audit.truncate_after(self.step)
-        bar = _progress(cfg.run.max_steps, self.step, cfg.run.progress)
+        self.audit = AuditTrail(self.output_dir, cfg.health.audit_samples) if main else None
+        if self.audit:
+            self.audit.truncate_after(self.step)
+        bar = _progress(cfg.run.max_steps, self.step, cfg.run.progress and main)
         last: dict = {}
         stop = False
         if self.eval_rows and self.step == 0 and cfg.run.eval_every > 0:
@@ -379,20 +452,21 @@ class GRPOTrainer:
             bar.close()
         if cfg.run.save_final and not stop:
             self.save()
-        if cfg.run.plots:
+        if cfg.run.plots and main:
             from grpo_fast.trainer.plots import save_plots
 
             save_plots(self.metrics.history, self.output_dir / "plots")
-        write_report(
-            self.output_dir, self.metrics.history, self.health.alarms, self.audit.records, self.preflight_report
-        )
+        if main:
+            write_report(
+                self.output_dir, self.metrics.history, self.health.alarms, self.audit.records, self.preflight_report
+            )
         self.metrics.close()
         return last
 
     def _remove_unstarted_outputs(self, fresh_dir: bool) -> None:
         """A run whose engine failed to start leaves no outputs: the exported rollout_init/ goes, and so does
         run.output_dir when this run created it and nothing else is in it."""
-        if not fresh_dir:
+        if not fresh_dir or not self.dist.is_main:
             return
         shutil.rmtree(self.output_dir / "rollout_init", ignore_errors=True)
         try:
@@ -453,6 +527,7 @@ class GRPOTrainer:
         out.update(mem)
         out["sync/bytes"] = sync.get("sync/bytes", 0.0)
         out["tokens_per_second/train"] = stats["train_tokens"] / max(t_train, 1e-9)
+        out = self.dist.reduce_metrics(out, sums=SUMMED_METRICS, maxes=("time/*", "mem/*"))
         for callback in self.callbacks:
             callback(self, rollout, out)
         return out

@@ -1,0 +1,127 @@
+"""The process group a run belongs to: one process (world size 1, no collectives) or one rank of a
+`torchrun` launch (WORLD_SIZE > 1 in the environment: NCCL on GPUs, gloo on CPU).
+
+Everything the trainer needs across ranks goes through `Distributed`, so the single-process trainer runs
+the same code with every collective a no-op."""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """rank / world_size of this process; local_rank: its index on the node (the GPU it drives)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def all_gather_ints(self, value: int) -> list[int]:
+        """Every rank's `value`, in rank order."""
+        if not self.enabled:
+            return [value]
+        out: list[int | None] = [None] * self.world_size
+        dist.all_gather_object(out, int(value))
+        return [int(v) for v in out]
+
+    def all_gather_equal(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The ranks' `tensor`s (same shape on every rank) concatenated along dim 0, in rank order."""
+        if not self.enabled:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Σ over ranks of a tensor (a new tensor; the argument is left as it was)."""
+        if not self.enabled:
+            return tensor
+        out = tensor.detach().clone()
+        dist.all_reduce(out)
+        return out
+
+    def broadcast(self, value):
+        """Rank 0's `value` (any picklable object) on every rank."""
+        if not self.enabled:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def run_on_main(self, fn: Callable[[], T]) -> T:
+        """fn() run on rank 0 only (file system decisions and writes), its result returned on every rank; an
+        exception it raises is raised on every rank."""
+        if not self.enabled:
+            return fn()
+        result = error = None
+        if self.is_main:
+            try:
+                result = fn()
+            except Exception as exc:  # every rank must leave together, not wait for rank 0 at the next collective
+                error = exc
+        result, error = self.broadcast((result, error))
+        if error is not None:
+            raise error
+        return result
+
+    def reduce_metrics(self, metrics: dict, sums: tuple[str, ...] = (), maxes: tuple[str, ...] = ()) -> dict:
+        """The step's metrics over ranks: a number whose key matches a pattern of `sums` (fnmatch) is summed,
+        of `maxes` the maximum, any other averaged (each rank's batch is an equal share of the step; a
+        per-batch std is thus the mean of the ranks' stds). Values that are not numbers stay this rank's.
+        Every rank gets the same numbers, so decisions taken from them (alarms, stops) agree."""
+        if not self.enabled:
+            return metrics
+        keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        gathered: list[dict | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, {k: float(metrics[k]) for k in keys})
+        if any(sorted(g) != keys for g in gathered):
+            raise RuntimeError("the ranks logged different metrics this step")
+        out = dict(metrics)
+        for k in keys:
+            values = [g[k] for g in gathered]
+            if any(fnmatch.fnmatchcase(k, p) for p in sums):
+                out[k] = sum(values)
+            elif any(fnmatch.fnmatchcase(k, p) for p in maxes):
+                out[k] = max(values)
+            else:
+                out[k] = sum(values) / len(values)
+        return out
+
+
+def init_distributed() -> Distributed:
+    """This process's place in the launch: a single process unless WORLD_SIZE > 1 (set by torchrun), in which
+    case the default process group is initialised (if it is not yet) and, on GPUs, this rank's device is
+    selected (LOCAL_RANK)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return Distributed()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
+    return Distributed(dist.get_rank(), dist.get_world_size(), local_rank)

@@ -1,0 +1,177 @@
+"""`torchrun --nproc-per-node 2 -m grpo_fast.cli train` on CPU (gloo, FSDP2, the transformers engine): the two
+ranks together train exactly what one process trains on the same global batch and seeds, and checkpoints move
+between world sizes (2 ranks -> 1 process, 1 process -> 2 ranks).
+
+The runs use Adam with eps = 1 and no clipping, so an update is close to lr x gradient and a gradient that is
+off by any factor (a rank's share normalised by its own tokens, FSDP's average left unscaled) moves the
+weights visibly; with eps = 1e-8 Adam's update hardly depends on the gradient's scale. Tolerance: 1e-6 on the
+weights (fp32 sums in another order; one step changes them by ~1e-2), 1e-5 relative on the logged loss and
+gradient norm."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+HERE = Path(__file__).parent
+REWARDS = HERE.parent / "trainer"  # kill_points:char_code_reward, a deterministic reward
+ATOL = 1e-6
+
+
+def _config(path: Path, model_dir: Path) -> Path:
+    cfg = {
+        "model": {"path": str(model_dir)},
+        "data": {
+            "source": "task:modular_arithmetic",
+            "task_kwargs": {"n": 16, "seed": 0},
+            "use_chat_template": "false",
+        },
+        # one prompt per generate call: its seed, so its samples, do not depend on how ranks split the step
+        "reward": {"funcs": ["kill_points:char_code_reward"], "workers": 0, "overlap_chunks": 4},
+        "rollout": {"engine": "hf", "num_generations": 4, "max_completion_length": 6},
+        "loss": {"beta": 0.04},  # a sharded reference model too
+        "grpo": {"num_iterations": 2},  # and the old-policy logprob pass
+        "optim": {"lr": 0.1, "eps": 1.0, "max_grad_norm": 1e6},
+        "run": {
+            "max_steps": 3,
+            "prompts_per_step": 4,
+            "micro_batch_size": 4,
+            "eval_every": 0,
+            "save_every": 1,
+            "tensorboard": False,
+            "progress": False,
+            "plots": False,
+        },
+        "health": {"audit_every": 0},
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train(config: Path, out: Path, ranks: int, *args: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REWARDS), os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("WORLD_SIZE", None)
+    launch = [sys.executable, "-m", "grpo_fast.cli"]
+    if ranks > 1:
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+        launch += ["-m", "grpo_fast.cli"]
+    cmd = [*launch, "train", "--config", str(config), "--skip-checks", "--set", f"run.output_dir={out}", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(out / "checkpoints" / f"step-{step:06d}" / "model.safetensors")
+
+
+def _metrics(out: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+def _assert_close_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_dir):
+    """One process for 3 steps, and two ranks for the first 2 of them; a checkpoint after every step."""
+    root = tmp_path_factory.mktemp("torchrun")
+    config = _config(root / "config.yaml", tiny_dir)
+    _train(config, root / "one", 1)
+    _train(config, root / "two", 2, "--set", "run.max_steps=2")
+    return config, root
+
+
+def test_two_ranks_train_what_one_process_trains(runs):
+    _, root = runs
+    one, two = _metrics(root / "one"), _metrics(root / "two")
+    for step in (1, 2):
+        _assert_close_weights(_weights(root / "two", step), _weights(root / "one", step))
+        # the same completions (their lengths and rewards), the loss and gradient of the whole batch
+        for key in ("completion/length_mean", "reward/mean", "train_tokens"):
+            assert two[step][key] == pytest.approx(one[step][key], rel=1e-6), key
+        for key in ("loss", "grad_norm"):
+            assert two[step][key] == pytest.approx(one[step][key], rel=1e-5), key
+    first, second = _weights(root / "one", 1), _weights(root / "one", 2)
+    moved = max(float((second[k] - first[k]).abs().max()) for k in first)
+    assert moved > 1e3 * ATOL  # the tolerance is far below what a step changes
+
+
+def test_two_rank_checkpoint_has_shards_and_resumes_in_one_process(runs):
+    config, root = runs
+    saved = root / "two" / "checkpoints" / "step-000002"
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {p.name for p in (saved / "sharded").iterdir()}
+    resumed = root / "two_then_one"
+    shutil.copytree(root / "two", resumed)
+    _train(config, resumed, 1, "--resume")
+    # weights and optimizer state came back: the third step is the uninterrupted run's third step
+    _assert_close_weights(_weights(resumed, 3), _weights(root / "one", 3))
+
+
+def test_one_process_checkpoint_resumes_on_two_ranks(runs):
+    config, root = runs
+    resumed = root / "one_then_two"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(root / "one" / "checkpoints" / "step-000002", resumed / "checkpoints" / "step-000002")
+    _train(config, resumed, 2, "--resume")
+    _assert_close_weights(_weights(resumed, 3), _weights(root / "one", 3))
+
+
+def test_sharded_checkpoint_metadata_never_runs_code(tmp_path):
+    """DCP pickles its metadata; a .metadata that builds anything but DCP's metadata classes is refused before
+    it runs (here: a payload that would create a file)."""
+    import pickle
+
+    from grpo_fast.distributed.checkpoint import load_sharded, save_sharded
+    from grpo_fast.trainer.checkpoint import UnsafeCheckpointError
+
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    save_sharded(tmp_path / "sharded", model, optimizer)
+    load_sharded(tmp_path / "sharded", model, optimizer)  # the genuine metadata loads
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    (tmp_path / "sharded" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    with pytest.raises(UnsafeCheckpointError, match="pathlib.Path.touch is not a DCP metadata class"):
+        load_sharded(tmp_path / "sharded", model, optimizer)
+    assert not marker.exists()
+
+
+def test_a_step_that_does_not_split_over_the_ranks_is_refused():
+    from grpo_fast.trainer.config import TrainConfig, check_distributed_config
+
+    cfg = TrainConfig()
+    cfg.run.prompts_per_step = 6
+    check_distributed_config(cfg, 2)
+    with pytest.raises(ValueError, match=r"run.prompts_per_step: 6 prompts do not split evenly over 4"):
+        check_distributed_config(cfg, 4)
+
+
+def test_each_rank_generates_with_its_own_vllm_engine(tmp_path, tiny_dir):
+    """Two ranks, each with an in-process vLLM (external_launcher) fed by the streamed gather of the sharded
+    weights: the run finishes and, at every step, the engines' sampling logprobs match the trainer's forward
+    (fp32 engine: an engine left with the previous step's weights would be off by about the step's change)."""
+    pytest.importorskip("vllm")
+    config = _config(tmp_path / "config.yaml", tiny_dir)
+    settings = ["rollout.engine=vllm", "rollout.dtype=float32", "rollout.max_model_len=128", "run.max_steps=2"]
+    _train(config, tmp_path / "out", 2, *(arg for s in settings for arg in ("--set", s)))
+    metrics = _metrics(tmp_path / "out")
+    assert sorted(metrics) == [1, 2]
+    for record in metrics.values():
+        assert record["mismatch/abs_logprob_diff_mean"] < 1e-3
