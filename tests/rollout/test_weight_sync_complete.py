@@ -142,13 +142,13 @@ def test_checkpoint_weight_names_of_a_saved_model(tmp_path):
         checkpoint_weight_names(str(tmp_path))
 
 
-
 def test_synced_names_leave_out_what_a_sync_never_pushes():
     """A checkpoint may carry rotary inv_freq buffers and, with tied embeddings, an lm_head copy of the input
     embedding: neither is a trainer parameter, so a complete sync does not push them."""
     saved = {"model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"}
     assert synced_names(saved, tied_embeddings=True) == {"model.embed_tokens.weight"}
     assert synced_names(saved, tied_embeddings=False) == {"model.embed_tokens.weight", "lm_head.weight"}
+
 
 # -- the real vLLM engine ---------------------------------------------------------------------------------
 
