@@ -125,3 +125,16 @@ def init_distributed() -> Distributed:
             torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
     return Distributed(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def consecutive_group(size: int) -> tuple[dist.ProcessGroup, int]:
+    """The gloo process group of this rank's block of `size` consecutive ranks (ranks 0..size-1, size..2size-1,
+    ...), for exchanging Python objects, and this rank's index in it. Every rank must call it (each group's
+    creation is a collective of the whole world)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = None
+    for first in range(0, world, size):
+        group = dist.new_group(list(range(first, first + size)), backend="gloo")
+        if first <= rank < first + size:
+            mine = group
+    return mine, rank % size

@@ -61,6 +61,10 @@ class RolloutEngine(abc.ABC):
         """Whether this engine can run here (its libraries import); "auto" picks the first available."""
         return True
 
+    lockstep: bool = False
+    """Whether `generate` is a collective of several ranks (a vLLM engine spanning them with tensor
+    parallelism): every one of them then calls it equally often, with its own prompts (possibly none)."""
+
     @classmethod
     @abc.abstractmethod
     def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> RolloutEngine:

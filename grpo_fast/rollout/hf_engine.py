@@ -31,6 +31,8 @@ class HFEngine(RolloutEngine):
 
     @classmethod
     def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> HFEngine:
+        if config.rollout.tensor_parallel_size != 1:
+            raise ValueError("rollout.tensor_parallel_size: the hf engine is not tensor-parallel; set it to 1")
         if not is_sharded(model):
             return cls(model, tokenizer)
         from transformers import AutoModelForCausalLM

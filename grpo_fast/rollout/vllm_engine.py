@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from grpo_fast.distributed.context import consecutive_group
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 from grpo_fast.rollout.weight_check import WeightNameCheck, checkpoint_weight_names, synced_names
 from grpo_fast.rollout.weight_sync import iter_weight_buckets
@@ -42,13 +43,19 @@ class _QuietParameterlessReload(logging.Filter):
         return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
 
 
-def launcher_kwargs() -> dict:
-    """vLLM arguments for a process of a torchrun launch (WORLD_SIZE > 1): each rank runs its own engine on
-    its own device inside the launch's process group (vLLM's "external_launcher" executor, as TRL's
-    colocated mode does), generating that rank's prompts. None of them for a single process."""
+def launcher_kwargs(tensor_parallel_size: int = 1) -> dict:
+    """vLLM arguments for a process of a torchrun launch (WORLD_SIZE > 1): each rank runs its engine inside the
+    launch's process group (vLLM's "external_launcher" executor, as TRL's colocated mode does), one engine per
+    rank or one per `tensor_parallel_size` consecutive ranks, each of them holding a shard of the weights.
+    None of them for a single process, where tensor_parallel_size must be 1 (ValueError)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        if tensor_parallel_size != 1:
+            raise ValueError(
+                f"rollout.tensor_parallel_size: {tensor_parallel_size} needs a torchrun launch of a multiple of "
+                f"{tensor_parallel_size} processes (each holds one shard of the engine); set it to 1 in one process"
+            )
         return {}
-    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": 1}
+    return {"distributed_executor_backend": "external_launcher", "tensor_parallel_size": tensor_parallel_size}
 
 
 class VLLMEngine(RolloutEngine):
@@ -60,6 +67,9 @@ class VLLMEngine(RolloutEngine):
         tiny model on a 24 GiB machine). None on GPU = `gpu_memory_utilization` decides.
     sleep_level: 0 = never sleep, 1 = offload weights to CPU + drop the KV cache, 2 = drop both.
     sync_bucket_bytes: bound on the converted weight copies alive at once during a sync.
+    extra_kwargs: more `vllm.LLM` arguments. Under torchrun (`launcher_kwargs`) with tensor_parallel_size k > 1,
+        k consecutive ranks form one engine: `generate` is then a collective of theirs (`lockstep`), each
+        rank's prompts gathered, generated together and handed back to their rank.
     weight_names: the parameter names every `load_weights` must push, each exactly once (None: the tensor names
         of the checkpoint at `model_path`, which the engine loaded at start; see `weight_check`).
 
@@ -143,6 +153,9 @@ class VLLMEngine(RolloutEngine):
         else:
             self.weight_names_source = "the engine's weight_names"
         self.weight_names = frozenset(weight_names)
+        tp = int(kwargs.get("tensor_parallel_size", 1))
+        self.lockstep = tp > 1  # the ranks of one engine generate together, each with its own prompts
+        self._group, self._group_rank = consecutive_group(tp) if self.lockstep else (None, 0)
         self.asleep: set[str] = set()  # the vLLM sleep tags ("weights", "kv_cache") now asleep
         self.weights_stale = False  # a weight sync started and did not finish
         self.num_syncs = 0
@@ -171,7 +184,7 @@ class VLLMEngine(RolloutEngine):
             sleep_level=r.sleep_level,
             seed=config.run.seed,
             sync_bucket_bytes=r.sync_bucket_mb << 20,
-            extra_kwargs=launcher_kwargs(),
+            extra_kwargs=launcher_kwargs(r.tensor_parallel_size),
         )
 
     # -- generation -------------------------------------------------------------------------------------
@@ -184,23 +197,15 @@ class VLLMEngine(RolloutEngine):
         self.wake_up()
         # The texts are decoded below, in one batch, when the tokenizer allows it (a fast tokenizer).
         detokenize = self._decoder is None
-        params = [
-            self._vllm.SamplingParams(
-                n=sampling.n,
-                max_tokens=sampling.max_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                stop_token_ids=list(sampling.stop_token_ids),
-                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
-                logprobs=0,
-                detokenize=detokenize,
-                flat_logprobs=True,
-            )
-            for i in range(len(prompt_token_ids))
-        ]
-        prompts = [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        requests = [(prompt_token_ids, sampling)]
+        if self.lockstep:  # the engine's ranks generate everyone's prompts together, each keeping its own
+            requests = [None] * torch.distributed.get_world_size(self._group)
+            torch.distributed.all_gather_object(requests, (prompt_token_ids, sampling), group=self._group)
+        prompts = [{"prompt_token_ids": list(ids)} for batch, _ in requests for ids in batch]
+        params = [p for batch, spec in requests for p in self._sampling_params(len(batch), spec, detokenize)]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        first = sum(len(ids) for ids, _ in requests[: self._group_rank])
+        outputs = outputs[first : first + len(prompt_token_ids)]
         result, texted = [], []
         for prompt, out in zip(prompt_token_ids, outputs, strict=True):
             group = []
@@ -216,6 +221,24 @@ class VLLMEngine(RolloutEngine):
             for c, text in zip(completions, decode_completions(self._decoder, texted), strict=True):
                 c.text = text
         return result
+
+    def _sampling_params(self, count: int, sampling: SamplingSpec, detokenize: bool) -> list:
+        """vLLM's SamplingParams of `count` requests of `sampling` (request i seeded seed + i * n)."""
+        return [
+            self._vllm.SamplingParams(
+                n=sampling.n,
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                stop_token_ids=list(sampling.stop_token_ids),
+                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+                logprobs=0,
+                detokenize=detokenize,
+                flat_logprobs=True,
+            )
+            for i in range(count)
+        ]
 
     # -- weights and memory -----------------------------------------------------------------------------
 

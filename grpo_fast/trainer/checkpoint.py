@@ -396,6 +396,7 @@ HARMLESS = (
     "rollout.kv_cache_memory_bytes",
     "rollout.sleep_level",
     "rollout.sync_bucket_mb",
+    "rollout.tensor_parallel_size",
     "reward.workers",
     "reward.overlap_chunks",
     "data.eval_source",

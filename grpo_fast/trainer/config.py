@@ -80,7 +80,8 @@ class RolloutConfig:
     gpu_memory_utilization, kv_cache_memory_bytes (set it on CPU), sleep_level (between generations on GPU:
     2 discards the weights, which the trainer re-pushes before every generation anyway, where 1 would copy
     them to host memory and back each step; 0 disables), sync_bucket_mb (bound on the weight copies alive
-    during a sync)."""
+    during a sync). tensor_parallel_size: under torchrun, vLLM engines shared by this many consecutive ranks,
+    each holding 1/tensor_parallel_size of the weights (vLLM's external launcher); 1 = an engine per rank."""
 
     engine: str = "auto"
     num_generations: int = 8
@@ -95,6 +96,7 @@ class RolloutConfig:
     kv_cache_memory_bytes: int | None = None
     sleep_level: int = 2
     sync_bucket_mb: int = 256
+    tensor_parallel_size: int = 1
 
 
 @dataclass
@@ -360,7 +362,7 @@ _NON_NEGATIVE = (
     "health.audit_samples",
     "sample.max_per_prompt",
 )
-_POSITIVE_MORE = ("run.log_every", "optim.eps", "optim.max_grad_norm")
+_POSITIVE_MORE = ("run.log_every", "optim.eps", "optim.max_grad_norm", "rollout.tensor_parallel_size")
 _RANGES = {  # inclusive bounds
     "rollout.top_p": (1e-12, 1.0),
     "rollout.gpu_memory_utilization": (1e-12, 1.0),
@@ -661,3 +663,9 @@ def check_distributed_config(cfg: TrainConfig, world_size: int) -> None:
         )
     if cfg.curriculum.every > 0:
         raise ValueError("curriculum.every: the pass-rate curriculum runs in a single process only; set it to 0")
+    tp = cfg.rollout.tensor_parallel_size
+    if world_size % tp:
+        raise ValueError(
+            f"rollout.tensor_parallel_size: {tp} does not divide the {world_size} processes (each vLLM engine spans "
+            f"{tp} consecutive ranks)"
+        )

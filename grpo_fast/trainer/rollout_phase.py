@@ -206,21 +206,26 @@ class RolloutPhase:
         scored: (prompt ids [P], completions [P*G], per-function rewards [P*G, F], combined rewards with the
         overlong penalty [P*G]); adds the seconds spent to `times` and the verifier failures to `failures`."""
         cfg, n = self.config, self.config.rollout.num_generations
-        if not index:  # this rank has its groups; the others resample
-            return [], [], torch.zeros(0, len(self.rewards.names)), torch.zeros(0)
         prompt_ids = self.prompts.encode_rows(self.rows, index, cache=True)
         state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
         chunk = max(1, -(-len(index) // cfg.reward.overlap_chunks))
+        starts = list(range(0, len(index), chunk))
+        if engine.lockstep:  # every rank calls generate overlap_chunks times, empty-handed where it has no prompts
+            starts += [len(index)] * (cfg.reward.overlap_chunks - len(starts))
         flat, pending = [], []
-        for start in range(0, len(index), chunk):
+        for start in starts:
             # Request i of the round keeps seed + i * n however the round is split.
             spec = training_sampling(cfg, self.stop_ids, n, seed + start * n)
             t0 = time.perf_counter()
             part = [c for group in engine.generate(prompt_ids[start : start + chunk], spec) for c in group]
             times["generate"] += time.perf_counter() - t0
+            if not part:
+                continue
             rows = [self.rows[i] for i in index[start : start + chunk] for _ in range(n)]
             pending.append(self.rewards.submit(rows, [c.text for c in part], [c.token_ids for c in part], state))
             flat += part
+        if not pending:  # this rank has its groups; the others resample
+            return [], [], torch.zeros(0, len(self.rewards.names)), torch.zeros(0)
         scored = [p.result() for p in pending]
         for s in scored:
             times["score"] += s.seconds_critical

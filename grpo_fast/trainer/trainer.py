@@ -244,7 +244,7 @@ class GRPOTrainer:
             return {}
         self._ensure_engine()
         rows = self.eval_rows[self.dist.rank :: self.dist.world_size]  # this rank's share
-        correct, total = self._score_greedy(rows) if rows else (torch.zeros(()), torch.zeros(()))
+        correct, total = self._score_greedy(rows)
         correct, total = self.dist.sum(torch.stack([correct, total]).cpu())
         n = len(self.eval_rows)
         return {"eval/accuracy": float(correct) / n, "eval/reward_mean": float(total) / n}
@@ -260,7 +260,10 @@ class GRPOTrainer:
             seed=0,
         )
         t0 = time.perf_counter()
-        outs = [group[0] for group in self.engine.generate(ids, spec)]
+        if rows or self.engine.lockstep:  # a tensor-parallel engine's ranks generate together, rows or not
+            outs = [group[0] for group in self.engine.generate(ids, spec)]
+        if not rows:
+            return torch.zeros(()), torch.zeros(())
         state = TrainerState(global_step=self.step, max_steps=self.config.run.max_steps)
         scored = self.rewards.submit(rows, [c.text for c in outs], [c.token_ids for c in outs], state)
         rewards = self.rewards.combine(scored.result().per_func)
