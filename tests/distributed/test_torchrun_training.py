@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,3 +201,17 @@ def test_two_ranks_share_one_tensor_parallel_vllm_engine(tmp_path, tiny_dir):
     for step in (1, 2):
         assert metrics[step]["mismatch/abs_logprob_diff_mean"] < 1e-3
         assert 0.0 <= metrics[step]["eval/accuracy"] <= 1.0
+
+
+def test_a_refused_start_stops_every_rank_with_the_message(runs):
+    """Rank 0 decides what the output directory holds; its refusal (an earlier run there, no --resume or
+    --overwrite) reaches every rank, which all exit with the message instead of waiting for rank 0."""
+    config, root = runs
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REWARDS), os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "grpo_fast.cli"]
+    cmd += ["train", "--config", str(config), "--skip-checks", "--set", f"run.output_dir={root / 'two'}"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        assert re.search(rf"\[rank{rank}\]:.*holds an earlier run", proc.stderr), proc.stderr[-3000:]
