@@ -215,3 +215,12 @@ def test_a_refused_start_stops_every_rank_with_the_message(runs):
     assert proc.returncode != 0
     for rank in (0, 1):
         assert re.search(rf"\[rank{rank}\]:.*holds an earlier run", proc.stderr), proc.stderr[-3000:]
+
+
+def test_two_rank_checkpoint_resumes_on_two_ranks(runs):
+    config, root = runs
+    resumed = root / "two_then_two"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(root / "two" / "checkpoints" / "step-000002", resumed / "checkpoints" / "step-000002")
+    _train(config, resumed, 2, "--resume")
+    _assert_close_weights(_weights(resumed, 3), _weights(root / "one", 3))
