@@ -48,20 +48,22 @@ class Distributed:
         return [int(v) for v in out]
 
     def all_gather_equal(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The ranks' `tensor`s (same shape on every rank) concatenated along dim 0, in rank order."""
+        """The ranks' `tensor`s (same shape on every rank) concatenated along dim 0, in rank order, on the
+        tensor's device."""
         if not self.enabled:
             return tensor
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(parts, tensor.contiguous())
-        return torch.cat(parts)
+        mine = tensor.detach().to(_collective_device()).contiguous()
+        parts = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(parts, mine)
+        return torch.cat(parts).to(tensor.device)
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Σ over ranks of a tensor (a new tensor; the argument is left as it was)."""
+        """Σ over ranks of a tensor (a new tensor on the tensor's device; the argument is left as it was)."""
         if not self.enabled:
             return tensor
-        out = tensor.detach().clone()
+        out = tensor.detach().to(_collective_device(), copy=True)
         dist.all_reduce(out)
-        return out
+        return out.to(tensor.device)
 
     def broadcast(self, value):
         """Rank 0's `value` (any picklable object) on every rank."""
@@ -109,6 +111,13 @@ class Distributed:
             else:
                 out[k] = sum(values) / len(values)
         return out
+
+
+def _collective_device() -> torch.device:
+    """Where the default group's collectives take their tensors: this rank's GPU for NCCL, the CPU for gloo."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def init_distributed() -> Distributed:
