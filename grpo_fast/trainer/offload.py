@@ -9,9 +9,14 @@ nothing needs it until the loss step's reference-logprob pass. On CPU every call
 
 from __future__ import annotations
 
+import logging
 import resource
 
 import torch
+
+from grpo_fast.distributed.fsdp import is_sharded
+
+logger = logging.getLogger(__name__)
 
 
 def memory_snapshot(prefix: str) -> dict[str, float]:
@@ -49,10 +54,15 @@ class TrainerStateOffloader:
         self.model = model
         self.optimizer = optimizer
         self.enabled = torch.cuda.is_available() and next(model.parameters()).is_cuda
+        # FSDP2 all-gathers a sharded parameter from storage of its own, which moving the parameter would
+        # leave behind (stale weights after the next optimizer step): parameters of a sharded model stay.
+        sharded = is_sharded(model)
+        if offload_params and sharded and self.enabled:
+            logger.warning("run.offload_params ignored: the policy is sharded with FSDP2 (its shards stay on the GPU)")
         self.offload_optimizer = offload_optimizer and self.enabled
-        self.offload_params = offload_params and self.enabled
+        self.offload_params = offload_params and self.enabled and not sharded
         self.ref_model = ref_model
-        self.offload_ref_model = ref_model is not None and self.enabled
+        self.offload_ref_model = ref_model is not None and self.enabled and not sharded
         self._pinned: dict[tuple, torch.Tensor] = {}
         self._moved: list[tuple[torch.Tensor, torch.device]] = []  # what the last offload moved, from where
         self.offloaded = False
@@ -67,7 +77,7 @@ class TrainerStateOffloader:
     @torch.no_grad()
     def offload(self) -> None:
         """Optimizer state (+ parameters, + the reference model's) -> pinned CPU; gradients dropped; CUDA
-        cache emptied. A tensor sharded over ranks (an FSDP2 DTensor) moves its own shard, under the same
+        cache emptied. An optimizer state sharded over ranks (a DTensor) moves its own shard, under the same
         DTensor."""
         if not self.enabled or self.offloaded:
             return

@@ -107,6 +107,9 @@ class GRPOTrainer:
             cfg.model.path = cfg.model.path or model
             check_model_path(model)
             model = load_policy(cfg.model, model)
+        if cfg.model.gradient_checkpointing:  # before sharding: FSDP wraps the checkpointed layers
+            model.config.use_cache = False
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         ref_model = None
         if self.dist.enabled:
             device = torch.device("cuda", self.dist.local_rank) if torch.cuda.is_available() else torch.device("cpu")
@@ -128,9 +131,6 @@ class GRPOTrainer:
         self._owns_engine = engine is None
         self.callbacks = list(callbacks)
 
-        if cfg.model.gradient_checkpointing:
-            model.config.use_cache = False
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.optimizer = build_optimizer(model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.run.max_steps * cfg.grpo.num_iterations)
         self.loss_step = LossStep(
