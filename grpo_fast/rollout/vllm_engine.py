@@ -203,7 +203,7 @@ class VLLMEngine(RolloutEngine):
             torch.distributed.all_gather_object(requests, (prompt_token_ids, sampling), group=self._group)
         prompts = [{"prompt_token_ids": list(ids)} for batch, _ in requests for ids in batch]
         params = [p for batch, spec in requests for p in self._sampling_params(len(batch), spec, detokenize)]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
         first = sum(len(ids) for ids, _ in requests[: self._group_rank])
         outputs = outputs[first : first + len(prompt_token_ids)]
         result, texted = [], []

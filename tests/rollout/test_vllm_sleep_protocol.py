@@ -56,6 +56,7 @@ def _engine(level: int, llm: RecordingLLM) -> VLLMEngine:
     engine.model_dtype, engine.sync_bucket_bytes = torch.float32, 1 << 20
     engine.asleep, engine.weights_stale, engine.num_syncs = set(), False, 0
     engine._decoder = None  # RecordingLLM returns no completions to decode
+    engine._group, engine._group_rank = None, 0  # an engine of its own (no tensor-parallel ranks)
     return engine
 
 
