@@ -85,6 +85,15 @@ def _assert_close_weights(a: dict, b: dict) -> None:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def _resume_step_two(config: Path, root: Path, run: str, ranks: int) -> Path:
+    """Step 2's checkpoint of `run`, alone in a new output directory, resumed for step 3 on `ranks` processes."""
+    resumed = root / f"{run}_then_{ranks}"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(root / run / "checkpoints" / "step-000002", resumed / "checkpoints" / "step-000002")
+    _train(config, resumed, ranks, "--resume")
+    return resumed
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_dir):
     """One process for 3 steps, and two ranks for the first 2 of them; a checkpoint after every step."""
@@ -114,19 +123,14 @@ def test_two_rank_checkpoint_has_shards_and_resumes_in_one_process(runs):
     config, root = runs
     saved = root / "two" / "checkpoints" / "step-000002"
     assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {p.name for p in (saved / "sharded").iterdir()}
-    resumed = root / "two_then_one"
-    shutil.copytree(root / "two", resumed)
-    _train(config, resumed, 1, "--resume")
+    resumed = _resume_step_two(config, root, "two", ranks=1)
     # weights and optimizer state came back: the third step is the uninterrupted run's third step
     _assert_close_weights(_weights(resumed, 3), _weights(root / "one", 3))
 
 
 def test_one_process_checkpoint_resumes_on_two_ranks(runs):
     config, root = runs
-    resumed = root / "one_then_two"
-    (resumed / "checkpoints").mkdir(parents=True)
-    shutil.copytree(root / "one" / "checkpoints" / "step-000002", resumed / "checkpoints" / "step-000002")
-    _train(config, resumed, 2, "--resume")
+    resumed = _resume_step_two(config, root, "one", ranks=2)
     _assert_close_weights(_weights(resumed, 3), _weights(root / "one", 3))
 
 
@@ -219,8 +223,5 @@ def test_a_refused_start_stops_every_rank_with_the_message(runs):
 
 def test_two_rank_checkpoint_resumes_on_two_ranks(runs):
     config, root = runs
-    resumed = root / "two_then_two"
-    (resumed / "checkpoints").mkdir(parents=True)
-    shutil.copytree(root / "two" / "checkpoints" / "step-000002", resumed / "checkpoints" / "step-000002")
-    _train(config, resumed, 2, "--resume")
+    resumed = _resume_step_two(config, root, "two", ranks=2)
     _assert_close_weights(_weights(resumed, 3), _weights(root / "one", 3))
