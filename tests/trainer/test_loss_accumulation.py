@@ -10,52 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from accumulation_batch import accumulation_setup, gradients_by_name
 
 from grpo_fast import grpo_loss
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Objective, Reduction
-from grpo_fast.trainer import GRPOTrainer, load_config
-from grpo_fast.trainer.policy import build_sequence_batch, completion_hidden, completion_logprobs
+from grpo_fast.trainer.policy import completion_hidden
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    tok = build_char_tokenizer()
-    model = build_tiny_model(tok, seed=0).eval()
-    cfg = load_config(
-        None,
-        [
-            "rollout.engine=hf",
-            "rollout.num_generations=2",
-            "run.micro_batch_size=2",
-            "run.tensorboard=false",
-            "run.progress=false",
-            f"run.output_dir={tmp_path_factory.mktemp('acc')}",
-        ],
-    )
-    trainer = GRPOTrainer(
-        model, [lambda prompts, completions, **kw: [0.0] * len(prompts)], [{"prompt": "1"}], cfg, tokenizer=tok
-    )
-    g = torch.Generator().manual_seed(0)
-    vocab = len(tok)
-    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 5, 2, 4, 3)]
-    completions = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (6, 1, 4, 6, 2)]
-    batch = build_sequence_batch(prompts, completions, tok.pad_token_id)
-    batch.completion_mask[3] = False  # a masked truncated completion
-    with torch.no_grad():
-        lp = completion_logprobs(model, batch, backend="torch")
-    shape = batch.completion_ids.shape
-    inputs = dict(
-        advantages=torch.randn(5, generator=g),
-        old_lp=lp + 0.3 * torch.randn(shape, generator=g),
-        ref_lp=lp + 0.2 * torch.randn(shape, generator=g),
-        is_weights=(0.5 + torch.rand(shape, generator=g)) * batch.completion_mask,
-    )
-    return trainer, batch, inputs
-
-
-def _grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return accumulation_setup(tmp_path_factory.mktemp("acc"), 0, (3, 5, 2, 4, 3), (6, 1, 4, 6, 2), masked_row=3)
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
@@ -78,7 +42,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type, p
     trainer.loss_step.accumulate_gradients(
         batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], inp["is_weights"], plan=plan
     )
-    accumulated = _grads(model)
+    accumulated = gradients_by_name(model)
 
     model.zero_grad(set_to_none=True)
     loss, _ = grpo_loss(
@@ -93,7 +57,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type, p
         config=trainer.loss_step.loss_config,
     )
     loss.backward()
-    full = _grads(model)
+    full = gradients_by_name(model)
     assert accumulated.keys() == full.keys()
     for name, grad in full.items():
         torch.testing.assert_close(accumulated[name], grad, rtol=1e-4, atol=1e-6, msg=name)

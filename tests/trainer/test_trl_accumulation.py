@@ -19,15 +19,15 @@ import os
 
 import pytest
 import torch
+from accumulation_batch import accumulation_setup, gradients_by_name
 
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Objective
 from grpo_fast.testing.reference import naive_logprobs_and_entropy
 from grpo_fast.testing.trl_harness import OneProcessAccelerator, bare_trl_trainer
-from grpo_fast.trainer import GRPOTrainer, load_config
+from grpo_fast.trainer import load_config
 from grpo_fast.trainer.entropy_control import AdaptiveEntropy
 from grpo_fast.trainer.importance import rollout_importance_weights
-from grpo_fast.trainer.policy import build_sequence_batch, completion_hidden, completion_logprobs
+from grpo_fast.trainer.policy import completion_hidden
 
 
 def _trl():
@@ -60,43 +60,9 @@ def trl_micro_batch_loss(trainer, logp, entropy, ids, mask, advantages, old, ref
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    tok = build_char_tokenizer()
-    model = build_tiny_model(tok, seed=0).eval()
-    cfg = load_config(
-        None,
-        [
-            "rollout.engine=hf",
-            "rollout.num_generations=2",
-            "run.micro_batch_size=2",
-            "run.tensorboard=false",
-            "run.progress=false",
-            f"run.output_dir={tmp_path_factory.mktemp('trl_acc')}",
-        ],
+    return accumulation_setup(
+        tmp_path_factory.mktemp("trl_acc"), 1, (3, 5, 2, 4, 3, 2), (6, 1, 4, 7, 2, 5), masked_row=4
     )
-    trainer = GRPOTrainer(
-        model, [lambda prompts, completions, **kw: [0.0] * len(prompts)], [{"prompt": "1"}], cfg, tokenizer=tok
-    )
-    g = torch.Generator().manual_seed(1)
-    vocab = len(tok)
-    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 5, 2, 4, 3, 2)]
-    completions = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (6, 1, 4, 7, 2, 5)]
-    batch = build_sequence_batch(prompts, completions, tok.pad_token_id)
-    batch.completion_mask[4] = False  # a masked truncated completion
-    with torch.no_grad():
-        lp = completion_logprobs(model, batch, backend="torch")
-    shape = batch.completion_ids.shape
-    inputs = dict(
-        advantages=torch.randn(6, generator=g),
-        old_lp=lp + 0.3 * torch.randn(shape, generator=g),
-        ref_lp=lp + 0.2 * torch.randn(shape, generator=g),
-        is_weights=(0.5 + torch.rand(shape, generator=g)) * batch.completion_mask,
-        seq_is_weights=0.5 + torch.rand(6, generator=g),
-    )
-    return trainer, batch, inputs
-
-
-def _grads(model):
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
 def _config(loss_type, **options):
@@ -132,7 +98,7 @@ def test_accumulated_gradient_is_trls(setup, loss_type, packed, extra):
     is_weights = inp["seq_is_weights"] if extra == "seq_is" else inp["is_weights"]
     model.zero_grad(set_to_none=True)
     step.accumulate_gradients(batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], is_weights, plan=plan)
-    ours = _grads(model)
+    ours = gradients_by_name(model)
 
     model.zero_grad(set_to_none=True)
     n_rows, num_items = batch.completion_ids.shape[0], int(row_tokens.sum())
@@ -156,7 +122,7 @@ def test_accumulated_gradient_is_trls(setup, loss_type, packed, extra):
             steps=n_rows / len(rows),  # the number of micro-batches when they have equal rows
         )
         loss.backward()
-    theirs = _grads(model)
+    theirs = gradients_by_name(model)
     assert ours.keys() == theirs.keys()
     for name, grad in theirs.items():
         torch.testing.assert_close(ours[name], grad, rtol=1e-4, atol=1e-6, msg=name)
@@ -174,7 +140,7 @@ def test_bnpo_is_no_longer_dapo_in_the_trainer(setup):
         step.loss_config = _config(loss_type, beta=0.0, entropy_coef=0.0)
         trainer.model.zero_grad(set_to_none=True)
         step.accumulate_gradients(batch, inp["advantages"], inp["old_lp"], None, None, plan=plan)
-        grads[loss_type] = _grads(trainer.model)
+        grads[loss_type] = gradients_by_name(trainer.model)
     name = "lm_head.weight"
     assert not torch.allclose(grads["bnpo"][name], grads["dapo"][name], rtol=1e-3, atol=0)
 
@@ -314,7 +280,7 @@ def test_adaptive_entropy_config_and_trainer_wiring(setup):
         entropy_sum, tokens = step.accumulate_gradients(
             batch, inp["advantages"], None, None, None, plan=plan, entropy_coef=coef
         )
-        results[coef] = _grads(trainer.model)
+        results[coef] = gradients_by_name(trainer.model)
     assert tokens == int(batch.completion_mask.sum())
     with torch.no_grad():
         _, entropy = naive_logprobs_and_entropy(
