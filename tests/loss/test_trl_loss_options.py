@@ -15,13 +15,12 @@ import dataclasses
 
 import pytest
 import torch
-from test_trl_loss_types import TRL_OPTIONS, WORKSPACES, _backends, _config, _run, _trl
+from test_trl_loss_types import TRL_OPTIONS, WORKSPACES, _backends, _config, _run, _trl, _trl_loss
 
 from grpo_fast import GRPOLossConfig, grpo_loss
-from grpo_fast.testing.reference import naive_grpo_loss, naive_logprobs_and_entropy
+from grpo_fast.testing.reference import naive_grpo_loss
 from grpo_fast.testing.synthetic import make_loss_batch
 from grpo_fast.testing.tolerance import assert_within_rule
-from grpo_fast.testing.trl_harness import bare_trl_trainer
 
 SHAPE = dict(batch=6, length=7, hidden_size=16, vocab=40)
 EVERYTHING = dict(beta=0.04, entropy_coef=0.01, temperature=0.9, **TRL_OPTIONS)
@@ -135,43 +134,6 @@ def test_defaults_and_names_are_trls():
 # ----------------------------------------------------------------------------------------------
 
 
-def trl_loss(batch, config, args, dtype, num_items_in_batch, gradient_accumulation_steps=None):
-    """TRL's `_compute_loss` (loss, ∂hidden, ∂weight) with our config's TRL options; per-sequence is_weights
-    go in as TRL's [B, 1] importance_sampling_ratio. With gradient_accumulation_steps, in train mode."""
-    _trl()
-    hidden = batch.hidden.to(dtype).clone().requires_grad_()
-    weight = batch.weight.to(dtype).clone().requires_grad_()
-    ids, mask = args["completion_ids"], args["completion_mask"]
-    logp, entropy = naive_logprobs_and_entropy(hidden, weight, ids, config.temperature)
-    is_weights = args.get("is_weights")
-    training = gradient_accumulation_steps is not None
-    trainer = bare_trl_trainer(config, ids.shape[1], is_weights is not None, training)
-    if training:
-        trainer.current_gradient_accumulation_steps = gradient_accumulation_steps
-        trainer.args.steps_per_generation = gradient_accumulation_steps
-    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)
-    cast = lambda t: t.to(logp.dtype)  # noqa: E731
-    inputs = {
-        "prompt_ids": torch.zeros(ids.shape[0], 0, dtype=torch.long),
-        "prompt_mask": torch.zeros(ids.shape[0], 0, dtype=torch.long),
-        "completion_ids": ids,
-        "completion_mask": cast(mask),
-        "advantages": cast(args["advantages"]),
-        "num_items_in_batch": torch.tensor(float(num_items_in_batch), dtype=logp.dtype),
-    }
-    if args.get("old_logprobs") is not None:
-        inputs["old_per_token_logps"] = cast(args["old_logprobs"])
-    if config.beta != 0.0:
-        inputs["ref_per_token_logps"] = cast(args["ref_logprobs"])
-    if is_weights is not None:
-        if is_weights.dim() == 1 or is_weights.shape[-1] == 1:  # TRL's sequence_* modes: [B, 1]
-            inputs["importance_sampling_ratio"] = cast(is_weights.reshape(-1, 1))
-        else:  # TRL's ratio is exp(0) = 1 at padding
-            inputs["importance_sampling_ratio"] = torch.where(mask, cast(is_weights), 1.0)
-    loss = trainer._compute_loss(None, inputs)
-    return (loss, *torch.autograd.grad(loss, (hidden, weight)))
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
 @pytest.mark.parametrize(("loss_type", "level", "options", "per_sequence"), CASES, ids=IDS)
 def test_matches_trl_compute_loss(loss_type, level, options, per_sequence, dtype):
@@ -181,7 +143,7 @@ def test_matches_trl_compute_loss(loss_type, level, options, per_sequence, dtype
         loss_type, importance_sampling_level=level, max_completion_length=SHAPE["length"], backend="torch", **options
     )
     num_items = int(batch.completion_mask.sum()) + 3
-    theirs = trl_loss(batch, config, args, dtype, num_items)
+    theirs = _trl_loss(batch, config, args, dtype, num_items)[0]
     ours = _run(grpo_loss, batch, config, dtype, args, num_items_in_batch=num_items)[0]
     # fp32: vespo's φ = exp(λ + k log W − λ W) amplifies the rounding of log W (both sides ~1e-5 off fp64)
     loss_rtol, grad_rtol = (1e-5, 1e-5) if dtype == torch.float64 else (5e-5, 1e-4)

@@ -219,14 +219,16 @@ def test_defaults_and_names_are_trls():
 
 def _trl_loss(batch, config, args, dtype, num_items_in_batch):
     """TRL's loss, gradients and metrics: per-token logprobs and entropies from the materialised logits
-    (what `_get_per_token_logps_and_entropies` computes), then `_compute_loss` itself."""
+    (what `_get_per_token_logps_and_entropies` computes), then `_compute_loss` itself. Old logprobs when
+    args has them; is_weights [B, T] per token, [B] or [B, 1] per sequence (TRL's sequence_* modes take
+    them as a [B, 1] importance_sampling_ratio)."""
     _trl()
     hidden = batch.hidden.to(dtype).clone().requires_grad_()
     weight = batch.weight.to(dtype).clone().requires_grad_()
     ids, mask = args["completion_ids"], args["completion_mask"]
     logp, entropy = naive_logprobs_and_entropy(hidden, weight, ids, config.temperature)
-    use_is = args.get("is_weights") is not None
-    trainer = bare_trl_trainer(config, ids.shape[1], use_is)
+    is_weights = args.get("is_weights")
+    trainer = bare_trl_trainer(config, ids.shape[1], is_weights is not None)
     trainer._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)
     cast = lambda t: t.to(logp.dtype)  # noqa: E731
     inputs = {
@@ -236,12 +238,16 @@ def _trl_loss(batch, config, args, dtype, num_items_in_batch):
         "completion_mask": cast(mask),
         "advantages": cast(args["advantages"]),
         "num_items_in_batch": torch.tensor(float(num_items_in_batch), dtype=logp.dtype),
-        "old_per_token_logps": cast(args["old_logprobs"]),
     }
+    if args.get("old_logprobs") is not None:
+        inputs["old_per_token_logps"] = cast(args["old_logprobs"])
     if config.beta != 0.0:
         inputs["ref_per_token_logps"] = cast(args["ref_logprobs"])
-    if use_is:  # TRL's ratio is exp(0) = 1 at padding
-        inputs["importance_sampling_ratio"] = torch.where(mask, cast(args["is_weights"]), 1.0)
+    if is_weights is not None:
+        if is_weights.dim() == 1 or is_weights.shape[-1] == 1:  # TRL's sequence_* modes: [B, 1]
+            inputs["importance_sampling_ratio"] = cast(is_weights.reshape(-1, 1))
+        else:  # TRL's ratio is exp(0) = 1 at padding
+            inputs["importance_sampling_ratio"] = torch.where(mask, cast(is_weights), 1.0)
     loss = trainer._compute_loss(None, inputs)
     grads = torch.autograd.grad(loss, (hidden, weight))
     metrics = {key: values[-1] for key, values in trainer._metrics["eval"].items()}
