@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from grpo_fast.bench.common import environment_stamp, write_json  # noqa: E402
+from grpo_fast.bench.common import add_model_shape_arguments, environment_stamp, write_json  # noqa: E402
 
 VARIANTS = ("trl", "ours_logprobs", "ours_loss")
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "trl_integration_cpu.json"
@@ -136,12 +136,8 @@ def worker(args) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--intermediate", type=int, default=1408)
-    parser.add_argument("--vocab", type=int, default=32000)
+    add_model_shape_arguments(parser, device=False)  # CPU only
+    parser.set_defaults(layers=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--completion-len", type=int, default=256)

@@ -113,11 +113,13 @@ def write_json(path: str | os.PathLike, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def add_model_shape_arguments(parser) -> None:
-    """--device and the random-init Qwen2's shape flags (defaults: 4 layers, hidden 512, vocabulary 32k)."""
+def add_model_shape_arguments(parser, device: bool = True) -> None:
+    """--device (unless `device` is False) and the random-init Qwen2's shape flags (defaults: 4 layers,
+    hidden 512, vocabulary 32k)."""
     import torch
 
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    if device:
+        parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
