@@ -16,6 +16,7 @@ import torch
 
 from grpo_fast.distributed.fsdp import is_sharded
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.rollout.weight_check import WeightNameCheck
 from grpo_fast.rollout.weight_sync import trainer_weights
 
 
@@ -108,18 +109,16 @@ class HFEngine(RolloutEngine):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
         """Copies `weights` into the engine's own model; a no-op when it generates with the trainer's model.
-        Every parameter of the engine's model must come, under its name (RuntimeError otherwise)."""
+        Every parameter of the engine's model must come once, under its name (`WeightNameCheck`: the whole
+        stream is consumed, as a sharded trainer's gathers need, then RuntimeError naming what was not)."""
         t0 = time.perf_counter()
         if self.shares_trainer_model:
             return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": 0.0, "sync/buckets": 0.0}
         params = dict(self.model.named_parameters())
-        pushed, nbytes = set(), 0
-        for name, tensor in weights:
-            if name not in params:
-                raise RuntimeError(f"weight sync: {name} is not a parameter of the hf engine's model")
+        check = WeightNameCheck(params, "the hf engine's model")
+        nbytes = 0
+        for name, tensor in check.stream(weights):
             params[name].data.copy_(tensor)
-            pushed.add(name)
             nbytes += tensor.numel() * tensor.element_size()
-        if missing := sorted(set(params) - pushed):
-            raise RuntimeError(f"weight sync: no weights pushed for {len(missing)} parameter(s): {missing[:5]}")
+        check.raise_if_incomplete()
         return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(nbytes), "sync/buckets": 1.0}
