@@ -127,6 +127,7 @@ def save_checkpoint(
         if dist.is_main:
             tmp.mkdir()
         dist.barrier()
+        # With several ranks this is collective: DCP returns on rank 0 once every rank's shards are written.
         (write_weights or (lambda d: model.save_pretrained(d, safe_serialization=True)))(tmp)
         if dist.is_main:
             if tokenizer is not None:
@@ -134,17 +135,11 @@ def save_checkpoint(
             torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
             if run_config is not None:
                 (tmp / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, sort_keys=True) + "\n")
+            (tmp / MANIFEST).write_text(json.dumps(_file_sizes(tmp), indent=1, sort_keys=True) + "\n")
+            _fsync_tree(tmp)  # the renames below must never publish a directory whose files are not on disk
     except BaseException as exc:
         failure = exc
     failed = [rank for rank, ok in enumerate(dist.all_gather_ints(failure is None)) if not ok]
-    if not failed and dist.is_main:
-        try:
-            (tmp / MANIFEST).write_text(json.dumps(_file_sizes(tmp), indent=1, sort_keys=True) + "\n")
-            _fsync_tree(tmp)  # the renames below must never publish a directory whose files are not on disk
-        except BaseException as exc:
-            failure = exc
-    if dist.broadcast(failure is not None) and not failed:
-        failed = [0]
     if failed:
         if dist.is_main:
             shutil.rmtree(tmp, ignore_errors=True)  # a failed write leaves nothing; earlier checkpoints untouched
