@@ -27,22 +27,12 @@ in grpo_fast.backends.native.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
 
-TokenGrads = Callable[[slice, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
-
-
-@dataclass(frozen=True)
-class LogprobStats:
-    """Per-token results of layer 1, all [N] fp32: log p(y), entropy H, log-sum-exp of z."""
-
-    logprobs: torch.Tensor
-    entropy: torch.Tensor
-    lse: torch.Tensor
+from .base import Capabilities, LogprobStats, TokenGrads
 
 
 class Epilogue(Protocol):
@@ -189,13 +179,31 @@ def _probe_fp32_addmm(device: torch.device) -> bool:
 
 
 class ChunkedBackend:
-    """Layer 1 over row chunks: GEMM -> epilogue -> (GEMM, GEMM)."""
+    """Layer 1 over row chunks: GEMM -> epilogue -> (GEMM, GEMM); a `Backend` with `ChunkedHooks`
+    (grpo_fast.backends.base). It runs on the device types `devices`; GEMMs are deterministic, so it is its own
+    deterministic variant."""
 
-    def __init__(self, name: str, epilogue: Epilogue, cpu_workspace_bytes: int, gpu_workspace_bytes: int):
+    capabilities = Capabilities(fused_gradients=True)
+
+    def __init__(
+        self,
+        name: str,
+        epilogue: Epilogue,
+        cpu_workspace_bytes: int,
+        gpu_workspace_bytes: int,
+        devices: tuple[str, ...] = ("cpu", "cuda"),
+    ):
         self.name = name
         self.epilogue = epilogue
         self.cpu_workspace_bytes = cpu_workspace_bytes
         self.gpu_workspace_bytes = gpu_workspace_bytes
+        self.devices = devices
+
+    def availability(self, device: torch.device) -> str | None:
+        return None if device.type in self.devices else f"runs on {' / '.join(self.devices)} tensors only"
+
+    def deterministic_variant(self) -> ChunkedBackend:
+        return self
 
     def rows_per_chunk(self, vocab: int, device: torch.device, workspace_bytes: int | None) -> int:
         """R such that one fp32 [R, V] tile fits the workspace budget (at least one row)."""
@@ -372,3 +380,4 @@ class _GradAccumulator:
 
 
 TORCH_BACKEND = ChunkedBackend("torch", TorchEpilogue(), cpu_workspace_bytes=16 << 20, gpu_workspace_bytes=512 << 20)
+"""The PyTorch oracle: runs on any device."""

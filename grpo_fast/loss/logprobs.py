@@ -49,7 +49,7 @@ def _backend_name(backend: str, device_type: str) -> str:
 
 def _resolve(backend: str, device: torch.device, deterministic: bool):
     impl = get_backend(backend, device)
-    return getattr(impl, "deterministic_variant", impl) if deterministic else impl
+    return impl.deterministic_variant() if deterministic else impl
 
 
 # Layer 1 as torch.library custom ops with fake implementations and a registered autograd formula,

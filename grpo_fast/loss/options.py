@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..backends import backend_names
 from .head import LogitHead
 from .loss_types import LossType, Objective, get_loss_type
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-BACKENDS = ("auto", "torch", "triton", "cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class GRPOLossConfig:
     def __post_init__(self) -> None:
         spec = get_loss_type(self.loss_type)
         _check_choice("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
-        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("backend", self.backend, ("auto", *backend_names()))
         _check_finite("epsilon_low", self.epsilon_low, low=0.0, high=1.0, high_inclusive=False)
         if self.epsilon_high is not None:
             _check_finite("epsilon_high", self.epsilon_high, low=0.0)
