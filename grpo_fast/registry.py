@@ -22,10 +22,11 @@ class Registry:
         self._entries: dict[str, Any] = dict(builtins)
 
     def register(self, name: str, obj: Any = None) -> Any:
-        """Add `obj` under `name`; without `obj`, a decorator that does. A name is registered once."""
+        """Add `obj` under `name`; without `obj`, a decorator that does. A name is registered once; a built-in's
+        "module:attribute" entry takes the very object it names (its module registers it on import)."""
         if obj is None:
             return lambda target: self.register(name, target)
-        if name in self._entries:
+        if name in self._entries and self._entries[name] not in (obj, _location(obj)):
             raise ValueError(f"{self.kind} {name!r} is already registered")
         self._entries[name] = obj
         return obj
@@ -48,6 +49,12 @@ class Registry:
         raise ValueError(
             f"{self.kind}: unknown name {name!r}; expected one of {sorted(self._entries)} or 'package.module:attribute'"
         )
+
+
+def _location(obj: Any) -> str | None:
+    """ "module:qualname" of a function or class (how built-in entries name them), else None."""
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}:{qualname}" if module and qualname else None
 
 
 def _import(location: str, what: str) -> Any:

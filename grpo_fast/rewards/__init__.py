@@ -27,6 +27,8 @@ _EXPORTS = {
     "math_accuracy": "math_answer",
     "sql_execution": "sql",
     "think_format": "format",
+    "reward": "registry",
+    "Sample": "self_test",
 }
 __all__ = sorted(_EXPORTS)
 

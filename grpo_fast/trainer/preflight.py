@@ -87,7 +87,7 @@ def verifier_self_test(rewards, report: PreflightReport) -> None:
         fn = unrouted(fn)  # the samples test the verifier, not the rows its `when` routes to it
         info, _ = info_of(fn)
         if info is None or not info.samples:
-            report.warnings.append(f"reward {name} has no self-test samples (grpo_fast.rewards.self_test.describe)")
+            report.warnings.append(f"reward {name} has no self-test samples (declare them with @grpo_fast.rewards.reward)")
             continue
         scored = []
         for sample in info.samples:

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_fast.data.tasks import countdown_dataset, countdown_reward, exact_match_reward, modular_arithmetic_dataset
+from grpo_fast.data.tasks import countdown_dataset, modular_arithmetic_dataset
 from grpo_fast.rewards.length import soft_overlong_penalty
+from grpo_fast.rewards.tasks import countdown_reward, exact_match_reward
 from grpo_fast.trainer.advantages import combine_rewards, group_advantages
 from grpo_fast.trainer.config import TrainConfig, load_config
 

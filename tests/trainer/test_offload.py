@@ -78,7 +78,8 @@ def test_memory_snapshot_keys_on_cpu():
 
 
 def test_trainer_logs_phase_memory(tmp_path):
-    from grpo_fast.data.tasks import exact_match_reward, modular_arithmetic_dataset
+    from grpo_fast.data.tasks import modular_arithmetic_dataset
+    from grpo_fast.rewards.tasks import exact_match_reward
     from grpo_fast.trainer import GRPOTrainer, load_config
 
     tok = build_char_tokenizer()
