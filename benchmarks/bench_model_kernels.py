@@ -26,8 +26,8 @@ import torch
 
 from grpo_fast import GRPOLossConfig, grpo_loss
 from grpo_fast.bench.common import environment_stamp, time_call, write_json
-from grpo_fast.trainer.config import ModelConfig
-from grpo_fast.trainer.model_kernels import apply_model_kernels
+from grpo_fast.core.model_kernels import apply_model_kernels
+from grpo_fast.core.policy import ModelConfig
 
 QWEN2_0_5B = dict(
     hidden_size=896,

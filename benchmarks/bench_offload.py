@@ -58,7 +58,7 @@ def build_trainer(device: torch.device, shape: str, seed: int = 0):
     """A `GRPOTrainer` around a random-init Qwen2 model on `device` (no engine is started)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo_fast.demo.tiny import build_char_tokenizer
+    from grpo_fast.core.tiny_models import build_char_tokenizer
     from grpo_fast.trainer.config import TrainConfig
     from grpo_fast.trainer.trainer import GRPOTrainer
 

@@ -7,7 +7,7 @@ Variants (each in its own interpreter, so that its peak RSS is its own):
     ours_logprobs   use_grpo_fast(trainer): grpo_fast.fused_logprobs as the head, TRL's loss in torch
     ours_loss       use_grpo_fast(trainer, loss=True): the whole objective through grpo_fast.grpo_loss
 
-Model and batch: a random-init Qwen2 (grpo_fast.bench.common.random_qwen2: --layers, hidden 512, vocabulary 32k,
+Model and batch: a random-init Qwen2 (grpo_fast.bench.models: --layers, hidden 512, vocabulary 32k,
 sdpa, fp32), a 32k-word tokenizer built in code; B sequences of P prompt tokens and C completion tokens, every one
 active by default (N = B x C = 2048 completion tokens; --min-length-frac f < 1 draws each length from [f C, C]),
 random advantages, TRL's GRPOConfig defaults otherwise (loss_type dapo, beta 0, temperature 1, on-policy). On CPU
@@ -37,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from grpo_fast.bench.common import add_model_shape_arguments, environment_stamp, write_json  # noqa: E402
+from grpo_fast.bench.common import environment_stamp, write_json  # noqa: E402
+from grpo_fast.bench.models import add_model_shape_arguments, model_from_shape_arguments  # noqa: E402
 
 VARIANTS = ("trl", "ours_logprobs", "ours_loss")
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "trl_integration_cpu.json"
@@ -49,10 +50,9 @@ def build(args):
     import trl
     from datasets import Dataset
 
-    from grpo_fast.bench.common import random_qwen2
-    from grpo_fast.bench.step import build_word_tokenizer
+    from grpo_fast.bench.step.policy import build_word_tokenizer
 
-    model = random_qwen2(args, args.prompt_len + args.completion_len + 8, torch.device("cpu"))
+    model = model_from_shape_arguments(args, args.prompt_len + args.completion_len + 8, torch.device("cpu"))
     tokenizer = build_word_tokenizer(args.vocab)
     config = trl.GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="bench_trl_integration_"),

@@ -16,7 +16,7 @@ Backward, given gℓ = ∂L/∂logp and gH = ∂L/∂entropy per row (p = softma
     dz = gℓ (onehot(y) − p) − gH p (log p + entropy)
     dh = dz W τ⁻¹,   dW = dzᵀ h τ⁻¹,   db = Σ_rows dz τ⁻¹      (dz (1 − tanh²(x / c)) with a soft cap).
 
-Launch rules (docs/architecture.md): only feature flags and block sizes are constexpr;
+Launch rules: only feature flags and block sizes are constexpr;
 N, V, H, strides, τ⁻¹ and split sizes are runtime scalars, so new lengths or temperatures never
 recompile (the row count is also exempt from Triton's integer specialisation,
 `do_not_specialize`, so N % 16 never picks a new binary). Every grid is one-dimensional (axis 0

@@ -111,39 +111,3 @@ def write_json(path: str | os.PathLike, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
-
-
-def add_model_shape_arguments(parser, device: bool = True) -> None:
-    """--device (unless `device` is False) and the random-init Qwen2's shape flags (defaults: 4 layers,
-    hidden 512, vocabulary 32k)."""
-    import torch
-
-    if device:
-        parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--intermediate", type=int, default=1408)
-    parser.add_argument("--vocab", type=int, default=32000)
-
-
-def random_qwen2(args, max_positions: int, device):
-    """A Qwen2ForCausalLM of the shape flags of `add_model_shape_arguments` (sdpa attention, untied
-    embeddings), random-initialised from seed 0, on `device` in train mode."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).to(device).train()

@@ -25,15 +25,14 @@ from collections.abc import Callable
 import torch
 
 from .common import (
-    add_model_shape_arguments,
     environment_stamp,
-    random_qwen2,
     reset_peak_rss,
     rss_bytes,
     run_json_subprocess,
     time_call,
     write_json,
 )
+from .models import add_model_shape_arguments, model_from_shape_arguments
 
 CONTENDERS = ("fused", "transformers")
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "batch", "seq_len", "loss_frac")
@@ -44,7 +43,7 @@ def build(args: argparse.Namespace, device: torch.device):
     `loss_frac` of each row are the loss tokens (a prompt, then its completion)."""
     from grpo_fast.sft.batching import TokenBatch
 
-    model = random_qwen2(args, max(args.seq_len, 128), device)
+    model = model_from_shape_arguments(args, max(args.seq_len, 128), device)
     g = torch.Generator().manual_seed(1)
     input_ids = torch.randint(0, args.vocab, (args.batch, args.seq_len), generator=g)
     loss_mask = torch.zeros_like(input_ids, dtype=torch.bool)

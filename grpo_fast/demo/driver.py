@@ -34,9 +34,18 @@ from pathlib import Path
 
 import torch
 
+from grpo_fast.core.optim import OptimConfig
+from grpo_fast.core.policy import ModelConfig
+from grpo_fast.core.seeding import set_seed
+from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
 from grpo_fast.data.tasks import code_functions_dataset, modular_arithmetic_dataset
-from grpo_fast.demo.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
+from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.rewards import code_tests
 from grpo_fast.rollout.base import Completion, RolloutEngine
+from grpo_fast.rollout.vllm_engine import VLLMOptions
+from grpo_fast.sft.in_memory import sft_train
+from grpo_fast.trainer.config import RewardConfig, RolloutConfig, RunConfig, TrainConfig
+from grpo_fast.trainer.trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +129,7 @@ class ForgingEngine(RolloutEngine):
         self._forged: dict[int, Completion] = {}  # by id; holding them keeps their ids from being reused
 
     @classmethod
-    def from_config(cls, config, *, model, tokenizer, export_model):
+    def from_config(cls, config, *, options, model, tokenizer, export_model):
         raise NotImplementedError("ForgingEngine wraps an engine built elsewhere")
 
     def generate(self, prompt_token_ids, sampling):
@@ -158,11 +167,6 @@ class ForgingEngine(RolloutEngine):
 
 def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     """Runs the demo; `engine` reuses an existing rollout engine of the same tiny architecture (tests)."""
-    from grpo_fast.loss import GRPOLossConfig
-    from grpo_fast.trainer.config import ModelConfig, OptimConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
-    from grpo_fast.trainer.sft import sft_train
-    from grpo_fast.trainer.trainer import GRPOTrainer, set_seed
-
     cfg = cfg or DemoConfig()
     t_start = time.perf_counter()
     out = Path(cfg.output_dir)
@@ -190,9 +194,8 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
             num_generations=cfg.num_generations,
             max_completion_length=task.max_completion_length,
             temperature=1.0,
-            dtype="float32",
             max_model_len=64,
-            kv_cache_memory_bytes=64 << 20,
+            vllm=VLLMOptions(dtype="float32", kv_cache_memory_bytes=64 << 20),
         ),
         loss=GRPOLossConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28),
         optim=OptimConfig(lr=cfg.rl_lr, max_grad_norm=1.0),
@@ -278,7 +281,6 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
 def _forging_summary(forged: list[tuple[dict, float]], others: list[float]) -> dict:
     """Each forged completion's reward against the reward of the same wrong function, written honestly,
     on the same row (the forgery is worth something only where it earns more)."""
-    from grpo_fast.rewards import code_tests
 
     rows = {r["prompt"]: r for r, _ in forged}
     honest = dict(

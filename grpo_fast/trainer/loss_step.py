@@ -16,17 +16,18 @@ from collections import defaultdict
 
 import torch
 
+from grpo_fast.core.packing import packing_error
+from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, lm_head_params
 from grpo_fast.distributed.context import Distributed
 from grpo_fast.distributed.fsdp import full_tensor, is_sharded
-from grpo_fast.loss import fused_logprobs, grpo_loss
+from grpo_fast.loss import grpo_loss
 from grpo_fast.loss.head import with_model_head
-from grpo_fast.sft.packing_check import packing_error
+from grpo_fast.loss.logprobs import logprobs_with_config
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.entropy_control import AdaptiveEntropy
 from grpo_fast.trainer.importance import rollout_importance_weights
 from grpo_fast.trainer.micro_batches import idle_copy, packed_micro_batches, padded_micro_batches, sequence_lengths
-from grpo_fast.trainer.policy import SequenceBatch, build_sequence_batch, lm_head_params
 from grpo_fast.trainer.prefix_sharing import prefix_sharing_error, shared_completion_hidden, worth_sharing
 from grpo_fast.trainer.rollout_phase import RolloutBatch
 
@@ -83,7 +84,7 @@ class LossStep:
         self.loss_config = with_model_head(config.loss_config(), model)  # the model's logit scale / soft cap
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
-        self.autocast = self.device.type == "cuda" and config.run.bf16 in ("auto", "true")
+        self.autocast = self.device.type == "cuda" and config.run.bf16 in ("auto", True)
         self.head_dtype = torch.bfloat16 if self.autocast else None
         self.ref_model = ref_model
         if ref_model is None and config.loss.beta > 0 and not hasattr(model, "disable_adapter"):
@@ -107,30 +108,30 @@ class LossStep:
         """Whether micro-batches are packed padding-free (run.packing; "auto" asks the packing probe once)."""
         if self._packing is None:
             mode = self.config.run.packing
-            error = None if mode == "false" else packing_error(self.model)
-            if mode == "true" and error:
+            error = None if mode is False else packing_error(self.model)
+            if mode is True and error:
                 raise ValueError(f"run.packing: true, but {error}; set run.packing: auto or false")
             if mode == "auto" and error:
                 logger.warning("packing off, micro-batches padded: %s", error)
-            self._packing = mode != "false" and error is None
+            self._packing = mode is not False and error is None
         return self._packing
 
     def shares_prompts(self, batch: SequenceBatch) -> bool:
         """Whether this batch's micro-batches run each group's prompt once (run.share_prompt; "auto": when
         the prompt-sharing probe passes, asked once, and `worth_sharing` expects a saving for the batch)."""
         mode = self.config.run.share_prompt
-        if mode == "false" or self.sharded:  # two backbone passes per micro-batch: not through FSDP's root
+        if mode is False or self.sharded:  # two backbone passes per micro-batch: not through FSDP's root
             return False
         if not self._sharing_probed:
             self._sharing_error, self._sharing_probed = prefix_sharing_error(self.model), True
-            if mode == "true" and self._sharing_error:
+            if mode is True and self._sharing_error:
                 raise ValueError(f"run.share_prompt: true, but {self._sharing_error}; set it to auto or false")
             if self._sharing_error:
                 logger.warning("prompts not shared: %s", self._sharing_error)
         if self._sharing_error:
             return False
         prompt_lens, completion_lens = sequence_lengths(batch)
-        return mode == "true" or worth_sharing(prompt_lens, completion_lens, self.group_rows()[1])
+        return mode is True or worth_sharing(prompt_lens, completion_lens, self.group_rows()[1])
 
     def group_rows(self) -> tuple[int, int]:
         """(rows per shared-prompt micro-batch: whole groups, at least one; completions per prompt in one)."""
@@ -167,7 +168,7 @@ class LossStep:
         return hidden if self.head_dtype is None else hidden.to(self.head_dtype)
 
     def head(self, model) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The lm_head weight and bias in the loss's compute dtype (cast once per call; see `head_for_step`)."""
+        """The lm_head weight and bias in the loss's compute dtype (bf16 under autocast: cast once per call)."""
         weight, bias = lm_head_params(model)
         if self.head_dtype is None or weight.dtype == self.head_dtype:
             return weight, bias
@@ -188,16 +189,7 @@ class LossStep:
                     weight, bias = self.head(model)
                 if mb.idle:
                     continue
-                lp = fused_logprobs(
-                    hidden,
-                    weight,
-                    mb.completion_ids,
-                    temperature=self.loss_config.temperature,
-                    logit_scale=self.loss_config.logit_scale,
-                    final_logit_softcapping=self.loss_config.final_logit_softcapping,
-                    backend=self.loss_config.backend,
-                    bias=bias,
-                )
+                lp = logprobs_with_config(hidden, weight, mb.completion_ids, self.loss_config, bias)
                 mb.scatter(out, lp.float())
             return out
         finally:
@@ -392,16 +384,8 @@ class LossStep:
                 loss = loss * share
             if current_logprobs is not None:
                 with torch.no_grad():
-                    lp = fused_logprobs(
-                        hidden.detach(),
-                        weight.detach(),
-                        mb.completion_ids,
-                        temperature=config.temperature,
-                        logit_scale=config.logit_scale,
-                        final_logit_softcapping=config.final_logit_softcapping,
-                        backend=config.backend,
-                        bias=None if bias is None else bias.detach(),
-                    )
+                    frozen_bias = None if bias is None else bias.detach()
+                    lp = logprobs_with_config(hidden.detach(), weight.detach(), mb.completion_ids, config, frozen_bias)
                 mb.scatter(current_logprobs, lp.float())
             # FSDP averages the ranks' gradients of their shares of the batch's loss: scale to the sum.
             (loss * self.dist.world_size if self.dist.enabled else loss).backward()

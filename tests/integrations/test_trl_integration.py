@@ -47,7 +47,7 @@ def _build(output_dir: str, peft_config=None):
     """A real GRPOTrainer on the tiny Qwen2 and one off-policy batch of its own rollouts."""
     from datasets import Dataset
 
-    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, seed=0)
@@ -191,7 +191,7 @@ def test_rloo_trainer_head_matches_trl(tmp_path):
     """RLOOTrainer uses the same head entry point: our head under its own loss."""
     from datasets import Dataset
 
-    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model, save_tiny
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, save_tiny
 
     tokenizer = build_char_tokenizer()
     model_dir = save_tiny(build_tiny_model(tokenizer, seed=1), tokenizer, tmp_path / "model")  # beta > 0: a ref

@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-from grpo_fast.demo.tiny import build_char_tokenizer
+from grpo_fast.core.tiny_models import build_char_tokenizer
 from grpo_fast.rewards import reward_model as rm_module
 from grpo_fast.rewards.reward_model import reward_model
+from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rewards.routing import RoutedReward
 from grpo_fast.trainer.preflight import PreflightReport, reward_scale_warnings, verifier_self_test
-from grpo_fast.trainer.scoring import RewardSet, TrainerState
 
 STATE = TrainerState(global_step=0, max_steps=1)
 PROMPTS = ["(12+7)%10=", "what is 3*4? ", "a", "(99-1)%7=", "say hi: "]

@@ -134,9 +134,9 @@ class ScriptedLLM(RecordingLLM):
 def test_a_whole_run_at_level_two_never_generates_from_discarded_weights(tmp_path):
     from types import SimpleNamespace
 
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
     from grpo_fast.curate.sampling import run_sampling
     from grpo_fast.data.tasks import modular_arithmetic_dataset
-    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
     from grpo_fast.trainer import GRPOTrainer, load_config
 
     tok = build_char_tokenizer()
@@ -148,7 +148,7 @@ def test_a_whole_run_at_level_two_never_generates_from_discarded_weights(tmp_pat
         None,
         [
             "rollout.engine=vllm",
-            "rollout.sleep_level=2",
+            "rollout.vllm.sleep_level=2",
             "rollout.num_generations=2",
             "rollout.max_completion_length=2",
             "run.prompts_per_step=2",

@@ -11,10 +11,10 @@ import yaml
 from safetensors.torch import load_file
 
 from grpo_fast.cli import main
-from grpo_fast.demo.tiny import build_tiny_model, save_tiny
+from grpo_fast.core.tiny_models import build_tiny_model, save_tiny
 from grpo_fast.sft.config import load_sft_config
+from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.sft.trainer import SFTTrainer, run_sft
-from grpo_fast.trainer.sft import sft_train
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 ROWS = [{"prompt": f"({a}*7)%10=", "completion": str(a * 7 % 10), "reward": 1.0} for a in range(40)]

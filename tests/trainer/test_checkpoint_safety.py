@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from grpo_fast.core import checkpoint as ckpt
+from grpo_fast.core.seeding import set_rng_state
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.rewards.tasks import exact_match_reward
 from grpo_fast.trainer import GRPOTrainer, load_config
-from grpo_fast.trainer import checkpoint as ckpt
 
 
 def _trainer(out, *overrides):
@@ -59,7 +60,7 @@ def test_the_trainer_state_loads_with_weights_only_and_restores_the_rngs(tmp_pat
     expected = (random.random(), np.random.random(), torch.rand(1))  # noqa: NPY002
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     random.seed(9), np.random.seed(9), torch.manual_seed(9)  # noqa: NPY002
-    ckpt.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     assert (random.random(), np.random.random()) == expected[:2]  # noqa: NPY002
     assert torch.equal(torch.rand(1), expected[2])
 
@@ -72,5 +73,5 @@ def test_a_checkpoint_of_the_earlier_format_still_loads(tmp_path):
     torch.save({"step": 1, "rng": rng}, path / "trainer_state.pt")
     expected = np.random.random()  # noqa: NPY002
     state = ckpt.load_trainer_state(path)
-    ckpt.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     assert np.random.random() == expected  # noqa: NPY002

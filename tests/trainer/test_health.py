@@ -11,15 +11,15 @@ import random
 
 import pytest
 
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.tasks import exact_match_reward
+from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer import GRPOTrainer, load_config
 from grpo_fast.trainer.health import HealthMonitor, HealthThresholds
 from grpo_fast.trainer.preflight import PreflightError
-from grpo_fast.trainer.sft import sft_train
 
 TASK = dict(modulus=10, max_operand=1000, ops="*", fixed_b=7)
 

@@ -1,4 +1,4 @@
-"""`model.liger_kernels` (grpo_fast/trainer/model_kernels.py): the error paths on CPU, and on a GPU a tiny
+"""`model.liger_kernels` (grpo_fast/core/model_kernels.py): the error paths on CPU, and on a GPU a tiny
 Qwen2's loss and gradients with Liger-Kernel's RMSNorm / RoPE / SwiGLU against the same model without them."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from grpo_fast.trainer.config import ModelConfig
-from grpo_fast.trainer.model_kernels import apply_model_kernels
+from grpo_fast.core.model_kernels import apply_model_kernels
+from grpo_fast.core.policy import ModelConfig
 
 ON = ModelConfig(path="unused", liger_kernels=True)
 
