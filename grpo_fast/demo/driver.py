@@ -178,7 +178,6 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, TinyModelSpec(), seed=cfg.seed)
     task = build_task(cfg)
-
     t0 = time.perf_counter()
     sft_losses = sft_train(
         model, tokenizer, task.teacher_pairs, steps=cfg.sft_steps, batch_size=64, lr=cfg.sft_lr, seed=cfg.seed
@@ -186,7 +185,53 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     seconds_sft = time.perf_counter() - t0
     model_dir = save_tiny(model, tokenizer, out / "sft_model")
 
-    config = TrainConfig(
+    ledger = ForgeryLedger()
+    trainer = GRPOTrainer(
+        model,
+        task.rewards,
+        task.train_rows,
+        config=demo_train_config(cfg, task, model_dir),
+        eval_dataset=task.eval_rows,
+        tokenizer=tokenizer,
+        engine=engine,
+        callbacks=[ledger.record] if cfg.forge_fraction > 0 else (),
+    )
+    trainer._ensure_engine()
+    if cfg.forge_fraction > 0:
+        trainer.engine = ForgingEngine(trainer.engine, cfg.forge_fraction, cfg.seed)
+    preflight = trainer.preflight()  # verifier self-test, reward scale, difficulty, held-out baseline
+    before = {k.replace("start/", "eval/"): v for k, v in preflight.baselines.items()}
+    t_rl = time.perf_counter()
+    trainer.train()
+    seconds_rl = time.perf_counter() - t_rl
+    after = trainer.evaluate()
+    summary = {
+        "task": cfg.task,
+        "accuracy_before_rl": before["eval/accuracy"],
+        "accuracy_after_rl": after["eval/accuracy"],
+        "improvement_pp": 100.0 * (after["eval/accuracy"] - before["eval/accuracy"]),
+        "reward_before_rl": before["eval/reward_mean"],
+        "reward_after_rl": after["eval/reward_mean"],
+        "preflight": preflight.to_dict(),
+        "seconds_total": time.perf_counter() - t_start,
+        "seconds_sft": seconds_sft,
+        "seconds_rl": seconds_rl,
+        "sft_final_loss": sft_losses[-1] if sft_losses else None,
+        **_run_summary(trainer),
+        "config": asdict(cfg),
+        "plots_dir": str(out / "plots"),
+    }
+    if cfg.forge_fraction > 0:
+        rows = {tuple(trainer.prompts.encode(r["prompt"])): r for r in task.train_rows}
+        summary |= _forging_summary([(rows[ids], reward) for ids, reward in ledger.forged], ledger.others)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    trainer.close()  # the reward workers, and the engine unless the caller passed one
+    return summary
+
+
+def demo_train_config(cfg: DemoConfig, task: DemoTask, model_dir: Path) -> TrainConfig:
+    """The GRPO run of the demo: dapo with clip-higher, the tiny model's engine settings, no checkpoints."""
+    return TrainConfig(
         model=ModelConfig(path=str(model_dir)),
         reward=RewardConfig(funcs=task.rewards),
         rollout=RolloutConfig(
@@ -200,7 +245,7 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         loss=GRPOLossConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28),
         optim=OptimConfig(lr=cfg.rl_lr, max_grad_norm=1.0),
         run=RunConfig(
-            output_dir=str(out),
+            output_dir=str(Path(cfg.output_dir)),
             max_steps=cfg.rl_steps,
             prompts_per_step=cfg.prompts_per_step,
             micro_batch_size=128,
@@ -211,71 +256,41 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
             progress=cfg.progress,
         ),
     )
-    forged, others = [], []  # (prompt token ids, reward) of the forged completions; rewards of the others
 
-    def record_forged(trainer, rollout, metrics):
+
+class ForgeryLedger:
+    """A step callback that sorts the step's completions: (prompt token ids, reward) of the forged ones, and the
+    rewards of the others."""
+
+    def __init__(self) -> None:
+        self.forged: list[tuple[tuple[int, ...], float]] = []
+        self.others: list[float] = []
+
+    def record(self, trainer, rollout, metrics) -> None:
         batch = zip(rollout.prompt_ids, rollout.completions, rollout.rewards.tolist(), strict=True)
         for prompt_ids, completion, reward in batch:
             if trainer.engine.is_forged(completion):
-                forged.append((tuple(prompt_ids), reward))
+                self.forged.append((tuple(prompt_ids), reward))
             else:
-                others.append(reward)
+                self.others.append(reward)
 
-    trainer = GRPOTrainer(
-        model,
-        task.rewards,
-        task.train_rows,
-        config=config,
-        eval_dataset=task.eval_rows,
-        tokenizer=tokenizer,
-        engine=engine,
-        callbacks=[record_forged] if cfg.forge_fraction > 0 else (),
-    )
-    trainer._ensure_engine()
-    if cfg.forge_fraction > 0:
-        trainer.engine = ForgingEngine(trainer.engine, cfg.forge_fraction, cfg.seed)
-    preflight = trainer.preflight()  # verifier self-test, reward scale, difficulty, held-out baseline
-    before = {k.replace("start/", "eval/"): v for k, v in preflight.baselines.items()}
-    t_rl = time.perf_counter()
-    trainer.train()
-    seconds_rl = time.perf_counter() - t_rl
-    after = trainer.evaluate()
+
+def _run_summary(trainer: GRPOTrainer) -> dict:
+    """The trained run's steps, alarms, phase times, engine, reward curve and held-out accuracy curve."""
     history = trainer.metrics.history
-    summary = {
-        "task": cfg.task,
-        "accuracy_before_rl": before["eval/accuracy"],
-        "accuracy_after_rl": after["eval/accuracy"],
-        "improvement_pp": 100.0 * (after["eval/accuracy"] - before["eval/accuracy"]),
-        "reward_before_rl": before["eval/reward_mean"],
-        "reward_after_rl": after["eval/reward_mean"],
-        "preflight": preflight.to_dict(),
+    engine = getattr(trainer.engine, "inner", trainer.engine)
+    return {
         "alarms": [a.line() for a in trainer.health.alarms],
         "steps": trainer.step,
-        "seconds_total": time.perf_counter() - t_start,
-        "seconds_sft": seconds_sft,
-        "seconds_rl": seconds_rl,
-        "seconds_generate": trainer.timers["generate"],
-        "seconds_score": trainer.timers["score"],
-        "seconds_train": trainer.timers["train"],
-        "seconds_sync": trainer.timers["sync"],
-        "seconds_eval": trainer.timers["eval"],
-        "rollout_engine": getattr(trainer.engine, "inner", trainer.engine).name,
-        "engine_startup_seconds": getattr(getattr(trainer.engine, "inner", trainer.engine), "startup_seconds", 0.0),
-        "sft_final_loss": sft_losses[-1] if sft_losses else None,
+        **{f"seconds_{phase}": trainer.timers[phase] for phase in ("generate", "score", "train", "sync", "eval")},
+        "rollout_engine": engine.name,
+        "engine_startup_seconds": getattr(engine, "startup_seconds", 0.0),
         "reward_first_step": history[1]["reward/mean"] if len(history) > 1 else None,
         "reward_last_step": history[-1].get("reward/mean"),
         "eval_accuracy_curve": [(r["step"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r],
         "torch_threads": torch.get_num_threads(),
-        "config": asdict(cfg),
         "metrics_jsonl": str(trainer.metrics.path),
-        "plots_dir": str(out / "plots"),
     }
-    if cfg.forge_fraction > 0:
-        rows = {tuple(trainer.prompts.encode(r["prompt"])): r for r in task.train_rows}
-        summary |= _forging_summary([(rows[ids], reward) for ids, reward in forged], others)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    trainer.close()  # the reward workers, and the engine unless the caller passed one
-    return summary
 
 
 def _forging_summary(forged: list[tuple[dict, float]], others: list[float]) -> dict:

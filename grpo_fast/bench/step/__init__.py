@@ -83,12 +83,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=7200.0, help="seconds one contender may take")
 
 
+TABLE_KEYS = (
+    "config",
+    "contender",
+    "step_median_s",
+    "step_p20_s",
+    "step_p80_s",
+    "phases_median_s",
+    "completions_per_step",
+    "completion_length_mean",
+    "completion_tokens_per_s",
+    "peak_rss_bytes",
+    "step_vs_trl",
+)
+
+
 def main(args: argparse.Namespace) -> int:
     steps = args.steps if args.steps is not None else (2 if args.quick else 5)
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     if steps < 1 or warmup < 0:
         raise SystemExit("--steps must be >= 1 and --warmup >= 0")
-    work = Path(args.work).resolve()
     stamp = environment()
     payload: dict = {
         "benchmark": "grpo_step",
@@ -102,64 +116,10 @@ def main(args: argparse.Namespace) -> int:
             "reward": REWARD_SPEC,
             "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
         },
-        "configs": {},
+        "configs": {name: run_config(name, args, warmup, steps) for name in args.configs},
     }
-    results: dict[str, list[dict]] = {}
-    for name in args.configs:
-        cfg = step_config(name, args.quick)
-        model_dir = work / "models" / (f"{name}_quick" if args.quick else name)
-        t0 = time.perf_counter()
-        policy = build_policy(cfg, model_dir)
-        print(
-            f"[{name}] policy: {policy['parameters'] / 1e6:.1f}M parameters, "
-            f"built in {time.perf_counter() - t0:.1f} s; "
-            f"EOS tuning: {policy['eos_tuning']}",
-            flush=True,
-        )
-        runs = []
-        for contender in args.contenders:
-            job = {
-                "contender": contender,
-                "config": dataclasses.asdict(cfg),
-                "model_dir": str(model_dir),
-                "output_dir": str(work / name / contender / "trainer"),
-                "warmup": warmup,
-                "steps": steps,
-                "kv_cache_memory_bytes": args.kv_cache_bytes,
-            }
-            t0 = time.perf_counter()
-            result = run_contender(job, work / name / contender, args.timeout)
-            result["summary"] = summarize(result)
-            runs.append(result)
-            s = result["summary"]
-            print(
-                f"[{name}] {contender}: step median {s['step_median_s']:.2f} s, {s['completions_per_step']} "
-                f"completions/step, mean length {s['completion_length_mean']:.1f}, peak RSS "
-                f"{s['peak_rss_bytes'] / 2**20:.0f} MiB ({time.perf_counter() - t0:.0f} s in all)",
-                flush=True,
-            )
-        results[name] = runs
-        payload["configs"][name] = {"config": dataclasses.asdict(cfg), "policy": policy, "contenders": runs}
-    rows = table_rows(results)
-    payload["table"] = [
-        {
-            k: r[k]
-            for k in (
-                "config",
-                "contender",
-                "step_median_s",
-                "step_p20_s",
-                "step_p80_s",
-                "phases_median_s",
-                "completions_per_step",
-                "completion_length_mean",
-                "completion_tokens_per_s",
-                "peak_rss_bytes",
-                "step_vs_trl",
-            )
-        }
-        for r in rows
-    ]
+    rows = table_rows({name: c["contenders"] for name, c in payload["configs"].items()})
+    payload["table"] = [{k: r[k] for k in TABLE_KEYS} for r in rows]
     stamp["load_average_end"] = os.getloadavg()
     table = format_table(rows)
     print(table)
@@ -169,3 +129,39 @@ def main(args: argparse.Namespace) -> int:
     write_json(out, payload)
     print(f"wrote {out} and {payload['plot']}")
     return 0
+
+
+def run_config(name: str, args: argparse.Namespace, warmup: int, steps: int) -> dict:
+    """One config: its policy built once, then every contender in its own process; -> the config's results."""
+    work = Path(args.work).resolve()
+    cfg = step_config(name, args.quick)
+    model_dir = work / "models" / (f"{name}_quick" if args.quick else name)
+    t0 = time.perf_counter()
+    policy = build_policy(cfg, model_dir)
+    print(
+        f"[{name}] policy: {policy['parameters'] / 1e6:.1f}M parameters, built in {time.perf_counter() - t0:.1f} s; "
+        f"EOS tuning: {policy['eos_tuning']}",
+        flush=True,
+    )
+    runs = []
+    for contender in args.contenders:
+        job = {
+            "contender": contender,
+            "config": dataclasses.asdict(cfg),
+            "model_dir": str(model_dir),
+            "output_dir": str(work / name / contender / "trainer"),
+            "warmup": warmup,
+            "steps": steps,
+            "kv_cache_memory_bytes": args.kv_cache_bytes,
+        }
+        t0 = time.perf_counter()
+        result = run_contender(job, work / name / contender, args.timeout)
+        result["summary"] = s = summarize(result)
+        runs.append(result)
+        print(
+            f"[{name}] {contender}: step median {s['step_median_s']:.2f} s, {s['completions_per_step']} "
+            f"completions/step, mean length {s['completion_length_mean']:.1f}, peak RSS "
+            f"{s['peak_rss_bytes'] / 2**20:.0f} MiB ({time.perf_counter() - t0:.0f} s in all)",
+            flush=True,
+        )
+    return {"config": dataclasses.asdict(cfg), "policy": policy, "contenders": runs}

@@ -91,15 +91,65 @@ def grpo_fast_config(cfg: StepConfig, engine: str, model_dir: str, output_dir: s
     )
 
 
+class StepRecorder:
+    """Wraps a trainer's `training_step` (and its old-logprob pass) to record each step's wall time split into
+    the phases of trainer/metrics.py: time/generate, time/score (on the critical path), time/train (the loss
+    step, with any old-logprob pass: taken out here), time/sync; the rest of the step is "other"."""
+
+    def __init__(self, trainer: GRPOTrainer) -> None:
+        self.records: list[dict] = []
+        self.current: dict = {}
+        self.logprob_pass = getattr(trainer.loss_step, "logprobs", None)  # the old-policy (and reference) pass
+        if self.logprob_pass is not None:
+            trainer.loss_step.logprobs = self.timed_logprobs
+        self.step_fn = trainer.training_step
+        trainer.training_step = self.timed_step
+        trainer.callbacks.append(self.count_trained)
+
+    def timed_logprobs(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.logprob_pass(*args, **kwargs)
+        finally:
+            self.current["old_logprobs"] = self.current.get("old_logprobs", 0.0) + time.perf_counter() - start
+
+    def count_trained(self, _trainer, rollout, _metrics) -> None:
+        self.current["sequences_trained"] = len(rollout.completions)
+
+    def timed_step(self):
+        self.current.clear()
+        reset_seen()
+        start = time.perf_counter()
+        out = self.step_fn()
+        wall = time.perf_counter() - start
+        phases = {p: float(out.get(f"time/{p}", 0.0) or 0.0) for p in ("generate", "score", "train", "sync")}
+        phases["old_logprobs"] = self.current.get("old_logprobs", 0.0)
+        phases["train"] -= phases["old_logprobs"]
+        phases["other"] = wall - sum(phases.values())
+        accounted = {"time/step", "time/score_pool", *(f"time/{p}" for p in phases)}  # time/score_pool: overlapped
+        self.records.append(
+            {
+                "step_s": wall,
+                "phases_s": phases,
+                "other_timers_s": {k: v for k, v in out.items() if k.startswith("time/") and k not in accounted},
+                "trainer_time_step_s": float(out.get("time/step", math.nan)),
+                **seen_stats(),
+                "sequences_trained": self.current.get("sequences_trained"),
+                "train_tokens": float(out.get("train_tokens", math.nan)),
+                "metrics": {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and "/" in k},
+            }
+        )
+        return out
+
+
 def run_grpo_fast(job: dict) -> dict:
     """Warm-up + timed steps of grpo_fast's GRPOTrainer in this process."""
     cfg = StepConfig(**job["config"])
     engine = "vllm" if job["contender"] == "grpo_fast_vllm" else "hf"
     if engine == "vllm":
         MinTokensVLLMEngine.min_tokens = cfg.min_completion_length
-    warmup, steps = job["warmup"], job["steps"]
     config = grpo_fast_config(
-        cfg, engine, job["model_dir"], job["output_dir"], warmup + steps, job["kv_cache_memory_bytes"]
+        cfg, engine, job["model_dir"], job["output_dir"], job["warmup"] + job["steps"], job["kv_cache_memory_bytes"]
     )
     t0 = time.perf_counter()
     trainer = GRPOTrainer(job["model_dir"], [REWARD_SPEC], dataset_rows(cfg), config=config)
@@ -107,55 +157,7 @@ def run_grpo_fast(job: dict) -> dict:
         trainer.model.generation_config.min_new_tokens = cfg.min_completion_length
     trainer._ensure_engine()  # built here so that its start-up is reported apart from the steps
     setup_seconds = time.perf_counter() - t0
-
-    records: list[dict] = []
-    current: dict = {}
-    logprob_pass = getattr(trainer.loss_step, "logprobs", None)  # the old-policy (and reference) logprob pass
-
-    def timed_logprobs(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return logprob_pass(*args, **kwargs)
-        finally:
-            current["old_logprobs"] = current.get("old_logprobs", 0.0) + time.perf_counter() - start
-
-    if logprob_pass is not None:
-        trainer.loss_step.logprobs = timed_logprobs
-    step_fn = trainer.training_step
-
-    def timed_step():
-        current.clear()
-        reset_seen()
-        start = time.perf_counter()
-        out = step_fn()
-        wall = time.perf_counter() - start
-        # trainer/metrics.py: time/generate, time/score (on the critical path), time/train (the loss step, with
-        # any old-logprob pass: taken out here), time/sync; time/step is the step itself, time/score_pool the
-        # reward pool's own (overlapped) time. Other time/* keys are kept apart and counted in "other".
-        phases = {p: float(out.get(f"time/{p}", 0.0) or 0.0) for p in ("generate", "score", "train", "sync")}
-        phases["old_logprobs"] = current.get("old_logprobs", 0.0)
-        phases["train"] -= phases["old_logprobs"]
-        phases["other"] = wall - sum(phases.values())
-        accounted = {"time/step", "time/score_pool", *(f"time/{p}" for p in phases)}
-        records.append(
-            {
-                "step_s": wall,
-                "phases_s": phases,
-                "other_timers_s": {k: v for k, v in out.items() if k.startswith("time/") and k not in accounted},
-                "trainer_time_step_s": float(out.get("time/step", math.nan)),
-                **seen_stats(),
-                "sequences_trained": current.get("sequences_trained"),
-                "train_tokens": float(out.get("train_tokens", math.nan)),
-                "metrics": {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and "/" in k},
-            }
-        )
-        return out
-
-    def count_trained(_trainer, rollout, _metrics):
-        current["sequences_trained"] = len(rollout.completions)
-
-    trainer.training_step = timed_step
-    trainer.callbacks.append(count_trained)
+    recorder = StepRecorder(trainer)
     trainer.train()
     engine_obj = trainer.engine
     result = {
@@ -165,9 +167,9 @@ def run_grpo_fast(job: dict) -> dict:
         "setup_s": setup_seconds,
         "settings": json.loads(json.dumps(config.to_dict(), default=str)),
         "old_logprob_pass": "timed around LossStep.logprobs (phases_s.old_logprobs)"
-        if logprob_pass is not None
+        if recorder.logprob_pass is not None
         else "not measured (LossStep.logprobs not found): inside phases_s.train",
-        "records": records,
+        "records": recorder.records,
     }
     trainer.close()
     result["torch_threads"] = torch.get_num_threads()

@@ -70,88 +70,93 @@ def trl_args(cfg: StepConfig, output_dir: str, max_steps: int):
     )
 
 
+class PhaseClock:
+    """Seconds per phase of the current optimizer step, and the step records (shared by the trainer subclass
+    and the callback below)."""
+
+    def __init__(self) -> None:
+        self.current: dict = {}
+        self.records: list[dict] = []
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.current[phase] = self.current.get(phase, 0.0) + seconds
+
+    def timed(self, phase: str, call):
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.add(phase, time.perf_counter() - start)
+
+
+CLOCK = PhaseClock()
+
+
+class TimedGRPOTrainer(trl.GRPOTrainer):
+    """trl.GRPOTrainer with timers around its phases (behaviour unchanged)."""
+
+    def _generate_and_score_completions(self, inputs):
+        CLOCK.current["in_rollout"] = True
+        try:
+            return CLOCK.timed("rollout", lambda: super(TimedGRPOTrainer, self)._generate_and_score_completions(inputs))
+        finally:
+            CLOCK.current["in_rollout"] = False
+
+    def _generate(self, prompts):
+        return CLOCK.timed("generate", lambda: super(TimedGRPOTrainer, self)._generate(prompts))
+
+    def _calculate_rewards(self, *args, **kwargs):
+        return CLOCK.timed("score", lambda: super(TimedGRPOTrainer, self)._calculate_rewards(*args, **kwargs))
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        finally:
+            if CLOCK.current.get("in_rollout"):  # old-policy / reference logprobs, not the training forward
+                CLOCK.add("old_logprobs", time.perf_counter() - start)
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        current = CLOCK.current
+        current["sequences_trained"] = current.get("sequences_trained", 0) + int(inputs["completion_ids"].shape[0])
+        tokens = int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
+        current["train_tokens"] = current.get("train_tokens", 0) + tokens
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+
+class StepTimer(TrainerCallback):
+    """One record per optimizer step: its wall time split into TRL's phases (train = step - rollout)."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        CLOCK.current.clear()
+        reset_seen()
+        CLOCK.current["start"] = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        current = CLOCK.current
+        wall = time.perf_counter() - current["start"]
+        rollout = current.get("rollout", 0.0)
+        phases = {p: current.get(p, 0.0) for p in ("generate", "score", "old_logprobs")}
+        phases |= {"train": wall - rollout, "sync": 0.0}
+        phases["other"] = rollout - phases["generate"] - phases["score"] - phases["old_logprobs"]
+        CLOCK.records.append(
+            {
+                "step_s": wall,
+                "phases_s": phases,
+                **seen_stats(),
+                "sequences_trained": current.get("sequences_trained"),
+                "train_tokens": float(current.get("train_tokens", math.nan)),
+            }
+        )
+
+
 def run_trl(job: dict) -> dict:
     """Warm-up + timed optimizer steps of trl.GRPOTrainer in this process."""
     cfg = StepConfig(**job["config"])
-    warmup, steps = job["warmup"], job["steps"]
-    current: dict = {}
-
-    def add(phase: str, seconds: float) -> None:
-        current[phase] = current.get(phase, 0.0) + seconds
-
-    class TimedGRPOTrainer(trl.GRPOTrainer):
-        """trl.GRPOTrainer with timers around its phases (behaviour unchanged)."""
-
-        def _generate_and_score_completions(self, inputs):
-            start = time.perf_counter()
-            current["in_rollout"] = True
-            try:
-                return super()._generate_and_score_completions(inputs)
-            finally:
-                current["in_rollout"] = False
-                add("rollout", time.perf_counter() - start)
-
-        def _generate(self, prompts):
-            start = time.perf_counter()
-            try:
-                return super()._generate(prompts)
-            finally:
-                add("generate", time.perf_counter() - start)
-
-        def _calculate_rewards(self, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return super()._calculate_rewards(*args, **kwargs)
-            finally:
-                add("score", time.perf_counter() - start)
-
-        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return super()._get_per_token_logps_and_entropies(*args, **kwargs)
-            finally:
-                if current.get("in_rollout"):  # old-policy / reference logprobs, not the training forward
-                    add("old_logprobs", time.perf_counter() - start)
-
-        def compute_loss(self, model, inputs, *args, **kwargs):
-            current["sequences_trained"] = current.get("sequences_trained", 0) + int(inputs["completion_ids"].shape[0])
-            tokens = int(inputs["prompt_mask"].sum()) + int(inputs["completion_mask"].sum())
-            current["train_tokens"] = current.get("train_tokens", 0) + tokens
-            return super().compute_loss(model, inputs, *args, **kwargs)
-
-    records: list[dict] = []
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            current.clear()
-            reset_seen()
-            current["start"] = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            wall = time.perf_counter() - current["start"]
-            rollout = current.get("rollout", 0.0)
-            phases = {
-                "generate": current.get("generate", 0.0),
-                "score": current.get("score", 0.0),
-                "old_logprobs": current.get("old_logprobs", 0.0),
-                "train": wall - rollout,
-                "sync": 0.0,
-            }
-            phases["other"] = rollout - phases["generate"] - phases["score"] - phases["old_logprobs"]
-            records.append(
-                {
-                    "step_s": wall,
-                    "phases_s": phases,
-                    **seen_stats(),
-                    "sequences_trained": current.get("sequences_trained"),
-                    "train_tokens": float(current.get("train_tokens", math.nan)),
-                }
-            )
-
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
     tokenizer = load_tokenizer(job["model_dir"])
-    args = trl_args(cfg, job["output_dir"], warmup + steps)
+    args = trl_args(cfg, job["output_dir"], job["warmup"] + job["steps"])
     trainer = TimedGRPOTrainer(
         model=model,
         reward_funcs=[counting_reward],
@@ -175,6 +180,6 @@ def run_trl(job: dict) -> dict:
         },
         "old_logprob_pass": "none when gradient_accumulation_steps % (steps_per_generation x num_iterations) == 0 "
         "without vLLM (measured in phases_s.old_logprobs)",
-        "records": records,
+        "records": CLOCK.records,
         "torch_threads": torch.get_num_threads(),
     }
