@@ -33,6 +33,7 @@ class TinyModelSpec:
     intermediate_size: int = 256
     max_position_embeddings: int = 128
     tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
 
 
 def random_qwen2(
@@ -42,11 +43,11 @@ def random_qwen2(
     seed: int = 0,
     tokenizer=None,
     attn_implementation: str | None = None,
-    reward_model: bool = False,
+    num_labels: int | None = None,
 ):
     """A random-init fp32 Qwen2 of `spec`'s shape over `vocab_size` tokens, deterministic in `seed`: a causal LM,
-    or with `reward_model` a sequence classifier with one output. `tokenizer` sets its pad / bos / eos ids (and
-    the generation config's)."""
+    or with `num_labels` a sequence classifier with that many outputs (1: a reward model). `tokenizer` sets its
+    pad / bos / eos ids (and the generation config's)."""
     spec = spec or TinyModelSpec()
     special = {}
     if tokenizer is not None:
@@ -60,16 +61,17 @@ def random_qwen2(
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_position_embeddings,
         tie_word_embeddings=spec.tie_word_embeddings,
+        rope_theta=spec.rope_theta,
         torch_dtype="float32",
         **special,
     )
-    if reward_model:
-        config.num_labels = 1
+    if num_labels is not None:
+        config.num_labels = num_labels
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
-    model = (Qwen2ForSequenceClassification if reward_model else Qwen2ForCausalLM)(config)
-    if tokenizer is not None and not reward_model:
+    model = (Qwen2ForCausalLM if num_labels is None else Qwen2ForSequenceClassification)(config)
+    if tokenizer is not None and num_labels is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
@@ -109,7 +111,7 @@ def build_tiny_model(tokenizer, spec: TinyModelSpec | None = None, seed: int = 0
 def build_tiny_reward_model(tokenizer, spec: TinyModelSpec | None = None, seed: int = 0):
     """Random-init `Qwen2ForSequenceClassification` with one output (a scalar reward), the tiny policy's
     shape. Untrained: it exercises the reward-model plumbing of local runs, it knows no preferences."""
-    return random_qwen2(len(tokenizer), spec, seed=seed, tokenizer=tokenizer, reward_model=True)
+    return random_qwen2(len(tokenizer), spec, seed=seed, tokenizer=tokenizer, num_labels=1)
 
 
 def save_tiny(model, tokenizer, path: str | Path) -> Path:
