@@ -20,9 +20,10 @@ Each variant runs in its own process, forked from a server process that imported
 run nothing (a variant's start costs no import, its memory and CUDA context are its own): one warm-up, --repeats
 timed runs (median, p20, p80), then one run for the peak extra memory = peak - (inputs, weight and the gradients
 of hidden and weight): on CUDA the caching allocator's peak counter, on CPU the peak RSS (VmHWM, with freed blocks
-returned to the system at once). --variant-timeout caps each variant's process; a shape it did not reach gets a
-row saying so. The JSON (--out) is rewritten after every measured shape, stamped (commit, date, versions, CPU /
-GPU model, load average before and after), with a PNG beside it; --update merges the rows into an existing JSON.
+returned to the system at once). --variant-timeout caps each variant's process, --time-limit the run; a shape
+a variant did not reach gets a row saying so. The JSON (--out) is rewritten after every measured shape, stamped
+(commit, date, versions, CPU / GPU model, load average before and after), with a PNG beside it; --update merges
+the rows into an existing JSON.
 
     python benchmarks/bench_loss.py                     # CPU: cpu-32k (H=512, V=32768), N=2048, fp32
     python benchmarks/bench_loss.py --device cuda --models qwen2.5-7b llama-3.1-8b --tokens 4096 16384
@@ -324,7 +325,7 @@ def run_variant(context, name, shapes, dtype_name, device, config, repeats, time
             process.kill()
             process.join()
         rows += _new_rows(path, len(rows), on_row)
-    why = f"timed out (--variant-timeout {timeout:g} s)" if timed_out else f"process exit status {process.exitcode}"
+    why = f"timed out after {timeout:.0f} s" if timed_out else f"process exit status {process.exitcode}"
     for shape in shapes[len(rows) :]:
         row = base_row(name, shape, dtype_name) | {"status": why}
         on_row(row)
@@ -375,11 +376,15 @@ def merge_rows(old: list[dict], new: list[dict]) -> list[dict]:
     return merged + list(fresh.values())
 
 
-def run(shapes, dtype_name, device, config, names, repeats, timeout=None, on_update=None) -> list[dict]:
-    """Every variant of `names` at every shape, each variant in its own process, in the order given;
-    `on_update(rows so far)` after each measured shape."""
+def run(
+    shapes, dtype_name, device, config, names, repeats, timeout=None, on_update=None, time_limit=None
+) -> list[dict]:
+    """Every variant of `names` at every shape, each variant in its own process, in the order given, within
+    `timeout` seconds per variant and `time_limit` for the run (a variant not started in time gets rows saying
+    so); `on_update(rows so far)` after each measured shape."""
     context = _process_context()
     rows: list[dict] = []
+    end = None if time_limit is None else time.monotonic() + time_limit
 
     def on_row(row):
         rows.append(row)
@@ -388,7 +393,13 @@ def run(shapes, dtype_name, device, config, names, repeats, timeout=None, on_upd
             on_update(rows)
 
     for name in names:
-        run_variant(context, name, shapes, dtype_name, device, config, repeats, timeout, on_row)
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left < 1:
+            for shape in shapes:
+                on_row(base_row(name, shape, dtype_name) | {"status": f"not run (--time-limit {time_limit:g} s)"})
+            continue
+        limit = left if timeout is None else timeout if left is None else min(timeout, left)
+        run_variant(context, name, shapes, dtype_name, device, config, repeats, limit, on_row)
     return rows
 
 
@@ -483,6 +494,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beta", type=float, default=0.0)
     parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--variant-timeout", type=float, default=None, help="seconds per variant's process")
+    parser.add_argument("--time-limit", type=float, default=None, help="seconds for the whole run")
     parser.add_argument("--out", default=None, help="write the JSON results here (and a PNG beside it)")
     parser.add_argument("--update", action="store_true", help="merge into --out's rows instead of replacing them")
     parser.add_argument("--no-png", action="store_true", help="no PNG beside --out")
@@ -533,7 +545,10 @@ def main(args: argparse.Namespace) -> int:
             derive(payload["results"])
             write_json(args.out, {k: v for k, v in payload.items() if k != "previous_results"})
 
-    rows = run(shapes, dtype_name, device, config, names, args.repeats, args.variant_timeout, on_update=write)
+    for name in ("variant_timeout", "time_limit"):
+        if getattr(args, name) is not None and getattr(args, name) <= 0:
+            raise SystemExit(f"bench loss: --{name.replace('_', '-')}: expected seconds > 0, got {getattr(args, name)}")
+    rows = run(shapes, dtype_name, device, config, names, args.repeats, args.variant_timeout, write, args.time_limit)
     payload["runs"][-1]["load_average_1_5_15"]["after"] = os.getloadavg()
     write(rows)
     print(format_table(payload["results"] if args.out else rows))

@@ -54,7 +54,7 @@ def test_missing_peer_and_timeout_rows_then_update(tmp_path, monkeypatch):
     second = json.loads((tmp_path / "loss.json").read_text())
     assert len(second["runs"]) == 2 and len(second["results"]) == 6
     torch_rows = [r for r in second["results"] if r["variant"] == "torch"]
-    assert [r["status"] for r in torch_rows] == ["timed out (--variant-timeout 0.01 s)"] * 2
+    assert [r["status"] for r in torch_rows] == ["timed out after 0 s"] * 2
 
     assert loss.main(_args(tmp_path, "--variants", "torch", "--update")) == 0
     third = json.loads((tmp_path / "loss.json").read_text())
@@ -67,11 +67,21 @@ def test_missing_peer_and_timeout_rows_then_update(tmp_path, monkeypatch):
     assert third["runs"][-1]["load_average_1_5_15"].keys() == {"before", "after"}
 
 
+def test_time_limit_rows_for_the_variants_it_left_out(tmp_path):
+    assert loss.main(_args(tmp_path, "--variants", "gemm3", "naive", "--time-limit", "0.001")) == 0
+    rows = json.loads((tmp_path / "loss.json").read_text())["results"]
+    assert [(r["variant"], r["status"]) for r in rows] == [
+        (name, "not run (--time-limit 0.001 s)") for name in ("gemm3", "gemm3", "naive", "naive")
+    ]
+
+
 def test_bad_arguments_name_themselves(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--variants: 'bogus'"):
         loss.main(_args(tmp_path, "--variants", "bogus"))
     with pytest.raises(SystemExit, match="@MiB is for the chunked backends"):
         loss.main(_args(tmp_path, "--variants", "naive@4"))
+    with pytest.raises(SystemExit, match="--time-limit: expected seconds > 0"):
+        loss.main(_args(tmp_path, "--time-limit", "0"))
     with pytest.raises(SystemExit):
         _args(tmp_path, "--shapes", "1,2")
     assert "--shapes: expected N,H,V" in capsys.readouterr().err
