@@ -415,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     shape = "tiny" if args.tiny else "qwen2.5-0.5b"
+    from grpo_fast.bench.common import environment_stamp, write_json
+
+    environment = environment_stamp(device)
+
+    def save(result: dict) -> None:  # after each part, so that a kill keeps what finished
+        if args.out:
+            write_json(args.out, {"environment": environment, **result})
+
     result = run(
         device,
         shape,
@@ -423,20 +431,17 @@ def main(argv: list[str] | None = None) -> int:
         args.completion_len or (8 if args.tiny else 384),
     )
     result["training_steps"] = []
+    save(result)
+    prompts = args.step_prompts or (2 if args.tiny else 8)
+    completion_len = args.step_completion_len or (8 if args.tiny else 128)
     for offload in (True, False) if args.steps else ():
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        prompts, completion_len = (
-            args.step_prompts or (2 if args.tiny else 8),
-            args.step_completion_len or (8 if args.tiny else 128),
-        )
         result["training_steps"].append(training_steps(device, shape, offload, args.steps, prompts, completion_len))
+        save(result)
     print_report(result, device)
     if args.out:
-        from grpo_fast.bench.common import environment_stamp, write_json
-
-        write_json(args.out, {"environment": environment_stamp(device), **result})
         print(f"wrote {args.out}")
     if result["failures"]:
         print("FAILED:\n  " + "\n  ".join(result["failures"]), file=sys.stderr)

@@ -170,6 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_variant(args, variant: str) -> dict:
+    """One variant's measurements from its own interpreter, or {"variant", "status"} saying why there are none."""
     argv = [sys.executable, __file__, "--variant", variant]
     for name in ("device", "dtype", "layers", "hidden", "heads", "kv_heads", "intermediate", "vocab", "batch",
                  "prompt_len", "completion_len", "min_length_frac", "warmup", "repeats"):  # fmt: skip
@@ -177,8 +178,19 @@ def run_variant(args, variant: str) -> dict:
     env = os.environ | {"TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONWARNINGS": "ignore"}
     out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=ROOT, env=env)
     if out.returncode != 0:
-        raise RuntimeError(f"variant {variant} failed:\n{out.stderr[-4000:]}")
+        print(f"variant {variant} failed:\n{out.stderr[-4000:]}", file=sys.stderr)
+        return {"variant": variant, "status": f"error (exit status {out.returncode}): {out.stderr.strip()[-300:]}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def relate_to_trl(runs: list[dict]) -> None:
+    """Each measured run's step time, peak and loss against the trl run's (when it was measured)."""
+    base = next((r for r in runs if r["variant"] == "trl" and "step_median_s" in r), None)
+    for r in runs:
+        if base is not None and "step_median_s" in r:
+            r["step_vs_trl"] = r["step_median_s"] / base["step_median_s"]
+            r["peak_vs_trl"] = r["peak_bytes"] / base["peak_bytes"]
+            r["loss_minus_trl"] = r["loss"] - base["loss"]
 
 
 def main(args) -> int:
@@ -189,13 +201,6 @@ def main(args) -> int:
         return 0
     import torch
 
-    load_before = os.getloadavg()
-    runs = [run_variant(args, v) for v in args.variants]
-    base = next((r for r in runs if r["variant"] == "trl"), None)
-    for r in runs:
-        r["step_vs_trl"] = r["step_median_s"] / base["step_median_s"] if base else None
-        r["peak_vs_trl"] = r["peak_bytes"] / base["peak_bytes"] if base else None
-        r["loss_minus_trl"] = r["loss"] - base["loss"] if base else None
     settings = {k: v for k, v in vars(args).items() if k not in ("variant", "out")}
     payload = {
         "benchmark": "bench_trl_integration",
@@ -203,20 +208,27 @@ def main(args) -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "environment": environment_stamp(torch.device(args.device), packages=("transformers", "trl", "peft", "triton")),
         "settings": settings,
-        "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},  # the CPUs are shared
-        "runs": runs,
+        "load_average_1_5_15": {"before": os.getloadavg()},  # the CPUs are shared
+        "runs": [],
     }
-    write_json(args.out, payload)
+    for variant in args.variants:  # the JSON is rewritten after each variant, so a kill keeps what finished
+        payload["runs"].append(run_variant(args, variant))
+        relate_to_trl(payload["runs"])
+        payload["load_average_1_5_15"]["after"] = os.getloadavg()
+        write_json(args.out, payload)
     print("| variant | step median s (p20-p80) | vs TRL | peak MiB | peak - before MiB | loss |")
     print("|---|---|---|---|---|---|")
-    for r in runs:
+    for r in payload["runs"]:
+        if "step_median_s" not in r:
+            print(f"| {r['variant']} | {r['status']} | | | | |")
+            continue
         print(
             f"| {r['variant']} | {r['step_median_s']:.3f} ({r['step_p20_s']:.3f}-{r['step_p80_s']:.3f}) | "
-            f"{r['step_vs_trl']:.2f}x | {r['peak_bytes'] / 2**20:.0f} | "
+            f"{r.get('step_vs_trl', float('nan')):.2f}x | {r['peak_bytes'] / 2**20:.0f} | "
             f"{r['peak_over_baseline_bytes'] / 2**20:.0f} | {r['loss']:.6f} |"
         )
     print(f"wrote {args.out}")
-    return 0
+    return 0 if all("step_median_s" in r for r in payload["runs"]) else 1
 
 
 if __name__ == "__main__":
