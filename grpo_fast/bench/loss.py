@@ -11,7 +11,8 @@
           GRPOTrainer._compute_loss on top
   liger   Liger-Kernel's LigerFusedLinearGRPOLoss (torch.compile'd on CUDA, as Liger's default)
 
-A peer that is not installed gets a row saying so. Shapes are N tokens times an lm_head [V, H]: --models names
+A peer that is not installed gets a row saying so, and so does `cuda` when grpo_fast._C was built without its
+CUDA kernels. Shapes are N tokens times an lm_head [V, H]: --models names
 real ones (qwen2.5-0.5b, qwen2.5-1.5b, qwen3-4b, qwen2.5-7b, llama-3.1-8b) or CPU-sized ones (cpu-32k, tiny),
 --tokens the N; --shapes N,H,V gives any. Inputs: sequences of 512 tokens, ~80% of them completion tokens
 (ragged padding), old logprobs drifting from the current ones, dapo loss (--loss-type, --beta).
@@ -101,12 +102,25 @@ def variants(device: torch.device, workspace_mib: list[int] | None = None) -> li
     return [*names, "naive", *PEERS]
 
 
-def peer_missing(name: str) -> str | None:
-    """'not installed (<package>)' for a peer variant whose package is absent, else None."""
-    if name not in PEERS:
+def missing(name: str) -> str | None:
+    """Why variant `name` cannot run here, as its rows' status: a peer whose package is absent, or the cuda
+    backend of a grpo_fast._C built without its CUDA kernels; None when it can."""
+    base = name.partition("@")[0]
+    if base == "cuda" and extension_kind() != "C++ + CUDA kernels":
+        return f"not built: grpo_fast._C is {extension_kind()}"
+    if base not in PEERS:
         return None
-    module, package = PEERS[name]
+    module, package = PEERS[base]
     return None if importlib.util.find_spec(module) is not None else f"not installed ({package})"
+
+
+def extension_kind() -> str:
+    """What grpo_fast._C holds: "C++ + CUDA kernels", "C++ kernels only" or "not built (...)"."""
+    try:
+        from grpo_fast.backends.native import built_with_cuda
+    except ImportError as err:
+        return f"not built ({err})"
+    return "C++ + CUDA kernels" if built_with_cuda() else "C++ kernels only"
 
 
 def make_step(name: str, batch: LossBatch, config: GRPOLossConfig) -> tuple[Callable[[], None], list[torch.Tensor]]:
@@ -303,9 +317,9 @@ def _process_context():
 def run_variant(context, name, shapes, dtype_name, device, config, repeats, timeout, on_row) -> list[dict]:
     """Rows of variant `name` at every shape, measured in a process of its own (`on_row(row)` as each arrives);
     a shape the process did not reach (timeout, crash) gets a row saying why."""
-    missing = peer_missing(name)
-    if missing:
-        rows = [base_row(name, shape, dtype_name) | {"status": missing} for shape in shapes]
+    why = missing(name)
+    if why:
+        rows = [base_row(name, shape, dtype_name) | {"status": why} for shape in shapes]
         for row in rows:
             on_row(row)
         return rows
@@ -567,6 +581,8 @@ def _start_payload(args, config, device, names, shapes) -> dict:
         "environment": environment_stamp(device, packages=("triton", "transformers", "liger-kernel", "trl")),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "variants": names,
+        "backends": available_backends(device),
+        "grpo_fast_C": extension_kind(),
         "shapes": [asdict(s) for s in shapes],
         "repeats": args.repeats,
         "load_average_1_5_15": {"before": os.getloadavg()},

@@ -67,6 +67,12 @@ def test_missing_peer_and_timeout_rows_then_update(tmp_path, monkeypatch):
     assert third["runs"][-1]["load_average_1_5_15"].keys() == {"before", "after"}
 
 
+def test_cuda_rows_say_when_the_extension_has_no_cuda_kernels(monkeypatch):
+    monkeypatch.setattr(loss, "extension_kind", lambda: "C++ kernels only")
+    assert loss.missing("cuda") == "not built: grpo_fast._C is C++ kernels only"
+    assert loss.missing("cuda@64") == loss.missing("cuda") and loss.missing("torch") is None
+
+
 def test_time_limit_rows_for_the_variants_it_left_out(tmp_path):
     assert loss.main(_args(tmp_path, "--variants", "gemm3", "naive", "--time-limit", "0.001")) == 0
     rows = json.loads((tmp_path / "loss.json").read_text())["results"]
