@@ -242,13 +242,13 @@ gpu_tests() { # what the gate and the step phase ran already is left out
 }
 
 dw() {
-    local shape=(--shape 16384,3584,152064 --repeats 3)
+    local shape=(--shape 16384,3584,152064 --repeats 2 --rounds 1)
     [ "$DRY_RUN" = 1 ] && shape=(--shape 64,32,512 --repeats 1 --warmup 0)
     python3 benchmarks/bench_dw_accumulation.py --device "$DEV" "${shape[@]}" --out "$OUT/dw_accumulation_$DEV.json"
 }
 
 model_kernels() {
-    local size=(--repeats 5)
+    local size=(--repeats 3)
     [ "$DRY_RUN" = 1 ] && size=(--tiny --repeats 1)
     python3 benchmarks/bench_model_kernels.py --device "$DEV" "${size[@]}" --out "$OUT/model_kernels_$DEV.json"
 }
