@@ -6,15 +6,15 @@
 #   machine           15    nvidia-smi; the peers' wheels from .wheels/ and a pure-Python install of grpo_fast; then
 #                           the csrc extension builds for sm_90 in the background (its own limit: BUILD_LIMIT_S=240)
 #   gate              45    one correctness gate at a real shape: Triton vs torch, H=3584 V=152064, bf16
-#   loss             160    the loss benchmark at the Qwen2.5-7B and Llama-3.1-8B lm_heads, N = 4096 and 16384:
+#   loss             155    the loss benchmark at the Qwen2.5-7B and Llama-3.1-8B lm_heads, N = 4096 and 16384:
 #                           gemm3 (three cuBLAS GEMMs), triton, torch, naive, trl (TRL 1.16's fused head and loss), liger
 #   cuda              40    the build awaited and checked (CUDA kernels in grpo_fast._C, else the phase fails), then
 #                           the `cuda` backend on the same shapes
 #   step              60    a random-init Qwen2.5-0.5B training step (bench_offload.py): memory per phase with and
 #                           without offloading the trainer state; whole steps with the transformers engine
 #   trl_step          40    TRL's fused head against grpo_fast's fused loss inside TRL's GRPO step, the same 0.5B model
-#   n65536            30    the loss benchmark at N = 65536 (Qwen2.5-7B): gemm3, triton, cuda, torch
-#   gpu_tests         50    the remaining GPU tests
+#   n65536            40    the loss benchmark at N = 65536 (Qwen2.5-7B): gemm3, triton, cuda, torch
+#   gpu_tests         45    the remaining GPU tests
 #   dw                15    dW accumulation of the chunked backends
 #   model_kernels     20    the policy's forward+backward with and without Liger's model kernels
 #
@@ -43,12 +43,15 @@ run | --dry-run | --check-budget) ;;
     ;;
 esac
 DRY_RUN=0
-SLACK=1 # a dry run's phases get 3x their limits and the budget (CPUs are slower than the GPU machine); the
-[ "$MODE" = --dry-run ] && DRY_RUN=1 && SLACK=3 # declared limits must still fit BUDGET_S
+SLACK=1
+if [ "$MODE" = --dry-run ]; then
+    DRY_RUN=1
+    SLACK=3 # CPUs are slower: a dry run's phases get 3x their limits (the declared ones must still fit BUDGET_S)
+fi
 OUT="${OUT:-/tmp/grpo_fast_gpu_check}"
 BUDGET_S="${BUDGET_S:-480}"
 BUILD_LIMIT_S="${BUILD_LIMIT_S:-240}"
-PHASES="machine:15 gate:45 loss:160 cuda:40 step:60 trl_step:40 n65536:30 gpu_tests:50 dw:15 model_kernels:20"
+PHASES="machine:15 gate:45 loss:155 cuda:40 step:60 trl_step:40 n65536:40 gpu_tests:45 dw:15 model_kernels:20"
 START=$(date +%s)
 
 check_budget() { # at most 8 files, 6 of them JSON, none below $OUT; the limits and the time within BUDGET_S
@@ -78,6 +81,7 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu_check.log"
 : >"$LOG"
 WORK="$(mktemp -d)" # phase table, facts, build log: scratch, not results
+trap 'rm -rf "$WORK"' EXIT
 export OUT WORK DRY_RUN LOG BUILD_LIMIT_S
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore TRL_EXPERIMENTAL_SILENCE=1
 export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
@@ -175,7 +179,7 @@ gate() {
 
 bench_loss() { # the loss benchmark into bench_loss_$DEV.json (merged after the first call), no PNG
     python3 benchmarks/bench_loss.py --device "$DEV" --out "$OUT/bench_loss_$DEV.json" --no-png \
-        --time-limit "$((PHASE_LIMIT - 10))" "$@"
+        --time-limit "$((PHASE_LIMIT - 5))" "$@"
 }
 
 loss() {
@@ -230,7 +234,7 @@ n65536() {
         return
     fi
     local variants=(gemm3 triton torch cuda) # cuda: a row saying so when the extension has no CUDA kernels
-    bench_loss --models qwen2.5-7b --tokens 65536 --repeats 3 --variant-timeout 25 --variants "${variants[@]}" --update
+    bench_loss --models qwen2.5-7b --tokens 65536 --repeats 3 --variant-timeout 20 --variants "${variants[@]}" --update
 }
 
 gpu_tests() { # what the gate and the step phase ran already is left out
@@ -259,7 +263,7 @@ phase machine machine
 # The extension builds while the gate and the loss benchmark run; the cuda phase waits for it.
 (
     timeout "$BUILD_LIMIT_S" bash -c "$(cat "$WORK/build_cmd")" >"$WORK/build.log" 2>&1
-    echo $? >"$WORK/build_status"
+    echo $? >"$WORK/build_status.tmp" && mv "$WORK/build_status.tmp" "$WORK/build_status" # whole, once there
 ) &
 phase gate gate
 phase loss loss
