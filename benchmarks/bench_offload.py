@@ -21,6 +21,7 @@ steps and checks, and reports zero bytes freed.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
 import time
@@ -54,8 +55,17 @@ SHAPES = {
 }
 
 
-def build_trainer(device: torch.device, shape: str, seed: int = 0):
-    """A `GRPOTrainer` around a random-init Qwen2 model on `device` (no engine is started)."""
+def build_trainer(
+    device: torch.device,
+    shape: str,
+    seed: int = 0,
+    offload: bool = True,
+    prompts_per_step: int = 16,
+    completion_len: int = 32,
+):
+    """A `GRPOTrainer` around a random-init Qwen2 model on `device` with the transformers engine (not started):
+    `prompts_per_step` prompts x 4 completions of at most `completion_len` tokens per step, trainer state
+    offloaded during generation when `offload`; a reward that varies with the completion's length."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from grpo_fast.core.tiny_models import build_char_tokenizer
@@ -77,12 +87,21 @@ def build_trainer(device: torch.device, shape: str, seed: int = 0):
     cfg = TrainConfig()
     cfg.rollout.engine = "hf"
     cfg.rollout.num_generations = 4
+    cfg.rollout.max_completion_length = completion_len
+    cfg.rollout.max_model_len = max(512, completion_len + 64)
+    cfg.run.prompts_per_step = prompts_per_step
+    cfg.run.offload_optimizer = offload
     cfg.run.output_dir = str(Path(tempfile.gettempdir()) / "bench_offload")  # never written: no train()
     cfg.run.seed = seed
     cfg.run.tensorboard = cfg.run.progress = cfg.run.plots = False
     cfg.optim.lr = 1e-4
+    prompts = [{"prompt": f"{i} + {i} ="} for i in range(64)]
     trainer = GRPOTrainer(
-        model, lambda completions, **_: [0.0] * len(completions), [{"prompt": "x"}], cfg, tokenizer=tokenizer
+        model,
+        lambda prompts, completions, **_: [len(c) % 5 / 4 for c in completions],
+        prompts,
+        cfg,
+        tokenizer=tokenizer,
     )
     return trainer
 
@@ -297,6 +316,46 @@ def run(device: torch.device, shape: str, sequences: int, prompt_len: int, compl
     }
 
 
+def training_steps(device: torch.device, shape: str, offload: bool, steps: int, prompts: int, completion_len: int):
+    """`steps` whole GRPO steps (`GRPOTrainer.training_step`: generate with the transformers engine, score, train,
+    offload, sync) of a fresh trainer: per step the trainer's own metrics (time/*, mem/<phase>/*: memory at each
+    phase boundary) and the peak memory inside generation and inside training."""
+    trainer = build_trainer(device, shape, offload=offload, prompts_per_step=prompts, completion_len=completion_len)
+    peaks = {}
+    trainer.rollout.collect = _peak_recorded(trainer.rollout.collect, "generate", peaks, device)
+    trainer.loss_step.train_on_batch = _peak_recorded(trainer.loss_step.train_on_batch, "train", peaks, device)
+    trainer._ensure_engine()
+    out = []
+    for _ in range(steps):
+        metrics = trainer.training_step()
+        trainer.step += 1
+        kept = {k: v for k, v in metrics.items() if k.startswith(("time/", "mem/", "tokens_per_second/"))}
+        out.append(kept | {f"peak/{phase}_gb": value for phase, value in peaks.items()})
+    return {
+        "offload_optimizer": offload,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "steps": out,
+    }
+
+
+def _peak_recorded(fn, phase: str, peaks: dict, device: torch.device):
+    """fn, with the CUDA allocator's peak during each call stored in peaks[phase] (GiB; RSS peak on CPU)."""
+
+    def wrapped(*args, **kwargs):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        result = fn(*args, **kwargs)
+        if device.type == "cuda":
+            peaks[phase] = torch.cuda.max_memory_allocated(device) / GiB
+        else:
+            from grpo_fast.bench.common import rss_bytes
+
+            peaks[phase] = rss_bytes("VmHWM") / GiB
+        return result
+
+    return wrapped
+
+
 def print_report(result: dict, device: torch.device) -> None:
     m = result["model"]
     print(
@@ -323,6 +382,13 @@ def print_report(result: dict, device: torch.device) -> None:
                 f"[{mode}] offload is a no-op on CPU (TrainerStateOffloader.enabled={r['offloader_enabled']}); "
                 f"bitwise round trip {r['round_trip_bitwise_identical']}"
             )
+    for run in result.get("training_steps", []):
+        for i, step in enumerate(run["steps"]):
+            mem = "  ".join(
+                f"{k.removeprefix('mem/')} {v:.2f}" for k, v in step.items() if k.startswith(("mem/", "peak/"))
+            )
+            times = "  ".join(f"{k.removeprefix('time/')} {v:.2f}s" for k, v in step.items() if k.startswith("time/"))
+            print(f"[training step {i + 1}, offload_optimizer={run['offload_optimizer']}] {times}\n    GiB: {mem}")
     print(f"total {result['seconds_total']:.1f} s")
 
 
@@ -333,8 +399,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sequences", type=int, default=None, help="sequences per step (default 16, tiny 8)")
     ap.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128, tiny 8)")
     ap.add_argument("--completion-len", type=int, default=None, help="max completion tokens (default 384, tiny 8)")
+    ap.add_argument("--steps", type=int, default=2, help="whole GRPO steps per offload setting (0: none)")
+    ap.add_argument("--step-prompts", type=int, default=None, help="prompts per whole step, x4 completions (8; tiny 2)")
+    ap.add_argument("--step-completion-len", type=int, default=None, help="max new tokens per step (128; tiny 8)")
     ap.add_argument("--out", default=None, help="JSON result path")
     args = ap.parse_args(argv)
+    for name, least in (("steps", 0), ("step_prompts", 1), ("step_completion_len", 1)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            ap.error(f"--{name.replace('_', '-')}: expected an integer >= {least}, got {value}")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench_offload: no CUDA device, nothing to measure (use --device cpu --tiny for a CPU smoke test)")
         return 0
@@ -342,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     shape = "tiny" if args.tiny else "qwen2.5-0.5b"
+    from grpo_fast.bench.common import environment_stamp, write_json
+
+    environment = environment_stamp(device)
+
+    def save(result: dict) -> None:  # after each part, so that a kill keeps what finished
+        if args.out:
+            write_json(args.out, {"environment": environment, **result})
+
     result = run(
         device,
         shape,
@@ -349,11 +430,18 @@ def main(argv: list[str] | None = None) -> int:
         args.prompt_len or (8 if args.tiny else 128),
         args.completion_len or (8 if args.tiny else 384),
     )
+    result["training_steps"] = []
+    save(result)
+    prompts = args.step_prompts or (2 if args.tiny else 8)
+    completion_len = args.step_completion_len or (8 if args.tiny else 128)
+    for offload in (True, False) if args.steps else ():
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        result["training_steps"].append(training_steps(device, shape, offload, args.steps, prompts, completion_len))
+        save(result)
     print_report(result, device)
     if args.out:
-        from grpo_fast.bench.common import environment_stamp, write_json
-
-        write_json(args.out, {"environment": environment_stamp(device), **result})
         print(f"wrote {args.out}")
     if result["failures"]:
         print("FAILED:\n  " + "\n  ".join(result["failures"]), file=sys.stderr)

