@@ -21,6 +21,7 @@ steps and checks, and reports zero bytes freed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 import tempfile
@@ -31,28 +32,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grpo_fast.bench.common import environment_stamp, rss_bytes, write_json  # noqa: E402
+from grpo_fast.bench.models import NAMED_SHAPES  # noqa: E402
+from grpo_fast.core.tiny_models import build_char_tokenizer, random_qwen2  # noqa: E402
+from grpo_fast.rollout.base import Completion  # noqa: E402
+from grpo_fast.trainer.config import TrainConfig  # noqa: E402
+from grpo_fast.trainer.offload import TrainerStateOffloader  # noqa: E402
+from grpo_fast.trainer.rollout_phase import RolloutBatch  # noqa: E402
+from grpo_fast.trainer.trainer import GRPOTrainer  # noqa: E402
+
 GiB = 2**30
-# Qwen2.5-0.5B shapes (494M parameters with the tied embedding); `tiny` is for CPU smoke tests.
-SHAPES = {
-    "qwen2.5-0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    ),
-}
 
 
 def build_trainer(
@@ -66,24 +55,11 @@ def build_trainer(
     """A `GRPOTrainer` around a random-init Qwen2 model on `device` with the transformers engine (not started):
     `prompts_per_step` prompts x 4 completions of at most `completion_len` tokens per step, trainer state
     offloaded during generation when `offload`; a reward that varies with the completion's length."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from grpo_fast.core.tiny_models import build_char_tokenizer
-    from grpo_fast.trainer.config import TrainConfig
-    from grpo_fast.trainer.trainer import GRPOTrainer
 
     tokenizer = build_char_tokenizer()
-    config = Qwen2Config(
-        **SHAPES[shape],
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen2ForCausalLM(config)  # fp32 master weights, as the trainer keeps them by default
+    vocab, spec = NAMED_SHAPES[shape]
+    with torch.device(device):  # fp32 master weights, as the trainer keeps them by default
+        model = random_qwen2(vocab, spec, seed=seed, tokenizer=tokenizer, attn_implementation="sdpa")
     cfg = TrainConfig()
     cfg.rollout.engine = "hf"
     cfg.rollout.num_generations = 4
@@ -108,8 +84,6 @@ def build_trainer(
 
 def make_batch(vocab: int, sequences: int, prompt_len: int, completion_len: int, groups: int = 4, seed: int = 0):
     """What the rollout phase hands to `train_on_batch`: random prompts/completions, group-varying rewards."""
-    from grpo_fast.rollout.base import Completion
-    from grpo_fast.trainer.rollout_phase import RolloutBatch
 
     g = torch.Generator().manual_seed(seed)
     prompts, completions = [], []
@@ -191,14 +165,12 @@ def memory(device: torch.device) -> dict[str, int]:
             "reserved": torch.cuda.memory_reserved(device),
             "device_used": total - free,
         }
-    from grpo_fast.bench.common import rss_bytes
 
     return {"rss": rss_bytes()}
 
 
 def run(device: torch.device, shape: str, sequences: int, prompt_len: int, completion_len: int) -> dict:
     """Everything the script measures and checks, as one dict (`failures` lists what went wrong)."""
-    from grpo_fast.trainer.offload import TrainerStateOffloader
 
     t_start = time.perf_counter()
     trainer = build_trainer(device, shape)
@@ -299,7 +271,7 @@ def run(device: torch.device, shape: str, sequences: int, prompt_len: int, compl
     return {
         "model": {
             "shape": shape,
-            "config": SHAPES[shape],
+            "config": {"vocab_size": NAMED_SHAPES[shape][0], **dataclasses.asdict(NAMED_SHAPES[shape][1])},
             "parameters": sum(p.numel() for p in params),
             "param_dtype": str(params[0].dtype).removeprefix("torch."),
             "bf16_autocast": trainer.loss_step.autocast,
@@ -348,8 +320,6 @@ def _peak_recorded(fn, phase: str, peaks: dict, device: torch.device):
         if device.type == "cuda":
             peaks[phase] = torch.cuda.max_memory_allocated(device) / GiB
         else:
-            from grpo_fast.bench.common import rss_bytes
-
             peaks[phase] = rss_bytes("VmHWM") / GiB
         return result
 
@@ -415,7 +385,6 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     shape = "tiny" if args.tiny else "qwen2.5-0.5b"
-    from grpo_fast.bench.common import environment_stamp, write_json
 
     environment = environment_stamp(device)
 

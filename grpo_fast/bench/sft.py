@@ -26,12 +26,11 @@ import torch
 
 from .common import (
     environment_stamp,
-    reset_peak_rss,
-    rss_bytes,
     run_json_subprocess,
     time_call,
     write_json,
 )
+from .memory import peak_extra_bytes
 from .models import add_model_shape_arguments, model_from_shape_arguments
 
 CONTENDERS = ("fused", "transformers")
@@ -97,20 +96,7 @@ def agreement(model, batch, autocast: bool) -> dict:
 
 def measure_memory(name: str, model, batch, device: torch.device, autocast: bool) -> int:
     """Peak bytes above the allocations before one step (after a warm-up step)."""
-    step = make_step(name, model, batch, autocast)
-    step()  # warm-up: parameter gradients, thread pools
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
-    before = rss_bytes("VmRSS")
-    reset_peak_rss()
-    step()
-    return rss_bytes("VmHWM") - before
+    return peak_extra_bytes(make_step(name, model, batch, autocast), device)
 
 
 def memory_of(name: str, args: argparse.Namespace, model, batch, device: torch.device, autocast: bool) -> int:
