@@ -24,6 +24,9 @@ from collections.abc import Callable
 
 import torch
 
+from grpo_fast.sft.batching import TokenBatch
+from grpo_fast.sft.loss import sft_loss
+
 from .common import (
     environment_stamp,
     run_json_subprocess,
@@ -40,7 +43,6 @@ SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab",
 def build(args: argparse.Namespace, device: torch.device):
     """(model, batch): a random-init Qwen2ForCausalLM and a TokenBatch of random tokens whose last
     `loss_frac` of each row are the loss tokens (a prompt, then its completion)."""
-    from grpo_fast.sft.batching import TokenBatch
 
     model = model_from_shape_arguments(args, max(args.seq_len, 128), device)
     g = torch.Generator().manual_seed(1)
@@ -56,8 +58,6 @@ def build(args: argparse.Namespace, device: torch.device):
 def loss_of(name: str, model, batch, autocast: bool) -> torch.Tensor:
     """The mean negative logprob of the batch's loss tokens, computed by contender `name`."""
     if name == "fused":
-        from grpo_fast.sft.loss import sft_loss
-
         return sft_loss(model, batch, batch.num_loss_tokens, autocast)
     labels = torch.where(batch.loss_mask, batch.input_ids, -100)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):

@@ -28,6 +28,7 @@ from grpo_fast.rewards.columns import TrainerState, call_reward
 from grpo_fast.rewards.routing import unrouted
 from grpo_fast.rewards.self_test import info_of
 from grpo_fast.rollout.prompts import training_sampling
+from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer.advantages import group_advantages
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,6 @@ def baselines(trainer, sft_control_rows: list[dict] | None, sft_steps: int, repo
     report.baselines["start/reward_mean"] = start["eval/reward_mean"]
     if not sft_control_rows:
         return
-    from grpo_fast.sft.in_memory import sft_train
 
     policy = copy.deepcopy(trainer.model.state_dict())
     pairs = [(r["prompt"], r["completion"]) for r in sft_control_rows]

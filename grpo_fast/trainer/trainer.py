@@ -22,6 +22,8 @@ import torch
 from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger
 from grpo_fast.core.optim import build_optimizer, build_scheduler
+from grpo_fast.core.plots import save_plots
+from grpo_fast.core.policy import load_policy
 from grpo_fast.core.seeding import set_rng_state, set_seed
 from grpo_fast.core.sharded_checkpoint import (
     SHARDED_DIR,
@@ -30,6 +32,8 @@ from grpo_fast.core.sharded_checkpoint import (
     load_sharded,
     save_sharded,
 )
+from grpo_fast.data.loading import validate_prompt_rows
+from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.distributed.context import init_distributed
 from grpo_fast.distributed.fsdp import shard_policy
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
@@ -91,8 +95,6 @@ class GRPOTrainer:
         engine: RolloutEngine | None = None,
         callbacks: Sequence[Callable] = (),
     ) -> None:
-        from grpo_fast.core.policy import load_policy
-        from grpo_fast.data.tokenizer import load_tokenizer
 
         self.config = cfg = config or TrainConfig()
         self.dist = init_distributed()
@@ -452,8 +454,6 @@ class GRPOTrainer:
         if cfg.run.save_final and not stop:
             self.save()
         if cfg.run.plots and main:
-            from grpo_fast.core.plots import save_plots
-
             save_plots(self.metrics.history, self.output_dir / "plots")
         if main:
             write_report(
@@ -550,7 +550,6 @@ def check_model_path(path: str) -> None:
 
 
 def _as_rows(dataset) -> list[dict]:
-    from grpo_fast.data.loading import validate_prompt_rows
 
     if dataset is None:
         return []
