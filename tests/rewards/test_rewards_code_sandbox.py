@@ -1,4 +1,4 @@
-"""The code sandbox: refusal without namespaces, the minimal /dev, and no process outliving a call."""
+"""The code sandbox: refusal without a sandbox, the minimal /dev, and no process outliving a call."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from test_rewards_code import LIMITS, needs_namespaces, sandbox_processes, score
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code import ShellRunner, run_sandboxed, sandbox
+from grpo_fast.rewards.code import ShellRunner, run_sandboxed
 
+isolation_module = sys.modules["grpo_fast.rewards.code.isolation"]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runs programs as another uid)")
 
 # escape(): a child that leaves the run's process group and session (with double=True: the grandchild of
@@ -33,18 +34,25 @@ ESCAPING = ESCAPE + "print(escape(False) + escape(True))\n"
 ADD = "def add(a, b):\n    return a + b\n"
 
 
+def _only(monkeypatch, level):
+    """Pretend this machine allows only `level` (no namespaces, no bwrap)."""
+    monkeypatch.setattr(isolation_module, "isolation", lambda: level)
+    monkeypatch.setattr(isolation_module, "probe", lambda backend: "not on this machine (test)")
+
+
 @pytest.mark.parametrize("level", ["uid", "rlimits"])
-def test_refuses_to_run_without_namespaces(monkeypatch, level):
-    monkeypatch.setattr(sandbox, "isolation", lambda: level)
-    with pytest.raises(RuntimeError, match=r"(?s)unshare.*allow_unsandboxed=True"):
+def test_refuses_to_run_without_a_sandbox(monkeypatch, level):
+    _only(monkeypatch, level)
+    options = r"(?s)namespaces: not on this machine.*bwrap: .*bubblewrap.*remote.*allow_unsandboxed=True"
+    with pytest.raises(RuntimeError, match=options):
         code_tests(["p"], ["def add(a, b):\n    return a + b\n"], [["assert add(1, 2) == 3"]])
-    with pytest.raises(RuntimeError, match=r"(?s)unshare.*allow_unsandboxed=True"):
+    with pytest.raises(RuntimeError, match=options):
         run_sandboxed({}, [{"argv": ["/bin/true"], "stdin": ""}])
 
 
 @needs_root
 def test_uid_level_opt_in_kills_every_process_of_the_sandbox_uid(monkeypatch):
-    monkeypatch.setattr(sandbox, "isolation", lambda: "uid")
+    _only(monkeypatch, "uid")
     sleeper = "setsid sh -c 'sleep 60' </dev/null >/dev/null 2>&1 &"
     program = f"{sleeper}\n( {sleeper} )\necho done\n"
     tests = [{"input": "", "output": "done"}]
@@ -54,7 +62,7 @@ def test_uid_level_opt_in_kills_every_process_of_the_sandbox_uid(monkeypatch):
 
 
 def test_rlimits_level_opt_in_kills_processes_that_left_the_session(monkeypatch):
-    monkeypatch.setattr(sandbox, "isolation", lambda: "rlimits")
+    _only(monkeypatch, "rlimits")
     run = {"argv": [sys.executable, "-I", "solution.py"], "stdin": ""}
     result = run_sandboxed({"solution.py": ESCAPING}, [run], LIMITS, allow_unsandboxed=True)[0]
     pids = [int(pid) for pid in result["stdout"].split()]
