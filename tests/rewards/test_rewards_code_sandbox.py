@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -107,3 +108,13 @@ def test_a_runner_that_dies_is_replaced_and_one_that_never_loads_fails_every_tes
     program = "import os\ndef add(a, b):\n    if a == -1:\n        os._exit(0)\n    return a + b\n"
     assert score(program) == pytest.approx(2 / 3)  # add(-1, 1) kills its runner; add(10, 5) gets a new one
     assert score("raise SystemExit(0)\n" + program) == 0.0
+
+
+def test_scoring_from_a_thread_that_ends_leaves_later_scoring_intact():
+    """A sandbox dies with the thread that started it: nothing it leaves is reused by another thread."""
+    rewards = []
+    worker = threading.Thread(target=lambda: rewards.append(score(ADD)))
+    worker.start()
+    worker.join()
+    assert rewards == [1.0]
+    assert score(ADD) == 1.0

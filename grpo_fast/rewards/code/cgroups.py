@@ -133,14 +133,6 @@ class Cgroup:
         except OSError:
             return []
 
-    def peak_memory(self) -> int | None:
-        """The group's highest memory use so far, in bytes (None where the kernel does not say)."""
-        name = "memory.peak" if self.version == "v2" else "memory.max_usage_in_bytes"
-        try:
-            return int((self.dirs["" if self.version == "v2" else "memory"] / name).read_text())
-        except (OSError, ValueError):
-            return None
-
     def kill(self) -> None:
         """SIGKILL every process in the group, until it is empty (bounded by a few seconds)."""
         if self.version == "v2" and (self.dirs[""] / "cgroup.kill").exists():

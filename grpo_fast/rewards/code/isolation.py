@@ -32,7 +32,6 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 BACKENDS = ("namespaces", "bwrap", "remote")
-UNSANDBOXED = ("uid", "rlimits")
 URL_VARIABLE = "GRPO_FAST_SANDBOX_URL"
 _LAUNCHER_SOURCE = Path(__file__).with_name("_launcher.py").read_text(encoding="utf-8")
 _SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin", "/etc")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import math
+import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -105,29 +106,39 @@ _idle: dict[tuple, list[Judge]] = {}
 _lock = threading.Lock()
 
 
+def _owner() -> tuple[int, int]:
+    """Who may reuse a judge: the process and thread that started it (its launcher dies with that
+    thread: a parent-death signal follows the thread that forked; a forked child must not share it)."""
+    return os.getpid(), threading.get_ident()
+
+
 def judge(level: str, limits: SandboxLimits, python: str) -> Judge:
     """An idle judge for these settings (started if none is idle); give it back with `release`."""
     with _lock:
-        idle = _idle.get((level, limits, python))
-        if idle:
-            return idle.pop()
+        idle = _idle.get((*_owner(), level, limits, python), [])
+        while idle:
+            candidate = idle.pop()
+            if candidate.session.proc.poll() is None:
+                return candidate
+            candidate.close()
     return Judge(level, limits, python)
 
 
 def release(used: Judge) -> None:
     """Keep a healthy judge for the next caller; close a failed one."""
-    if not used.healthy:
+    if not used.healthy or used.session.proc.poll() is not None:
         used.close()
         return
     with _lock:
-        _idle.setdefault(used.key, []).append(used)
+        _idle.setdefault((*_owner(), *used.key), []).append(used)
 
 
 @atexit.register
 def close_judges() -> None:
-    """Stop the idle judges (the next `judge()` starts a new one)."""
+    """Stop this process's idle judges (the next `judge()` starts a new one)."""
     with _lock:
-        for judges in _idle.values():
-            for idle in judges:
-                idle.close()
-        _idle.clear()
+        for key, judges in list(_idle.items()):
+            if key[0] == os.getpid():
+                for idle in judges:
+                    idle.close()
+                del _idle[key]
