@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
 
 import pytest
-from test_rewards_code import LIMITS, needs_namespaces, sandbox_processes, score
+from test_rewards_code import LIMITS, UNSANDBOXED, needs_namespaces, sandbox_processes, score
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code import ShellRunner, run_sandboxed
+from grpo_fast.rewards.checks import check_verifiers
+from grpo_fast.rewards.code import ShellRunner, isolation, run_sandboxed
+from grpo_fast.rewards.outcomes import VerifierStartupError
+from grpo_fast.rewards.registry import reward_from_spec
+from grpo_fast.rewards.routing import RoutedReward
 
 isolation_module = sys.modules["grpo_fast.rewards.code.isolation"]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runs programs as another uid)")
@@ -118,3 +123,16 @@ def test_scoring_from_a_thread_that_ends_leaves_later_scoring_intact():
     worker.join()
     assert rewards == [1.0]
     assert score(ADD) == 1.0
+
+
+def test_start_up_checks_name_the_backend_and_stop_a_broken_verifier():
+    spec = {"name": "code_tests", "limits": {"wall_s": 2.0}, "allow_unsandboxed": UNSANDBOXED}
+    routed = RoutedReward(reward_from_spec(spec), {"kind": "code"})
+    checked = check_verifiers([reward_from_spec(spec), routed, reward_from_spec("math_accuracy")])
+    assert list(checked) == ["code_tests"] and checked["code_tests"].startswith(f"sandbox backend {isolation()}")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    broken = reward_from_spec({"name": "code_tests", "sandbox": {"backend": "remote", "url": dead, "retries": 0}})
+    with pytest.raises(VerifierStartupError, match="remote sandbox .*Connection refused"):
+        check_verifiers([broken])

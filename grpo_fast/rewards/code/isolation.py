@@ -13,7 +13,8 @@ limits) and "rlimits" (limits only, as the calling user).
 `isolation()` is the strongest local backend this machine allows (probed once per process by
 starting a real launcher); `choose(config, allow_unsandboxed)` the backend a reward uses: the one a
 `SandboxConfig` names, or with "auto" the strongest available (namespaces, bwrap, then remote when a
-URL is configured), else a RuntimeError that says what is missing and the options.
+URL is configured), else an InfrastructureError (a RuntimeError) that says what is missing and the
+options.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from grpo_fast.rewards.outcomes import InfrastructureError
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +157,7 @@ def choose(config: SandboxConfig, allow_unsandboxed: bool = False) -> str:
     if config.backend != "auto":
         reason = None if config.backend == "remote" else probe(config.backend)
         if reason is not None:
-            raise RuntimeError(f"code sandbox: backend {config.backend!r} cannot run here: {reason}")
+            raise InfrastructureError(f"code sandbox: backend {config.backend!r} cannot run here: {reason}")
         return _chosen(config.backend)
     local = isolation()
     if local in BACKENDS:
@@ -168,7 +171,7 @@ def choose(config: SandboxConfig, allow_unsandboxed: bool = False) -> str:
             local,
         )
         return local
-    raise RuntimeError(
+    raise InfrastructureError(
         "code sandbox: no backend can run untrusted programs on this machine "
         f"(namespaces: {probe('namespaces')}; bwrap: {probe('bwrap')}; remote: no URL). Options: run as root "
         "where the launcher may unshare namespaces (a container allowed to unshare, e.g. with CAP_SYS_ADMIN and "

@@ -31,12 +31,12 @@ from typing import Any
 
 from grpo_fast.rewards.code import programs
 from grpo_fast.rewards.code.cases import AssertCase, IOCase, parse_cases, same_output
-from grpo_fast.rewards.code.isolation import SandboxConfig, choose, isolation
+from grpo_fast.rewards.code.isolation import BACKENDS, SandboxConfig, choose, isolation
 from grpo_fast.rewards.code.remote import RemoteProgram, RemoteService
 from grpo_fast.rewards.code.runners import PythonRunner, Runner
 from grpo_fast.rewards.code.sandbox import SandboxLimits
 from grpo_fast.rewards.code.wire import dumps
-from grpo_fast.rewards.outcomes import ProgramFailure
+from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure, VerifierStartupError
 from grpo_fast.rewards.pool import time_left
 from grpo_fast.rewards.text import broadcast_column, completion_texts
 
@@ -83,6 +83,32 @@ def code_tests(
     cases = [parse_cases(row) for row in rows]
     check(scorer, {"io" if isinstance(row[0], IOCase) else "assert" for row in cases if row})
     return [scorer.score(extract_code(text), row) for text, row in zip(texts, cases, strict=True)]
+
+
+def _startup_check(
+    *,
+    limits: SandboxLimits | Mapping[str, Any] | None = None,
+    runner: Runner | None = None,
+    python: str = sys.executable,
+    sandbox: SandboxConfig | Mapping[str, Any] | str | None = None,
+    allow_unsandboxed: bool = False,
+    **_: Any,
+) -> str:
+    """code_tests' start-up check with these options (grpo_fast.rewards.checks): its sandbox backend runs a
+    known-correct and a known-wrong program on assert and stdin/stdout tests. Returns a line naming the
+    backend; raises VerifierStartupError."""
+    from grpo_fast.rewards.code.startup import check
+
+    try:
+        scorer = Scorer.of(limits, runner, python, sandbox, allow_unsandboxed)
+    except InfrastructureError as exc:
+        raise VerifierStartupError(f"code_tests start-up check: {exc}") from exc
+    check(scorer, {"assert", "io"})
+    unsafe = "" if scorer.backend in BACKENDS else ", UNSAFE: programs run without a sandbox (allow_unsandboxed)"
+    return f"sandbox backend {scorer.backend}{unsafe}; start-up check passed"
+
+
+code_tests.startup_check = _startup_check
 
 
 @dataclass(frozen=True)
