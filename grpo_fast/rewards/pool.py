@@ -2,15 +2,17 @@
 
 Failure never pays (grpo_fast.rewards.outcomes). A verifier that hangs, raises, or kills its process
 (segfault, os.abort, OOM) may have been driven there by the completion it was scoring: that completion
-gets `failure_reward` (default None: the function's lowest reward, from its RewardInfo, else 0.0),
-never a skip; the failure is logged and recorded in `Scores.failures` with cause "program", the
-worker is killed and replaced if needed, and the batch goes on. So is a completion its verifier
-scored as a `ProgramFailure`. A verifier that raises `InfrastructureError` (it cannot score, whatever
-the completion) gives that completion None and a failure with cause "infrastructure"; more than
-`max_infra_failures` of those in the pool's life raise InfrastructureError: a run must not go on
-skipping completions silently. A worker killed from outside while idle or starting up (the OOM killer)
-costs nothing: it is replaced; only workers that die at start-up _STARTUP_ATTEMPTS times in a row
-(their imports fail) stop the scoring.
+gets `failure_reward` (default None: the function's lowest reward, from its RewardInfo, else 0.0) as a
+`ProgramFailure`, never a skip; the failure is logged and recorded in `Scores.failures` with cause
+"program", the worker is killed and replaced if needed, and the batch goes on. A verifier that raises
+`InfrastructureError` (it cannot score, whatever the completion) gives that completion None and a
+failure with cause "infrastructure"; more than `max_infra_failures` of those in the pool's life raise
+InfrastructureError: a run must not go on skipping completions silently. `Scores.failures` lists what
+went wrong with verifiers; the completions scored as a program's failure, by the pool or by their
+verifier itself (code_tests returns a ProgramFailure for a program that crashed or hung), are the
+rewards that are ProgramFailures (`Scores.program_failures`). A worker killed from outside while
+idle or starting up (the OOM killer) costs nothing: it is replaced; only workers that die at
+start-up _STARTUP_ATTEMPTS times in a row (their imports fail) stop the scoring.
 
 Inside a worker, `time_left()` says how many seconds the item being scored has before the pool
 kills it (less a margin), so that a verifier can stop in time and score what it has (code_tests
@@ -64,9 +66,9 @@ def time_left() -> float | None:
 @dataclass(frozen=True)
 class Failure:
     """One verifier failure: which function (its name, and its position in the call's list), which
-    completion, "timeout" | "crash" | "error" | "program" | "infrastructure", details, and its cause:
-    "program" (the completion may have caused it: it scored as a wrong answer) or "infrastructure"
-    (it scored None)."""
+    completion, "timeout" | "crash" | "error" | "infrastructure", details, and its cause: "program"
+    (the completion may have caused it: it scored as a wrong answer) or "infrastructure" (it scored
+    None)."""
 
     reward: str
     index: int
@@ -84,6 +86,17 @@ class Scores:
     rewards: list[list[float | None]]
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
+
+    def program_failures(self) -> list[int]:
+        """Per function: completions scored as a program's failure (their reward is a ProgramFailure)."""
+        return [sum(isinstance(r, ProgramFailure) for r in rewards) for rewards in self.rewards]
+
+    def infra_failures(self) -> list[int]:
+        """Per function: completions not scored for an infrastructure failure (their reward is None)."""
+        counts = [0] * len(self.rewards)
+        for failure in self.failures:
+            counts[failure.function] += failure.cause == "infrastructure"
+        return counts
 
 
 def _worker_main(conn: Connection) -> None:
@@ -225,10 +238,7 @@ class RewardPool:
                 )
 
         def done(task: int, value: float | None) -> None:
-            f, i = divmod(task, n)
-            scores.rewards[f][i] = value
-            if isinstance(value, ProgramFailure):
-                scores.failures.append(Failure(names[f], i, "program", value.reason, f))
+            scores.rewards[task // n][task % n] = value
 
         while items or any(w.pending for w in self._workers):
             for w in self._workers:

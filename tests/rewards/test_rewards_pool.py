@@ -36,6 +36,7 @@ def test_hanging_verifier_costs_one_reward(pool):
     assert time.monotonic() - start < 10
     assert scores.rewards == [[1.0, 0.0, 1.0, 1.0], [1.0] * 4]
     assert isinstance(scores.rewards[0][1], ProgramFailure) and "timeout" in scores.rewards[0][1].reason
+    assert scores.program_failures() == [1, 0] and scores.infra_failures() == [0, 0]
     assert [(f.reward, f.index, f.kind, f.cause) for f in scores.failures] == [
         ("hang_on_hang", 1, "timeout", "program")
     ]
@@ -68,6 +69,7 @@ def test_infrastructure_failures_are_skipped_counted_and_stop_the_scoring_past_t
     with RewardPool(workers=1, timeout=5.0, max_infra_failures=2) as pool:
         scores = pool.score([infrastructure_on_down], ["p"] * 3, ["down", "up", "down"])
         assert scores.rewards == [[None, 1.0, None]]
+        assert scores.infra_failures() == [2] and scores.program_failures() == [0]
         assert [(f.index, f.kind, f.cause) for f in scores.failures] == [
             (0, "infrastructure", "infrastructure"),
             (2, "infrastructure", "infrastructure"),
