@@ -82,18 +82,22 @@ def test_killing_the_scorer_takes_its_sandbox_and_scratch_space_along():
 
 HOLDERS = """
 import os, select, time
-size, children, held = {size}, {children}, 0
+size, children = {size}, {children}
 ready_r, ready_w = os.pipe()
 for _ in range(children):
     if os.fork() == 0:
         block = b"x" * size  # touched: every page is in memory
-        os.write(ready_w, b"1")
+        os.write(ready_w, b"%d " % os.getpid())
         time.sleep(30)
         os._exit(0)
-end = time.monotonic() + 3
-while held < children and time.monotonic() < end:
+reported, end = b"", time.monotonic() + 3
+while time.monotonic() < end:
     if select.select([ready_r], [], [], 0.2)[0]:
-        held += len(os.read(ready_r, 64))
+        reported += os.read(ready_r, 4096)
+held = 0  # children that reported their block and are still alive: they hold it at the same time
+for pid in map(int, reported.split()):
+    if os.waitpid(pid, os.WNOHANG) == (0, 0):
+        held += 1
 print(held, flush=True)
 os.killpg(0, 9)
 """

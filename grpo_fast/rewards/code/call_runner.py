@@ -9,7 +9,8 @@ then compiles it. Then, per request line (JSON, values in the wire form of wire.
                          new namespace (module `solution`, so an `if __name__ == "__main__":` block
                          does not run), the handles of the previous test are dropped, and the test's
                          prelude (seeding statements, cases.py) runs in a namespace of its own;
-                         {"load_error": "..."} if the program raises.
+                         {"load_error": "..."} if the program raises. With "op": "load" that is
+                         all, answered {"loaded": true}.
   {"op": "call", "target": t, "args": [v, ...], "kwargs": [[name, v], ...]}   t(*args, **kwargs)
   {"op": "getattr" | "setattr", "target": t, "name": n, "value": v}           t.n / t.n = v
   {"op": "getitem" | "setitem" | "delitem", "target": t, "key": k, "value": v}
@@ -167,6 +168,9 @@ def _serve(code, path, receive, send):
                     continue
             if test is None:
                 send({"load_error": "the program is not loaded"})
+                continue
+            if request.get("op") == "load":
+                send({"loaded": True})
                 continue
             try:
                 reply = test.answer(request)

@@ -108,9 +108,12 @@ class RemoteProgram:
         return result
 
     def ask(self, line: str, timeout: float) -> tuple[str | None, str | None]:
-        if json.loads(line).get("fresh"):
+        request = json.loads(line)
+        if request.get("fresh"):
             self.lines = []
         self.lines.append(line)
+        if request.get("op") == "load":  # replayed with the test's next request: no request of its own
+            return '{"loaded": true}', None
         stdin = "".join(request + "\n" for request in self.lines)
         result = self.service.run(_BATCH_RUNNER, "python", stdin, timeout, {"solution.py": self.program})
         if result["timed_out"]:

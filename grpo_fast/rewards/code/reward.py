@@ -35,7 +35,7 @@ from grpo_fast.rewards.code.isolation import BACKENDS, SandboxConfig, choose, is
 from grpo_fast.rewards.code.remote import RemoteProgram, RemoteService
 from grpo_fast.rewards.code.runners import PythonRunner, Runner
 from grpo_fast.rewards.code.sandbox import SandboxLimits
-from grpo_fast.rewards.code.wire import dumps
+from grpo_fast.rewards.code.wire import WireError, dumps, loads
 from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure, VerifierStartupError
 from grpo_fast.rewards.pool import time_left
 from grpo_fast.rewards.text import broadcast_column, completion_texts
@@ -182,7 +182,7 @@ class _AssertRun:
     def __init__(self, scorer: Scorer, side, deadline: float, failures: list[str]) -> None:
         self.scorer, self.side, self.deadline, self.failures = scorer, side, deadline, failures
         self.wall = scorer.limits.wall_s
-        self.hung = False  # the program's very first request timed out (its load hangs): the rest fail
+        self.hung = False  # the program's load timed out: it hangs at import, and the tests left fail
 
     def run(self, cases: list[AssertCase]) -> list[bool]:
         judge = None
@@ -193,13 +193,13 @@ class _AssertRun:
                     if judge is not None:
                         programs.release(judge)
                     judge = programs.judge(self.scorer.judge_level, self.scorer.limits, self.scorer.python)
-                passed.append(self.one(case, judge, first=not passed))
+                passed.append(self.one(case, judge))
         finally:
             if judge is not None:
                 programs.release(judge)
         return passed
 
-    def one(self, case: AssertCase, judge: programs.Judge, first: bool) -> bool:
+    def one(self, case: AssertCase, judge: programs.Judge) -> bool:
         if case.problem is not None:
             return False
         if self.hung or time.monotonic() >= self.deadline:
@@ -207,24 +207,38 @@ class _AssertRun:
             return False
         test_end = min(time.monotonic() + self.wall, self.deadline)
         message, why = judge.ask(case.message(cpu_s=self.wall), self._timeout())
-        fresh = True
+        loaded = False
         while message is not None and "call" in message:
-            request = message["call"]
-            if fresh:
-                request = {**request, "fresh": True, "prelude": case.prelude}
-            left = test_end - time.monotonic()
-            reply, failed = self.side.ask(dumps(request), left) if left > 0 else (None, "the test's time ran out")
+            reply, failed = None, None
+            if not loaded:
+                reply, failed = self._ask({"op": "load", "fresh": True, "prelude": case.prelude}, test_end)
+                self.hung = reply is None and str(failed).startswith("no answer: timeout")
+                loaded = reply is not None and _says_loaded(reply)
+            if loaded:
+                reply, failed = self._ask(message["call"], test_end)
             if reply is None:
                 self.failures.append(failed)
-                self.hung = first and fresh and str(failed).startswith("no answer: timeout")
-            fresh = False
             message, why = judge.ask({"reply": reply} if reply is not None else {"failed": failed}, self._timeout())
         if message is None:
             self.failures.append(f"the judge failed on this program's answers: {why}")
             return False
         return message.get("done") is True
 
+    def _ask(self, request: dict, test_end: float) -> tuple[str | None, str | None]:
+        """The program's answer line to `request` within the test's time, or (None, why)."""
+        left = test_end - time.monotonic()
+        return self.side.ask(dumps(request), left) if left > 0 else (None, "the test's time ran out")
+
     def _timeout(self) -> float:
         """The judge's wall-clock time for one step: its CPU time is bounded per test (cpu_s, load-free);
         this only stops a test that catches that bound, so it is generous, within the completion's time."""
         return max(0.1, min(2 * self.wall + 2.0, self.deadline - time.monotonic() + 0.5))
+
+
+def _says_loaded(line: str) -> bool:
+    """Whether the program's answer line is {"loaded": true} (anything else, garbage included: no)."""
+    try:
+        answer = loads(line)
+    except WireError:
+        return False
+    return isinstance(answer, dict) and answer.get("loaded") is True
