@@ -136,3 +136,12 @@ def test_start_up_checks_name_the_backend_and_stop_a_broken_verifier():
     broken = reward_from_spec({"name": "code_tests", "sandbox": {"backend": "remote", "url": dead, "retries": 0}})
     with pytest.raises(VerifierStartupError, match="remote sandbox .*Connection refused"):
         check_verifiers([broken])
+
+
+def test_a_call_that_hangs_fails_its_test_only_and_a_load_that_hangs_fails_them_all_at_once():
+    hangs_on_one = "def add(a, b):\n    while a == 1:\n        pass\n    return a + b\n"
+    tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
+    assert score(hangs_on_one, tests) == pytest.approx(2 / 3)
+    start = time.monotonic()
+    assert score("while True:\n    pass\n" + ADD, tests) == 0.0
+    assert time.monotonic() - start < 2 * LIMITS.wall_s + 3  # one load's time, not one per test
