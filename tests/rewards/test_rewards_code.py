@@ -17,7 +17,7 @@ import pytest
 from grpo_fast.rewards import code_tests
 from grpo_fast.rewards.code import SandboxLimits, ShellRunner, extract_code, isolation
 from grpo_fast.rewards.code.cases import parse_assert, parse_cases
-from grpo_fast.rewards.code.programs import close_judges
+from grpo_fast.rewards.code.programs import close_idle
 
 LIMITS = SandboxLimits(wall_s=2.0, memory_bytes=1 << 30)
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
@@ -34,8 +34,8 @@ def score(program: str, tests=ADD_TESTS, **kw) -> float | None:
 
 def sandbox_processes() -> list[int]:
     """PIDs of processes owned by a sandbox uid (>= 200000), i.e. anything a run left behind (the idle
-    judges, kept for the next completion, are stopped first)."""
-    close_judges()
+    judges and sandboxes set up ahead are stopped first)."""
+    close_idle()
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():

@@ -8,7 +8,8 @@ caller), as root or the caller's user for the unsandboxed levels. It dies with i
 Protocol: one JSON line per message. The first stdin line is the job:
 {"isolate": bool, "root": mount point of the new root (an empty directory), "workdir": working
 directory without isolate, "binds": [host paths shown read-only], "uid": int or null (stay the
-current user), "limits": {...}, "seccomp": [[code, jt, jf, k], ...] or null, "files": {name: text}}.
+current user), "limits": {...}, "seccomp": [[code, jt, jf, k], ...] or null, "files": {name: text},
+"cgroup": [cgroup.procs files the launcher writes its pid to first, joining its control group]}.
 The launcher answers {"ready": true} once the sandbox is set up (nothing of the caller's has run yet),
 or {"setup_error": "..."}. Then each request line gets one answer line:
 
@@ -21,6 +22,8 @@ or {"setup_error": "..."}. Then each request line gets one answer line:
   line}; {"error": ...} (and the server is killed) when it wrote anything before the line was sent,
   does not answer within the timeout ("no answer: timeout"), dies, or answers more than `output_bytes`.
 - {"op": "stop"}: kill the server -> {"stopped": true}.
+- {"op": "write", "files": {name: text}}: write files into the working directory -> {"written": true}
+  (a sandbox set up ahead, with its server started, gets its program this way).
 At the end of its stdin the launcher kills everything it started and exits.
 
 With `isolate` (root): the launcher enters new mount, network, PID, IPC and UTS namespaces (it is PID
@@ -447,6 +450,9 @@ class Launcher:
         if op == "stop":
             self.stop()
             return {"stopped": True}
+        if op == "write":
+            _write_files(self.job, self.workdir, request["files"])
+            return {"written": True}
         return {"error": f"unknown request {op!r}"}
 
     def run(self, argv, stdin, timeout):
@@ -515,13 +521,18 @@ def _setup(job):
         workdir = job["workdir"]
         if job["uid"] is not None:
             os.chown(workdir, job["uid"], job["uid"])
-    for name, text in job["files"].items():
+    _write_files(job, workdir, job["files"])
+    return workdir
+
+
+def _write_files(job, workdir, files):
+    """Write {name: text} into the working directory, owned by the sandbox's uid."""
+    for name, text in files.items():
         path = os.path.join(workdir, name)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         if job["uid"] is not None:
             os.chown(path, job["uid"], job["uid"])
-    return workdir
 
 
 def main():
@@ -534,6 +545,9 @@ def main():
         out.flush()
 
     job = json.loads(requests.readline())
+    for procs in job.get("cgroup") or ():  # join the sandbox's control group before starting anything
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
     _oom_score_adj(-1000)
     try:
         launcher = Launcher(job, _setup(job))

@@ -2,8 +2,9 @@
 
 Started by the launcher as `python -I -c <wire.py + this source> solution.py`. stdin holds one line,
 the number of its channel's file descriptor (a socket to the launcher), then ends. It says
-{"hello": true} before it reads the program (so a start that fails is never the program's doing),
-then compiles it. Then, per request line (JSON, values in the wire form of wire.py):
+{"hello": true} before it reads the program (so a start that fails is never the program's doing; it
+may start before the program is written), and reads and compiles it at the first load. Then, per
+request line (JSON, values in the wire form of wire.py):
 
   {"fresh": true, "prelude": statements, ...}   first request of a test: the program runs again, in a
                          new namespace (module `solution`, so an `if __name__ == "__main__":` block
@@ -151,8 +152,19 @@ def _channel(fd):
     return receive, send
 
 
-def _serve(code, path, receive, send):
-    test = None
+def _program(path):
+    """The program's code object: `path` read and compiled when first needed (the runner may start
+    before the program is written); a program that does not compile raises at every load."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    try:
+        return _compile(source, path, "exec")
+    except Exception as exc:  # noqa: BLE001 - SyntaxError, null bytes, nesting too deep: every test fails
+        return _compile(f"raise SyntaxError({str(exc)[:300]!r})", path, "exec")
+
+
+def _serve(path, receive, send):
+    code = test = None
     while True:
         line = receive()
         if line is None:
@@ -162,6 +174,7 @@ def _serve(code, path, receive, send):
             if request.get("fresh"):
                 test = None
                 try:
+                    code = code or _program(path)
                     test = _Test(code, path, request.get("prelude"))
                 except _BaseException as exc:  # noqa: BLE001 - the program's SystemExit too
                     send({"load_error": f"{type(exc).__name__}: {str(exc)[:500]}"})
@@ -207,14 +220,8 @@ def main():
         receive, send = _channel(int(line))
     send({"hello": True})
     path = _sys.argv[1] if len(_sys.argv) > 1 else "solution.py"
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
-    try:
-        code = _compile(source, path, "exec")
-    except Exception as exc:  # noqa: BLE001 - SyntaxError, null bytes, nesting too deep: every test fails
-        code = _compile(f"raise SyntaxError({str(exc)[:300]!r})", path, "exec")
     _sys.argv = [path]
-    _serve(code, path, receive, send)
+    _serve(path, receive, send)
 
 
 main()

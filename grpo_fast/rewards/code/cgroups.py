@@ -123,8 +123,12 @@ class Cgroup:
 
     def add(self, pid: int) -> None:
         """Move process `pid` (and what it starts later) into the group."""
-        for path in self.dirs.values():
-            _write(path / "cgroup.procs", pid)
+        for path in self.procs_files():
+            _write(Path(path), pid)
+
+    def procs_files(self) -> list[str]:
+        """The files a process writes its pid to, to join the group (one per hierarchy)."""
+        return [str(path / "cgroup.procs") for path in self.dirs.values()]
 
     def pids(self) -> list[int]:
         path = next(iter(self.dirs.values()))
@@ -133,27 +137,30 @@ class Cgroup:
         except OSError:
             return []
 
-    def kill(self) -> None:
-        """SIGKILL every process in the group, until it is empty (bounded by a few seconds)."""
+    def kill(self, patience_s: float = 5.0) -> bool:
+        """SIGKILL every process in the group, until it is empty or `patience_s` passed: whether it is."""
         if self.version == "v2" and (self.dirs[""] / "cgroup.kill").exists():
             _write(self.dirs[""] / "cgroup.kill", 1, optional=True)
-        end = time.monotonic() + 5.0
-        while time.monotonic() < end:
+        end = time.monotonic() + patience_s
+        while True:
             pids = self.pids()
             if not pids:
-                return
+                return True
             for pid in pids:
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            if time.monotonic() >= end:
+                return False
             time.sleep(0.002)
 
-    def remove(self) -> None:
-        """Kill what is left and delete the group's directories."""
-        self.kill()
-        for path in self.dirs.values():
-            _rmdir(path)
+    def remove(self, wait: bool = True) -> bool:
+        """Kill what is left and delete the group's directories: whether they are gone (without `wait`,
+        one attempt: a group whose processes are still exiting stays for a later call)."""
+        if not self.kill(5.0 if wait else 0.0):
+            return False
+        return all(_rmdir(path, attempts=200 if wait else 1) for path in self.dirs.values())
 
 
 def sweep() -> None:
@@ -165,8 +172,7 @@ def sweep() -> None:
         for path in base.glob(f"{_PREFIX}*"):
             owner = path.name[len(_PREFIX) :].split("-")[0]
             if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
-                Cgroup(found[0], {"": path}).kill()
-                _rmdir(path)
+                Cgroup(found[0], {"": path}).remove(wait=False)
 
 
 def _write(path: Path, value: object, optional: bool = False) -> None:
@@ -177,13 +183,17 @@ def _write(path: Path, value: object, optional: bool = False) -> None:
             raise
 
 
-def _rmdir(path: Path) -> None:
-    for _ in range(200):  # a killed process leaves its group a moment after SIGKILL
+def _rmdir(path: Path, attempts: int = 200) -> bool:
+    """Remove a group's directory, retrying while its last processes leave it: whether it is gone."""
+    for attempt in range(attempts):
         try:
             path.rmdir()
-            return
+            return True
         except FileNotFoundError:
-            return
+            return True
         except OSError:
-            time.sleep(0.005)
-    log.warning("sandbox: control group %s could not be removed", path)
+            if attempt + 1 < attempts:
+                time.sleep(0.005)
+    if attempts > 1:
+        log.warning("sandbox: control group %s could not be removed", path)
+    return False

@@ -162,7 +162,8 @@ class Scorer:
                 raise ValueError(f"runner: {self.runner!r} has no remote_language for the remote sandbox")
             main = next(iter(files.values())) if isinstance(cases[0], IOCase) else program
             return RemoteProgram(service, main, language)
-        return programs.LocalProgram(self.backend, self.limits, self.python, files, self.runner.command(), len(cases))
+        kind = "io" if isinstance(cases[0], IOCase) else "assert"
+        return programs.open_program(self.backend, self.limits, self.python, files, self.runner.command(), kind)
 
     def _io(self, side, case: IOCase, deadline: float, failures: list[str]) -> bool:
         timeout = min(self.limits.wall_s, deadline - time.monotonic())

@@ -22,6 +22,7 @@ seccomp filter of seccomp.py where the architecture is known.
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -32,7 +33,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -45,6 +48,7 @@ from grpo_fast.rewards.outcomes import InfrastructureError
 
 _UID_BASE, _UID_SPAN = 200_000, 1 << 24
 _GRACE_S = 5.0  # how long past a request's own time limit the launcher may take to answer
+_SETUP_S = 30.0  # how long a launcher may take to set its sandbox up
 _LAUNCHER_MEMORY = 128 << 20  # the launcher's own share of a control group's memory limit
 _WORKDIR_PREFIX = "grpo-sandbox-"
 
@@ -55,8 +59,8 @@ class SandboxLimits:
 
     wall_s: wall-clock seconds per stdin/stdout run, and per assert test for the program (its load
         and every call of the test) and again for the judge's own work on it.
-    cpu_s: CPU seconds per process; None = ceil(wall_s) + 1, times the number of tests for the
-        process that answers all of a completion's assert tests.
+    cpu_s: CPU seconds per process; None = ceil(wall_s) + 1 for a stdin/stdout run, and
+        ceil(completion_s) + 1 for the process that answers all of a completion's assert tests.
     memory_bytes: address space per process (RLIMIT_AS), and the whole sandbox's memory where a
         control group can be made. file_bytes: largest file it may write (RLIMIT_FSIZE).
     disk_bytes: size of the writable /sandbox tmpfs. nproc: processes + threads of the sandbox.
@@ -89,7 +93,9 @@ class SandboxLimits:
 
 
 class Session:
-    """One sandbox (see module doc). Raises InfrastructureError when it cannot be set up."""
+    """One sandbox (see module doc). The launcher starts at once; `ready()` (or the first `request`)
+    waits until it is set up and raises InfrastructureError when it cannot be. Requests may be posted
+    ahead (`post`) and their answers collected later, in order (`collect`)."""
 
     def __init__(
         self,
@@ -104,12 +110,17 @@ class Session:
         self.level, self.limits = level, limits
         self.workdir = self.cgroup = None
         self.buffer = b""
-        self.closed = False
+        self.closed = self.set_up = False
+        self.posted: deque[tuple[float, bool]] = deque()  # (deadline, whether it is the job) per answer owed
+        reap()
         if level == "namespaces":
             _root_mount()
         elif level in ("uid", "rlimits"):
             _sweep_workdirs()
             self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+        if cgroup:
+            cgroups.sweep()
+            self.cgroup = cgroups.Cgroup.create(limits.memory_bytes + _LAUNCHER_MEMORY, limits.nproc + 8)
         job = {
             "isolate": level == "namespaces",
             "root": ROOT_MOUNT,
@@ -119,10 +130,10 @@ class Session:
             "limits": {**asdict(limits), "cpu_s": cpu_s or math.ceil(limits.wall_s) + 1},
             "seccomp": denylist_filter(),
             "files": dict(files),
+            # the launcher joins its control group itself, before it starts anything (inside bwrap it
+            # cannot see the control-group file system: there the group is joined from here)
+            "cgroup": self.cgroup.procs_files() if self.cgroup is not None and level != "bwrap" else [],
         }
-        if cgroup:
-            cgroups.sweep()
-            self.cgroup = cgroups.Cgroup.create(limits.memory_bytes + _LAUNCHER_MEMORY, limits.nproc + 8)
         self.proc = subprocess.Popen(
             launcher_argv(level, python, limits.disk_bytes),
             stdin=subprocess.PIPE,
@@ -132,30 +143,57 @@ class Session:
             env={"PATH": os.defpath, "LANG": "C.UTF-8"},
         )
         try:
-            if self.cgroup is not None:
+            if self.cgroup is not None and level == "bwrap":
                 self.cgroup.add(self.proc.pid)
-            ready = self._exchange(job, 30.0 + limits.wall_s)
+            self._post(job, _SETUP_S + limits.wall_s, job=True)
         except OSError as exc:
-            ready = {"error": f"{type(exc).__name__}: {exc}"}
-        if ready.get("ready") is not True:
-            stderr = self._stderr()
-            self.close()
-            cause = ready.get("setup_error") or ready.get("error") or ready
-            raise InfrastructureError(f"sandbox ({level}) could not be set up: {cause}; {stderr}".rstrip("; "))
+            self._fail_setup({"error": f"{type(exc).__name__}: {exc}"})
+
+    def ready(self) -> None:
+        """Wait until the sandbox is set up; InfrastructureError (and the session closed) when it is not."""
+        if not self.set_up and self.posted and self.posted[0][1]:
+            answer = self.collect()
+            if answer.get("ready") is not True:
+                self._fail_setup(answer)
+            self.set_up = True
+
+    def _fail_setup(self, answer: Mapping[str, Any]) -> None:
+        stderr = self._stderr()
+        self.close()
+        cause = answer.get("setup_error") or answer.get("error") or answer
+        raise InfrastructureError(f"sandbox ({self.level}) could not be set up: {cause}; {stderr}".rstrip("; "))
+
+    def post(self, message: Mapping[str, Any], timeout: float) -> None:
+        """Send a request (the launcher's own time limit `timeout`) whose answer `collect` reads later
+        (possibly before the sandbox is set up: the launcher reads its requests in order)."""
+        self._post({**message, "timeout": timeout}, timeout + _GRACE_S)
 
     def request(self, message: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         """The launcher's answer to `message` (its own time limit `timeout`), or {"error": ...}."""
+        self.ready()
+        if self.posted:
+            raise RuntimeError("Session.request: collect the answers of the requests posted first")
         if self.closed:
             return {"error": "the sandbox is closed"}
-        return self._exchange({**message, "timeout": timeout}, timeout + _GRACE_S)
+        self._post({**message, "timeout": timeout}, timeout + _GRACE_S)
+        return self.collect()
 
-    def _exchange(self, message: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+    def _post(self, message: Mapping[str, Any], timeout: float, job: bool = False) -> None:
+        if self.closed:
+            return
+        self.posted.append((time.monotonic() + timeout, job))
         try:
             self.proc.stdin.write((json.dumps(message) + "\n").encode())
             self.proc.stdin.flush()
         except OSError:
-            return self._broken("the sandbox's launcher is gone")
-        line = self._read_line(time.monotonic() + timeout)
+            pass  # the launcher is gone: collect says so
+
+    def collect(self) -> dict[str, Any]:
+        """The answer to the oldest request posted and not collected, or {"error": ...}."""
+        if self.closed or not self.posted:
+            return {"error": "the sandbox is closed"}
+        deadline, _ = self.posted.popleft()
+        line = self._read_line(deadline)
         if line is None:
             return self._broken("the sandbox's launcher did not answer in time (or died)")
         try:
@@ -190,33 +228,63 @@ class Session:
             return ""
 
     def close(self) -> None:
-        """Stop the launcher and everything it started; remove the control group and the workdir."""
+        """Stop the launcher and everything it started; remove the control group and the workdir.
+        A namespaces or bwrap sandbox is killed whole (its PID namespace goes with its first process)
+        and left to the kernel to tear down: its process is reaped and its group removed by a later
+        Session (or at exit). The unsandboxed levels are waited for: their launcher kills what the
+        program left behind."""
         if self.closed:
             return
         self.closed = True
-        try:
-            self.proc.stdin.close()  # the launcher kills its children and exits at the end of its input
-            self.proc.wait(timeout=2.0)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        if self.level in ("uid", "rlimits"):
+            try:
+                self.proc.stdin.close()  # the launcher kills its children and exits at the end of its input
+                self.proc.wait(timeout=2.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        self.proc.kill()
-        self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            stream.close()
-        if self.cgroup is not None:
-            self.cgroup.remove()
+        with _lock:
+            _closing.append(self)
+        reap()
+
+    def _finished(self, block: bool) -> bool:
+        """Reap the launcher and remove what is left of the sandbox: whether that is done."""
+        if block:
+            self.proc.wait()
+        elif self.proc.poll() is None:
+            return False
+        if self.cgroup is not None and not self.cgroup.remove(wait=block):
+            return False
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        return True
 
     def __enter__(self) -> Session:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_closing: list[Session] = []
+_lock = threading.Lock()
+
+
+def reap(block: bool = False) -> None:
+    """Finish the teardown of closed sessions (all of them with `block`; else those that are done)."""
+    with _lock:
+        _closing[:] = [session for session in _closing if not session._finished(block)]
+
+
+atexit.register(reap, True)
 
 
 def run_sandboxed(
