@@ -6,11 +6,12 @@ A `Session` is one sandbox: a launcher process started for a backend of isolatio
 read within a deadline and a size bound, and a launcher that dies, overruns or garbles its answer
 only yields {"error": ...} (the session is then closed).
 
-Lifetime: the launcher dies with the process that started it (a parent-death signal; bwrap's
---die-with-parent), and takes its sandbox with it: in the namespaces and bwrap backends the whole
-PID namespace goes when its first process does. Where control groups can be made (cgroups.py), the
-sandbox runs in one, with `memory_bytes` (plus the launcher's share), process and CPU limits for
-all of it, and `close` kills whatever is left in it. The unsandboxed levels work in a temporary
+Lifetime: the launcher dies with the process (the thread) that started it (a parent-death signal;
+bwrap's --die-with-parent), and takes its sandbox with it: in the namespaces and bwrap backends the
+whole PID namespace goes when its first process does, and `close` only has to kill that process
+(`reap` finishes the teardown later). Where control groups can be made (cgroups.py), the sandbox
+runs in one, with `memory_bytes` (plus the launcher's share), process and CPU limits for all of it,
+and whatever is left in it is killed before the group is removed. The unsandboxed levels work in a temporary
 directory named after this process, removed by `close`, or by a later process's `sweep` if this
 one dies first.
 
