@@ -155,7 +155,7 @@ def _forge(depth):
 def f(x):
     _forge(x)
 """
-DEPTHS = list(range(880, 1000, 6))
+DEPTHS = list(range(880, 1000, 12))
 
 
 def test_an_answer_that_breaks_the_callers_reader_scores_zero():
