@@ -159,12 +159,14 @@ def test_tests_the_old_split_could_not_judge_are_judged():
     program = (
         "def f(x):\n    return 42\ndef g(x):\n    return [1, 2]\nclass Box:\n    def __init__(self): self.v = []\n"
     )
+    program += "class Counter:\n    n = 0\n    def add(self, k): self.n += k\n    def total(self): return self.n\n"
     tests = [
         "assert all(f(x) == 42 for x in g(3))",  # a call on a variable of a loop over program values
         "def check(r):\n    return r == 42\nassert check(f(1))",  # the test's function on a program value
         "for x in [1, 2]:\n    assert f(x) == 42",  # asserts in a loop
         "b = Box()\nb.v.append(3)\nassert b.v == [3] or b.v == []",  # an attribute that is plain data
         "xs = [3, 1, 2]\nsorted_in_place = sorted(xs)\nassert g(xs) == [1, 2]",
+        "from solution import Counter\nc = Counter()\nc.add(2)\nassert c.total() == 2",  # a KNOWN name, imported
     ]
     assert score(program, tests) == 1.0
 

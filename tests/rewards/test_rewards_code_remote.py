@@ -55,8 +55,8 @@ def test_the_remote_backend_scores_as_the_local_sandbox_does(service):
     stateful = ["s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2\nassert s.pop() == 1"]
     assert remote(url, [ADD, "def add(a, b):\n    return abs(a) + b\n"], ADD_TESTS) == [1.0, pytest.approx(2 / 3)]
     assert remote(url, [stack], stateful) == [1.0]
-    for tests in LEAKY_SETUPS.values():
-        assert remote(url, [HONEST, THIEF], tests) == [1.0, 0.0]
+    for layout in ("tuple_assignment", "list_of_dicts"):
+        assert remote(url, [HONEST, THIEF], LEAKY_SETUPS[layout]) == [1.0, 0.0]
     io = [{"input": "1 2\n", "output": "3\n"}, {"input": "5 5\n", "output": "10\n"}]
     assert remote(url, ["a, b = map(int, input().split())\nprint(a + b)\n", "print(3)"], io) == [1.0, 0.5]
     shell = remote(url, ["read a b\necho $((a + b))\n"], io, runner=ShellRunner())
@@ -71,8 +71,8 @@ def test_a_program_that_runs_out_of_time_remotely_fails_its_tests(service):
 
 
 def test_failed_requests_are_retried(service):
-    assert remote(service("--fail-first", "2"), [ADD], ADD_TESTS, retries=2) == [1.0]
-    assert remote(service("--sandbox-error-first", "2"), [ADD], ADD_TESTS, retries=2) == [1.0]
+    assert remote(service("--fail-first", "1"), [ADD], ADD_TESTS, retries=1) == [1.0]
+    assert remote(service("--sandbox-error-first", "1"), [ADD], ADD_TESTS, retries=1) == [1.0]
 
 
 def test_a_service_that_is_down_is_an_error_not_a_score(service):
