@@ -1,11 +1,22 @@
 """Reward execution in a process pool, with a per-completion timeout.
 
-A verifier that hangs, raises, or kills its process (segfault, os.abort, OOM) costs the reward of
-the one completion it was scoring: the pool logs the failure, records it in `Scores.failures`, gives
-that completion `failure_reward` (default None: skipped by the trainer, neither rewarded nor punished),
-kills and replaces the worker if needed, and carries on with the rest of the batch. A worker killed
-from outside while idle or starting up (the OOM killer) costs nothing: it is replaced; only workers that
-die at start-up _STARTUP_ATTEMPTS times in a row (their imports fail) stop the scoring.
+Failure never pays (grpo_fast.rewards.outcomes). A verifier that hangs, raises, or kills its process
+(segfault, os.abort, OOM) may have been driven there by the completion it was scoring: that completion
+gets `failure_reward` (default None: the function's lowest reward, from its RewardInfo, else 0.0) as a
+`ProgramFailure`, never a skip; the failure is logged and recorded in `Scores.failures` with cause
+"program", the worker is killed and replaced if needed, and the batch goes on. A verifier that raises
+`InfrastructureError` (it cannot score, whatever the completion) gives that completion None and a
+failure with cause "infrastructure"; more than `max_infra_failures` of those in the pool's life raise
+InfrastructureError: a run must not go on skipping completions silently. `Scores.failures` lists what
+went wrong with verifiers; the completions scored as a program's failure, by the pool or by their
+verifier itself (code_tests returns a ProgramFailure for a program that crashed or hung), are the
+rewards that are ProgramFailures (`Scores.program_failures`). A worker killed from outside while
+idle or starting up (the OOM killer) costs nothing: it is replaced; only workers that die at
+start-up _STARTUP_ATTEMPTS times in a row (their imports fail) stop the scoring.
+
+Inside a worker, `time_left()` says how many seconds the item being scored has before the pool
+kills it (less a margin), so that a verifier can stop in time and score what it has (code_tests
+does).
 
 Work unit: one (reward function, completion) pair, called as `fn([prompt], [completion], **columns)`
 with the row's column values, so a timeout measures one completion. Workers receive items in chunks
@@ -23,6 +34,7 @@ Reward functions (and functools.partial of them) must be picklable: workers are 
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 import pickle
 import time
@@ -35,24 +47,35 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from grpo_fast.rewards.columns import RewardFunc, call_reward, reward_name, select_columns
+from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 16
 _STARTUP_S = 300.0  # a fresh worker imports the reward modules (seconds on a loaded machine)
 _STARTUP_ATTEMPTS = 3  # workers in a row that may die before they are ready, before the pool gives up
+_MARGIN = 0.1  # share of the timeout `time_left` keeps back for the verifier to answer (at least 1 s)
+_item_deadline: float | None = None  # in a worker: when the pool gives up on the current item
+
+
+def time_left() -> float | None:
+    """In a pool worker: seconds the current item may still take (None outside a pool)."""
+    return None if _item_deadline is None else _item_deadline - time.monotonic()
 
 
 @dataclass(frozen=True)
 class Failure:
     """One verifier failure: which function (its name, and its position in the call's list), which
-    completion, "timeout" | "crash" | "error", details."""
+    completion, "timeout" | "crash" | "error" | "infrastructure", details, and its cause: "program"
+    (the completion may have caused it: it scored as a wrong answer) or "infrastructure" (it scored
+    None)."""
 
     reward: str
     index: int
     kind: str
     message: str
     function: int = 0
+    cause: str = "program"
 
 
 @dataclass
@@ -64,8 +87,20 @@ class Scores:
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
 
+    def program_failures(self) -> list[int]:
+        """Per function: completions scored as a program's failure (their reward is a ProgramFailure)."""
+        return [sum(isinstance(r, ProgramFailure) for r in rewards) for rewards in self.rewards]
+
+    def infra_failures(self) -> list[int]:
+        """Per function: completions not scored for an infrastructure failure (their reward is None)."""
+        counts = [0] * len(self.rewards)
+        for failure in self.failures:
+            counts[failure.function] += failure.cause == "infrastructure"
+        return counts
+
 
 def _worker_main(conn: Connection) -> None:
+    global _item_deadline
     funcs: list[RewardFunc] = []
     batch = -1
     conn.send("ready")
@@ -76,17 +111,22 @@ def _worker_main(conn: Connection) -> None:
             return
         if message is None:
             return
-        batch_id, blob, items = message
+        batch_id, blob, items, timeout = message
         if batch_id != batch:
             (funcs, call_kwargs), batch = pickle.loads(blob), batch_id
             conn.send("loaded")
         for task, f, prompt, completion, row in items:
+            _item_deadline = time.monotonic() + timeout - max(1.0, _MARGIN * timeout)
             try:
                 columns = {k: [v] for k, v in row.items()}
                 value = call_reward(funcs[f], [prompt], [completion], columns, call_kwargs)[0]
                 conn.send((task, "ok", value))
+            except InfrastructureError as exc:
+                conn.send((task, "infrastructure", f"{type(exc).__name__}: {exc}"))
             except Exception:
                 conn.send((task, "error", traceback.format_exc(limit=5)))
+            finally:
+                _item_deadline = None
 
 
 class _Worker:
@@ -110,8 +150,10 @@ class RewardPool:
     """A pool of verifier processes; reuse one across training steps (start-up costs ~1 s per worker).
 
     workers: processes (default: 2). timeout: seconds one completion may take in one reward function.
-    failure_reward: reward of a completion whose verifier failed (None = skipped, or e.g. 0.0).
-    mp_context: multiprocessing start method ("spawn", "forkserver", "fork").
+    failure_reward: reward of a completion whose verifier hung, crashed or raised (None = the function's
+    lowest reward, see module doc). max_infra_failures: infrastructure failures (None rewards) the pool
+    tolerates in its life before it raises InfrastructureError. mp_context: multiprocessing start
+    method ("spawn", "forkserver", "fork").
     """
 
     def __init__(
@@ -120,13 +162,18 @@ class RewardPool:
         timeout: float = 30.0,
         failure_reward: float | None = None,
         mp_context: str = "spawn",
+        max_infra_failures: int = 10,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers: must be >= 1, got {workers}")
         if timeout <= 0:
             raise ValueError(f"timeout: must be > 0, got {timeout}")
+        if max_infra_failures < 0:
+            raise ValueError(f"max_infra_failures: must be >= 0, got {max_infra_failures}")
         self.timeout = timeout
         self.failure_reward = failure_reward
+        self.max_infra_failures = max_infra_failures
+        self.infra_failures = 0
         self._ctx = mp.get_context(mp_context)
         self._workers = [_Worker(self._ctx) for _ in range(workers)]
         self._batch = 0
@@ -170,13 +217,28 @@ class RewardPool:
         )
         scores = Scores([[None] * n for _ in reward_funcs])
         names = [reward_name(fn) for fn in reward_funcs]
+        lowest = [lowest_reward(fn) if self.failure_reward is None else self.failure_reward for fn in reward_funcs]
         by_task = {item[0]: item for item in items}
 
         def fail(task: int, kind: str, message: str) -> None:
             f, i = divmod(task, n)
-            scores.rewards[f][i] = self.failure_reward
+            scores.rewards[f][i] = ProgramFailure(lowest[f], f"{kind}: {message.strip()[-300:]}")
             scores.failures.append(Failure(names[f], i, kind, message, f))
             log.warning("reward %s failed on completion %d (%s): %s", names[f], i, kind, message.strip()[-500:])
+
+        def infrastructure(task: int, message: str) -> None:
+            f, i = divmod(task, n)
+            scores.failures.append(Failure(names[f], i, "infrastructure", message, f, "infrastructure"))
+            self.infra_failures += 1
+            log.error("reward %s could not score completion %d (infrastructure): %s", names[f], i, message[-500:])
+            if self.infra_failures > self.max_infra_failures:
+                raise InfrastructureError(
+                    f"reward {names[f]}: {self.infra_failures} infrastructure failures (more than max_infra_failures="
+                    f"{self.max_infra_failures}); the last: {message[-1000:]}"
+                )
+
+        def done(task: int, value: float | None) -> None:
+            scores.rewards[task // n][task % n] = value
 
         while items or any(w.pending for w in self._workers):
             for w in self._workers:
@@ -184,7 +246,7 @@ class RewardPool:
                     chunk = [items.popleft() for _ in range(min(_CHUNK, len(items)))]
                     loading = w.batch != self._batch
                     try:
-                        w.conn.send((self._batch, blob if loading else None, chunk))
+                        w.conn.send((self._batch, blob if loading else None, chunk, self.timeout))
                     except OSError:  # it died while idle (killed from outside): no item of it was lost
                         items.extendleft(reversed(chunk))
                         self._replace(w, items, by_task)
@@ -224,7 +286,9 @@ class RewardPool:
                     w.pending.popleft()
                     w.deadline = time.monotonic() + self.timeout
                     if status == "ok":
-                        scores.rewards[task // n][task % n] = value
+                        done(task, value)
+                    elif status == "infrastructure":
+                        infrastructure(task, value)
                     else:
                         fail(task, "error", value)
                 elif time.monotonic() >= w.deadline:
@@ -265,6 +329,18 @@ class RewardPool:
         self.close()
 
 
+def lowest_reward(fn: RewardFunc) -> float:
+    """The lowest reward `fn` gives (its RewardInfo's range, with its bound options), or 0.0 where that
+    is unknown or unbounded."""
+    from grpo_fast.rewards.self_test import info_of
+
+    info, options = info_of(fn)
+    if info is None:
+        return 0.0
+    low = info.reward_range(options)[0]
+    return float(low) if math.isfinite(low) else 0.0
+
+
 def score_completions(
     reward_funcs: Sequence[RewardFunc],
     prompts: Sequence[Any],
@@ -274,7 +350,11 @@ def score_completions(
     timeout: float = 30.0,
     workers: int = 2,
     failure_reward: float | None = None,
+    max_infra_failures: int = 10,
 ) -> Scores:
     """One-off scoring with a temporary `RewardPool` (a trainer should keep one pool instead)."""
-    with RewardPool(workers=workers, timeout=timeout, failure_reward=failure_reward) as pool:
+    options = dict(
+        workers=workers, timeout=timeout, failure_reward=failure_reward, max_infra_failures=max_infra_failures
+    )
+    with RewardPool(**options) as pool:
         return pool.score(reward_funcs, prompts, completions, columns)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name
+from grpo_fast.rewards.outcomes import ProgramFailure
 from grpo_fast.rewards.pool import RewardPool, Scores
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.rewards.routing import RoutedReward
@@ -39,10 +40,16 @@ from grpo_fast.rewards.routing import RoutedReward
 logger = logging.getLogger(__name__)
 
 
+FAILURE_KINDS = ("failures", "program_failures", "infra_failures")
+"""What `ScoredBatch.failures` counts per function: verifier failures (hang, crash, error), completions scored as
+a program's failure (a ProgramFailure reward: the lowest reward, never a skip), and completions left unscored by
+an infrastructure failure (None)."""
+
+
 @dataclass(frozen=True)
 class ScoredBatch:
-    """per_func [N, F] rewards (NaN where a function returned None or failed); failures per function (metric
-    name -> count); seconds_critical: in-process scoring plus the wait for the pool after generation (what
+    """per_func [N, F] rewards (NaN where a function returned None); failures: "<name>/<kind>" -> count, kind
+    one of FAILURE_KINDS; seconds_critical: in-process scoring plus the wait for the pool after generation (what
     scoring adds to the step); seconds_pool: the pool's own wall time on this batch (overlapped or not)."""
 
     per_func: torch.Tensor
@@ -54,22 +61,30 @@ class ScoredBatch:
 class PendingScores:
     """Scores being computed: the in-process functions' results now, the pooled ones from a Future."""
 
-    def __init__(self, per_func: torch.Tensor, seconds: float, pooled: list[int], future: Future | None, names):
+    def __init__(
+        self, per_func: torch.Tensor, seconds: float, pooled: list[int], future: Future | None, names, counts: Counter
+    ):
         self._per_func, self._seconds, self._names = per_func, seconds, names
-        self._pooled, self._future = pooled, future
+        self._pooled, self._future, self._counts = pooled, future, counts
 
     def result(self) -> ScoredBatch:
         start = time.perf_counter()
-        failures: Counter = Counter()
+        counts = Counter(self._counts)
         seconds_pool = 0.0
         if self._future is not None:
             scores: Scores = self._future.result()
             for j, column in zip(self._pooled, scores.rewards, strict=True):
                 self._per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in column])
-            failures.update(self._names[self._pooled[f.function]] for f in scores.failures)
+            names = [self._names[j] for j in self._pooled]
+            counts.update(f"{names[f.function]}/failures" for f in scores.failures)
+            for kind, per_function in (
+                ("program_failures", scores.program_failures()),
+                ("infra_failures", scores.infra_failures()),
+            ):
+                counts.update({f"{name}/{kind}": n for name, n in zip(names, per_function, strict=True) if n})
             seconds_pool = scores.seconds
         waited = time.perf_counter() - start
-        return ScoredBatch(self._per_func, dict(failures), self._seconds + waited, seconds_pool)
+        return ScoredBatch(self._per_func, dict(counts), self._seconds + waited, seconds_pool)
 
 
 class RewardSet:
@@ -85,7 +100,9 @@ class RewardSet:
         workers: int = 2,
         timeout: float = 30.0,
         failure_reward: float | None = None,
+        max_infra_failures: int = 10,
         max_completion_length: int | None = None,
+        sandbox: Mapping | str | None = None,
     ) -> None:
         self.funcs, self.in_process, unpicklable = [], [], []
         for spec in specs:
@@ -93,7 +110,7 @@ class RewardSet:
             when = spec.get("when") if isinstance(spec, Mapping) else None
             if isinstance(spec, Mapping):
                 spec = {k: v for k, v in spec.items() if k not in ("in_process", "when")}
-            fn = _with_max_completion_length(reward_from_spec(spec), max_completion_length)
+            fn = _with_run_defaults(reward_from_spec(spec), max_completion_length, sandbox)
             if when is not None:
                 fn = RoutedReward(fn, when)
             self.funcs.append(fn)
@@ -109,7 +126,9 @@ class RewardSet:
         for name, warn in zip(self.names, unpicklable, strict=True):
             if warn:
                 logger.warning("reward %s cannot be pickled for a worker process: scored in-process", name)
-        self._pool_options = dict(workers=workers, timeout=timeout, failure_reward=failure_reward)
+        self._pool_options = dict(
+            workers=workers, timeout=timeout, failure_reward=failure_reward, max_infra_failures=max_infra_failures
+        )
         self._pool: RewardPool | None = None
 
     @classmethod
@@ -123,7 +142,9 @@ class RewardSet:
             workers=r.workers,
             timeout=r.timeout,
             failure_reward=r.failure_reward,
+            max_infra_failures=r.max_infra_failures,
             max_completion_length=config.rollout.max_completion_length,
+            sandbox=r.sandbox,
         )
 
     def full_rewards(self, rows: list[dict]) -> torch.Tensor:
@@ -148,18 +169,20 @@ class RewardSet:
         columns["completion_ids"] = completion_ids
         call_kwargs = {"trainer_state": state}
         per_func = torch.full((len(rows), len(self.funcs)), math.nan)
+        counts: Counter = Counter()
         start = time.perf_counter()
         for j, fn in enumerate(self.funcs):
             if self.in_process[j]:
                 values = call_reward(fn, prompts, completions, columns, call_kwargs)
-                per_func[:, j] = torch.tensor([math.nan if v is None else v for v in values])
+                per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
+                counts[f"{self.names[j]}/program_failures"] += sum(isinstance(v, ProgramFailure) for v in values)
         seconds = time.perf_counter() - start
         pooled = [j for j, local in enumerate(self.in_process) if not local]
         future = None
         if pooled and rows:
             funcs = [self.funcs[j] for j in pooled]
             future = self._get_pool().submit(funcs, prompts, completions, columns, call_kwargs)
-        return PendingScores(per_func, seconds, pooled, future, self.names)
+        return PendingScores(per_func, seconds, pooled, future, self.names, +counts)
 
     def combine(self, per_func: torch.Tensor) -> torch.Tensor:
         """[N, F] -> [N] weighted sum (see combine_rewards)."""
@@ -185,14 +208,17 @@ def _picklable(fn) -> bool:
     return True
 
 
-def _with_max_completion_length(fn, max_completion_length: int | None):
-    """`fn` with max_completion_length bound when it requires one that the spec did not give."""
-    if max_completion_length is None:
-        return fn
-    param = inspect.signature(fn).parameters.get("max_completion_length")
-    if param is None or param.default is not param.empty:
-        return fn
-    return functools.partial(fn, max_completion_length=max_completion_length)
+def _with_run_defaults(fn, max_completion_length: int | None, sandbox: Mapping | str | None):
+    """`fn` with the run's max_completion_length bound when it requires one, and the run's sandbox when it takes
+    one; neither where the spec gave its own."""
+    params = inspect.signature(fn).parameters
+    bound = {}
+    length = params.get("max_completion_length")
+    if max_completion_length is not None and length is not None and length.default is length.empty:
+        bound["max_completion_length"] = max_completion_length
+    if sandbox is not None and "sandbox" in params and "sandbox" not in (getattr(fn, "keywords", None) or {}):
+        bound["sandbox"] = sandbox
+    return functools.partial(fn, **bound) if bound else fn
 
 
 def combine_rewards(per_func: torch.Tensor, weights: list[float] | None = None) -> torch.Tensor:

@@ -438,7 +438,8 @@ def host():
     ]
     host_only = [Path(f"/tmp/grpo-hostile-{token}"), Path(f"/dev/shm/grpo-hostile-{token}")]
     touch = {
-        p: p.stat().st_mtime_ns for p in [REPO / "grpo_fast/rewards/code/judge.py", Path(sys.prefix) / "pyvenv.cfg"]
+        p: p.stat().st_mtime_ns
+        for p in [REPO / "grpo_fast/rewards/code/judge_runner.py", Path(sys.prefix) / "pyvenv.cfg"]
     }
     sockets = {}
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])

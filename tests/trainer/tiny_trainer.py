@@ -22,9 +22,9 @@ BASE_OPTIONS = (
 )
 
 
-def tiny_trainer(out, *overrides: str, device: str = "cpu") -> GRPOTrainer:
-    """A GRPOTrainer writing to `out`, on `device`."""
+def tiny_trainer(out, *overrides: str, device: str = "cpu", rewards=(exact_match_reward,)) -> GRPOTrainer:
+    """A GRPOTrainer writing to `out`, on `device`, with the reward specs `rewards`."""
     tok = build_char_tokenizer()
     config = load_config(None, [*BASE_OPTIONS, f"run.output_dir={out}", *overrides])
     rows = modular_arithmetic_dataset(8, seed=0)
-    return GRPOTrainer(build_tiny_model(tok).to(device), [exact_match_reward], rows, config=config, tokenizer=tok)
+    return GRPOTrainer(build_tiny_model(tok).to(device), list(rewards), rows, config=config, tokenizer=tok)
