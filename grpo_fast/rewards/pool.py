@@ -48,6 +48,7 @@ from typing import Any
 
 from grpo_fast.rewards.columns import RewardFunc, call_reward, reward_name, select_columns
 from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure
+from grpo_fast.rewards.self_test import info_of
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,70 @@ class _Worker:
         self.conn.close()
 
 
+@dataclass
+class _Job:
+    """One `score` call in flight: its queue of items (task, f, prompt, completion, row) where task = f * n + i
+    for reward function f and completion i, and the Scores its results land in."""
+
+    n: int
+    names: list[str]
+    lowest: list[float]  # what a failed call of function f pays
+    blob: bytes  # the pickled (functions, call_kwargs), sent once per worker per batch
+    items: deque
+    by_task: dict[int, tuple]
+    scores: Scores
+
+    @classmethod
+    def of(
+        cls,
+        reward_funcs: Sequence[RewardFunc],
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: dict[str, Sequence[Any]],
+        call_kwargs: dict[str, Any],
+        pool: RewardPool,
+    ) -> _Job:
+        n = len(completions)
+        if len(prompts) != n:
+            raise ValueError(f"prompts: {len(prompts)} prompts for {n} completions")
+        for name, values in columns.items():
+            if len(values) != n:
+                raise ValueError(f"column {name!r}: {len(values)} values for {n} completions")
+        per_func = [select_columns(fn, {**call_kwargs, **columns}) for fn in reward_funcs]
+        per_func = [{k: v for k, v in chosen.items() if k in columns} for chosen in per_func]
+        items = deque(
+            (f * n + i, f, prompts[i], completions[i], {k: v[i] for k, v in per_func[f].items()})
+            for f in range(len(reward_funcs))
+            for i in range(n)
+        )
+        return cls(
+            n=n,
+            names=[reward_name(fn) for fn in reward_funcs],
+            lowest=[lowest_reward(fn) if pool.failure_reward is None else pool.failure_reward for fn in reward_funcs],
+            blob=pickle.dumps((list(reward_funcs), call_kwargs)),
+            items=items,
+            by_task={item[0]: item for item in items},
+            scores=Scores([[None] * n for _ in reward_funcs]),
+        )
+
+    def done(self, task: int, value: float | None) -> None:
+        self.scores.rewards[task // self.n][task % self.n] = value
+
+    def fail(self, task: int, kind: str, message: str) -> None:
+        """The verifier hung, crashed or raised on this completion: it pays the function's lowest reward."""
+        f, i = divmod(task, self.n)
+        self.scores.rewards[f][i] = ProgramFailure(self.lowest[f], f"{kind}: {message.strip()[-300:]}")
+        self.scores.failures.append(Failure(self.names[f], i, kind, message, f))
+        log.warning("reward %s failed on completion %d (%s): %s", self.names[f], i, kind, message.strip()[-500:])
+
+    def record_infrastructure(self, task: int, message: str) -> str:
+        """The verifier could not score this completion (reward stays None); returns the function's name."""
+        f, i = divmod(task, self.n)
+        self.scores.failures.append(Failure(self.names[f], i, "infrastructure", message, f, "infrastructure"))
+        log.error("reward %s could not score completion %d (infrastructure): %s", self.names[f], i, message[-500:])
+        return self.names[f]
+
+
 class RewardPool:
     """A pool of verifier processes; reuse one across training steps (start-up costs ~1 s per worker).
 
@@ -199,110 +264,87 @@ class RewardPool:
         Columns are checked first: a function needing a column that is absent raises KeyError naming it,
         before any work starts."""
         start = time.perf_counter()
-        columns = dict(columns or {})
-        n = len(completions)
-        if len(prompts) != n:
-            raise ValueError(f"prompts: {len(prompts)} prompts for {n} completions")
-        for name, values in columns.items():
-            if len(values) != n:
-                raise ValueError(f"column {name!r}: {len(values)} values for {n} completions")
-        per_func = [select_columns(fn, {**(call_kwargs or {}), **columns}) for fn in reward_funcs]
-        per_func = [{k: v for k, v in chosen.items() if k in columns} for chosen in per_func]
         self._batch += 1
-        blob = pickle.dumps((list(reward_funcs), dict(call_kwargs or {})))
-        items = deque(
-            (f * n + i, f, prompts[i], completions[i], {k: v[i] for k, v in per_func[f].items()})
-            for f in range(len(reward_funcs))
-            for i in range(n)
-        )
-        scores = Scores([[None] * n for _ in reward_funcs])
-        names = [reward_name(fn) for fn in reward_funcs]
-        lowest = [lowest_reward(fn) if self.failure_reward is None else self.failure_reward for fn in reward_funcs]
-        by_task = {item[0]: item for item in items}
-
-        def fail(task: int, kind: str, message: str) -> None:
-            f, i = divmod(task, n)
-            scores.rewards[f][i] = ProgramFailure(lowest[f], f"{kind}: {message.strip()[-300:]}")
-            scores.failures.append(Failure(names[f], i, kind, message, f))
-            log.warning("reward %s failed on completion %d (%s): %s", names[f], i, kind, message.strip()[-500:])
-
-        def infrastructure(task: int, message: str) -> None:
-            f, i = divmod(task, n)
-            scores.failures.append(Failure(names[f], i, "infrastructure", message, f, "infrastructure"))
-            self.infra_failures += 1
-            log.error("reward %s could not score completion %d (infrastructure): %s", names[f], i, message[-500:])
-            if self.infra_failures > self.max_infra_failures:
-                raise InfrastructureError(
-                    f"reward {names[f]}: {self.infra_failures} infrastructure failures (more than max_infra_failures="
-                    f"{self.max_infra_failures}); the last: {message[-1000:]}"
-                )
-
-        def done(task: int, value: float | None) -> None:
-            scores.rewards[task // n][task % n] = value
-
-        while items or any(w.pending for w in self._workers):
-            for w in self._workers:
-                if w.ready and items and not w.pending:
-                    chunk = [items.popleft() for _ in range(min(_CHUNK, len(items)))]
-                    loading = w.batch != self._batch
-                    try:
-                        w.conn.send((self._batch, blob if loading else None, chunk, self.timeout))
-                    except OSError:  # it died while idle (killed from outside): no item of it was lost
-                        items.extendleft(reversed(chunk))
-                        self._replace(w, items, by_task)
-                        continue
-                    w.batch = self._batch
-                    w.pending.extend(item[0] for item in chunk)
-                    w.deadline = time.monotonic() + (_STARTUP_S if loading else self.timeout)
+        job = _Job.of(reward_funcs, prompts, completions, dict(columns or {}), dict(call_kwargs or {}), self)
+        while job.items or any(w.pending for w in self._workers):
+            self._hand_out(job)
             busy = [w for w in self._workers if w.pending or not w.ready]
             left = min(w.deadline for w in busy) - time.monotonic()
             ready = wait([w.conn for w in busy], timeout=max(0.0, left))
             for w in busy:
                 if w.conn in ready:
-                    try:
-                        message = w.conn.recv()
-                    except (EOFError, OSError):
-                        w.proc.join(1.0)
-                        if not w.ready:  # killed from outside (OOM) once: replaced; every time: broken
-                            self._startup_deaths += 1
-                            if self._startup_deaths >= _STARTUP_ATTEMPTS:
-                                raise RuntimeError(
-                                    f"reward worker died at start-up {self._startup_deaths} times in a row (last exit "
-                                    f"code {w.proc.exitcode}): the reward modules do not import in a fresh process"
-                                ) from None
-                            self._replace(w, items, by_task)
-                            continue
-                        fail(w.pending.popleft(), "crash", f"worker died (exit code {w.proc.exitcode})")
-                        self._replace(w, items, by_task)
-                        continue
-                    if message == "ready":
-                        w.ready = True
-                        self._startup_deaths = 0
-                        continue
-                    if message == "loaded":
-                        w.deadline = time.monotonic() + self.timeout
-                        continue
-                    task, status, value = message
-                    w.pending.popleft()
-                    w.deadline = time.monotonic() + self.timeout
-                    if status == "ok":
-                        done(task, value)
-                    elif status == "infrastructure":
-                        infrastructure(task, value)
-                    else:
-                        fail(task, "error", value)
+                    self._receive(w, job)
                 elif time.monotonic() >= w.deadline:
                     if not w.ready:
                         raise RuntimeError(f"reward worker not ready after {_STARTUP_S} s")
-                    fail(w.pending.popleft(), "timeout", f"no result within {self.timeout} s")
-                    self._replace(w, items, by_task)
-        scores.seconds = time.perf_counter() - start
-        return scores
+                    job.fail(w.pending.popleft(), "timeout", f"no result within {self.timeout} s")
+                    self._replace(w, job)
+        job.scores.seconds = time.perf_counter() - start
+        return job.scores
 
-    def _replace(self, worker: _Worker, items: deque, by_task: dict) -> None:
+    def _hand_out(self, job: _Job) -> None:
+        """A chunk of the queue to every ready, idle worker (with the batch's functions, the first time)."""
+        for w in self._workers:
+            if w.ready and job.items and not w.pending:
+                chunk = [job.items.popleft() for _ in range(min(_CHUNK, len(job.items)))]
+                loading = w.batch != self._batch
+                try:
+                    w.conn.send((self._batch, job.blob if loading else None, chunk, self.timeout))
+                except OSError:  # it died while idle (killed from outside): no item of it was lost
+                    job.items.extendleft(reversed(chunk))
+                    self._replace(w, job)
+                    continue
+                w.batch = self._batch
+                w.pending.extend(item[0] for item in chunk)
+                w.deadline = time.monotonic() + (_STARTUP_S if loading else self.timeout)
+
+    def _receive(self, w: _Worker, job: _Job) -> None:
+        """Read one message of `w`: it is ready, it loaded the batch, an item's result, or it died."""
+        try:
+            message = w.conn.recv()
+        except (EOFError, OSError):
+            w.proc.join(1.0)
+            if not w.ready:  # killed from outside (OOM) once: replaced; every time: broken
+                self._startup_deaths += 1
+                if self._startup_deaths >= _STARTUP_ATTEMPTS:
+                    raise RuntimeError(
+                        f"reward worker died at start-up {self._startup_deaths} times in a row (last exit "
+                        f"code {w.proc.exitcode}): the reward modules do not import in a fresh process"
+                    ) from None
+            else:
+                job.fail(w.pending.popleft(), "crash", f"worker died (exit code {w.proc.exitcode})")
+            self._replace(w, job)
+            return
+        if message == "ready":
+            w.ready = True
+            self._startup_deaths = 0
+            return
+        w.deadline = time.monotonic() + self.timeout
+        if message == "loaded":
+            return
+        task, status, value = message
+        w.pending.popleft()
+        if status == "ok":
+            job.done(task, value)
+        elif status == "infrastructure":
+            self._infrastructure(job, task, value)
+        else:
+            job.fail(task, "error", value)
+
+    def _infrastructure(self, job: _Job, task: int, message: str) -> None:
+        """A verifier that could not score (None reward); more than max_infra_failures in the pool's life raise."""
+        name = job.record_infrastructure(task, message)
+        self.infra_failures += 1
+        if self.infra_failures > self.max_infra_failures:
+            raise InfrastructureError(
+                f"reward {name}: {self.infra_failures} infrastructure failures (more than max_infra_failures="
+                f"{self.max_infra_failures}); the last: {message[-1000:]}"
+            )
+
+    def _replace(self, worker: _Worker, job: _Job) -> None:
         """Kill `worker`, put its unfinished items back in front of the queue, start a fresh worker."""
         worker.kill()
-        items.extendleft(by_task[t] for t in reversed(worker.pending))
+        job.items.extendleft(job.by_task[t] for t in reversed(worker.pending))
         self._workers[self._workers.index(worker)] = _Worker(self._ctx)
 
     def close(self) -> None:
@@ -332,7 +374,6 @@ class RewardPool:
 def lowest_reward(fn: RewardFunc) -> float:
     """The lowest reward `fn` gives (its RewardInfo's range, with its bound options), or 0.0 where that
     is unknown or unbounded."""
-    from grpo_fast.rewards.self_test import info_of
 
     info, options = info_of(fn)
     if info is None:
