@@ -32,6 +32,7 @@ from grpo_fast.core.sharded_checkpoint import (
     load_sharded,
     save_sharded,
 )
+from grpo_fast.core.trackers import open_trackers
 from grpo_fast.data.loading import validate_prompt_rows
 from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.distributed.context import init_distributed
@@ -443,7 +444,8 @@ class GRPOTrainer:
             self._remove_unstarted_outputs(fresh_dir)
             raise
         main = self.dist.is_main  # rank 0 writes the run's files; the others keep the metrics in memory
-        self.metrics = MetricsLogger(self.output_dir if main else None, tensorboard=cfg.run.tensorboard)
+        trackers = open_trackers(cfg.run, cfg.to_dict()) if main else []
+        self.metrics = MetricsLogger(self.output_dir if main else None, trackers)
         self.metrics.truncate_after(self.step)
         self.audit = AuditTrail(self.output_dir, cfg.health.audit_samples) if main else None
         if self.audit:
@@ -493,7 +495,7 @@ class GRPOTrainer:
             write_report(
                 self.output_dir, self.metrics.history, self.health.alarms, self.audit.records, self.preflight_report
             )
-        self.metrics.close()
+        self.metrics.close([self.output_dir / "report.md", self.output_dir / "report.html"])
         return last
 
     def _remove_unstarted_outputs(self, fresh_dir: bool) -> None:

@@ -52,7 +52,7 @@ def test_a_corrupt_line_inside_a_journal_is_an_error_naming_the_file_and_line(tm
         read_jsonl(path)
     path.write_text('{"step": 1}\n{"step": 2, "tru')
     assert read_jsonl(path) == [{"step": 1}]
-    assert MetricsLogger(tmp_path, tensorboard=False).history == [{"step": 1}]
+    assert MetricsLogger(tmp_path).history == [{"step": 1}]
     (tmp_path / "audit.jsonl").write_text('{"step": 1, "rank": "top"}\n{"st')
     assert AuditTrail(tmp_path).records == [{"step": 1, "rank": "top"}]
 
