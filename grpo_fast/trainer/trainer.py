@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import shutil
 import time
 from collections import defaultdict
@@ -290,6 +291,7 @@ class GRPOTrainer:
         for alarm in alarms:
             metrics[f"health/{alarm.name}"] = 1.0
         metrics["health/alarms_total"] = float(len(self.health.alarms))
+        metrics.update({f"health/reading/{k}": v for k, v in self.health.readings.items() if math.isfinite(v)})
         if self.audit and cfg.audit_every and self.step % cfg.audit_every == 0 and self.last_rollout is not None:
             self.audit.record(self.step, self.last_rollout, self.train_rows, self.rewards.names)
         return any(alarm.name in cfg.stop_on for alarm in alarms)
