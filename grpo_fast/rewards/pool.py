@@ -254,8 +254,8 @@ class _Job:
     """One `score` call's work: the (task, function, prompt, completion, row) items left, their grouping into
     calls, and the results. Task t is function t // n on completion t % n."""
 
-    def __init__(self, pool: RewardPool, reward_funcs, prompts, completions, per_func: list[dict]) -> None:
-        self.pool, self.n = pool, len(completions)
+    def __init__(self, pool: RewardPool, reward_funcs, prompts, completions, per_func: list[dict], blob: bytes) -> None:
+        self.pool, self.n, self.blob = pool, len(completions), blob  # blob: sent once per worker per batch
         self.items = deque(
             (f * self.n + i, f, prompts[i], completions[i], {k: v[i] for k, v in per_func[f].items()})
             for f in range(len(reward_funcs))
@@ -268,6 +268,29 @@ class _Job:
         failure_reward = pool.failure_reward
         self.lowest = [lowest_reward(fn) if failure_reward is None else failure_reward for fn in reward_funcs]
         self.scores = Scores([[None] * self.n for _ in reward_funcs])
+
+    @classmethod
+    def of(
+        cls,
+        reward_funcs: Sequence[RewardFunc],
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: dict[str, Sequence[Any]],
+        call_kwargs: dict[str, Any],
+        pool: RewardPool,
+    ) -> _Job:
+        """The job of one `score` call, its arguments checked: one prompt and one value of each column per
+        completion; a function needing a column that is absent raises KeyError naming it."""
+        n = len(completions)
+        if len(prompts) != n:
+            raise ValueError(f"prompts: {len(prompts)} prompts for {n} completions")
+        for name, values in columns.items():
+            if len(values) != n:
+                raise ValueError(f"column {name!r}: {len(values)} values for {n} completions")
+        per_func = [select_columns(fn, {**call_kwargs, **columns}) for fn in reward_funcs]
+        per_func = [{k: v for k, v in chosen.items() if k in columns} for chosen in per_func]
+        blob = pickle.dumps((list(reward_funcs), call_kwargs))
+        return cls(pool, reward_funcs, prompts, completions, per_func, blob)
 
     def next_chunk(self, share: int) -> list[tuple]:
         """Calls for one worker: consecutive items of one function per call, as many as its batch size allows;
@@ -297,7 +320,7 @@ class _Job:
             for task, reward in zip(tasks, value, strict=True):
                 self.scores.rewards[task // self.n][task % self.n] = reward
         elif status == "infrastructure" and len(tasks) == 1:
-            self.infrastructure(tasks[0], value)
+            self.pool._infrastructure(self, tasks[0], value)
         else:
             self.failed(tasks, "error", value)
 
@@ -317,17 +340,12 @@ class _Job:
         self.scores.failures.append(Failure(self.names[f], i, kind, message, f))
         log.warning("reward %s failed on completion %d (%s): %s", self.names[f], i, kind, message.strip()[-500:])
 
-    def infrastructure(self, task: int, message: str) -> None:
+    def record_infrastructure(self, task: int, message: str) -> str:
+        """The verifier could not score this completion (its reward stays None); returns the function's name."""
         f, i = divmod(task, self.n)
         self.scores.failures.append(Failure(self.names[f], i, "infrastructure", message, f, "infrastructure"))
-        pool = self.pool
-        pool.infra_failures += 1
         log.error("reward %s could not score completion %d (infrastructure): %s", self.names[f], i, message[-500:])
-        if pool.infra_failures > pool.max_infra_failures:
-            raise InfrastructureError(
-                f"reward {self.names[f]}: {pool.infra_failures} infrastructure failures (more than max_infra_failures="
-                f"{pool.max_infra_failures}); the last: {message[-1000:]}"
-            )
+        return self.names[f]
 
 
 class RewardPool:
@@ -380,26 +398,28 @@ class RewardPool:
         Columns are checked first: a function needing a column that is absent raises KeyError naming it,
         before any work starts."""
         start = time.perf_counter()
-        columns = dict(columns or {})
-        n = len(completions)
-        if len(prompts) != n:
-            raise ValueError(f"prompts: {len(prompts)} prompts for {n} completions")
-        for name, values in columns.items():
-            if len(values) != n:
-                raise ValueError(f"column {name!r}: {len(values)} values for {n} completions")
-        per_func = [select_columns(fn, {**(call_kwargs or {}), **columns}) for fn in reward_funcs]
-        per_func = [{k: v for k, v in chosen.items() if k in columns} for chosen in per_func]
+        job = _Job.of(reward_funcs, prompts, completions, dict(columns or {}), dict(call_kwargs or {}), self)
         self._batch += 1
-        blob = pickle.dumps((list(reward_funcs), dict(call_kwargs or {})))
-        job = _Job(self, reward_funcs, prompts, completions, per_func)
         while job.items or any(w.pending for w in self._workers):
-            self._dispatch(job, blob)
-            self._collect(job)
+            self._hand_out(job)
+            busy = [w for w in self._workers if w.pending or not w.ready]
+            left = min(w.deadline for w in busy) - time.monotonic()
+            ready = wait([w.conn for w in busy], timeout=max(0.0, left))
+            for w in busy:
+                if w.conn in ready:
+                    self._receive(w, job)
+                elif time.monotonic() >= w.deadline:
+                    if not w.ready:
+                        raise RuntimeError(f"reward worker not ready after {_STARTUP_S} s")
+                    tasks = w.pending.popleft()
+                    job.failed(tasks, "timeout", f"no result within {_call_budget(self.timeout, len(tasks))} s")
+                    self._replace(w, job)
         job.scores.seconds = time.perf_counter() - start
         return job.scores
 
-    def _dispatch(self, job: _Job, blob: bytes) -> None:
-        """Sends a chunk of calls to every ready worker with none pending (at most its share of the items)."""
+    def _hand_out(self, job: _Job) -> None:
+        """A chunk of calls to every ready, idle worker (at most its share of the items; with the batch's
+        functions, the first time)."""
         share = -(-len(job.items) // len(self._workers))
         for w in self._workers:
             if not (w.ready and job.items and not w.pending):
@@ -407,7 +427,7 @@ class RewardPool:
             chunk = job.next_chunk(share)
             loading = w.batch != self._batch
             try:
-                w.conn.send((self._batch, blob if loading else None, chunk, self.timeout))
+                w.conn.send((self._batch, job.blob if loading else None, chunk, self.timeout))
             except OSError:  # it died while idle (killed from outside): no item of it was lost
                 job.put_back([task for call in chunk for task in call[0]])
                 self._replace(w, job)
@@ -419,48 +439,43 @@ class RewardPool:
     def _budget(self, worker: _Worker) -> float:
         return _call_budget(self.timeout, len(worker.pending[0])) if worker.pending else self.timeout
 
-    def _collect(self, job: _Job) -> None:
-        """Waits for the first answer (or deadline) of the busy workers and handles what arrived."""
-        busy = [w for w in self._workers if w.pending or not w.ready]
-        left = min(w.deadline for w in busy) - time.monotonic()
-        ready = wait([w.conn for w in busy], timeout=max(0.0, left))
-        for w in busy:
-            if w.conn in ready:
-                try:
-                    message = w.conn.recv()
-                except (EOFError, OSError):
-                    self._died(w, job)
-                    continue
-                if message == "ready":
-                    w.ready = True
-                    self._startup_deaths = 0
-                elif message == "loaded":
-                    w.deadline = time.monotonic() + self._budget(w)
-                else:
-                    tasks, status, value = message
-                    w.pending.popleft()
-                    w.deadline = time.monotonic() + self._budget(w)
-                    job.answered(tasks, status, value)
-            elif time.monotonic() >= w.deadline:
-                if not w.ready:
-                    raise RuntimeError(f"reward worker not ready after {_STARTUP_S} s")
-                tasks = w.pending.popleft()
-                job.failed(tasks, "timeout", f"no result within {_call_budget(self.timeout, len(tasks))} s")
-                self._replace(w, job)
+    def _receive(self, w: _Worker, job: _Job) -> None:
+        """Read one message of `w`: it is ready, it loaded the batch, a call's results, or it died (a crash on
+        its current call, or a death at start-up)."""
+        try:
+            message = w.conn.recv()
+        except (EOFError, OSError):
+            w.proc.join(1.0)
+            if not w.ready:  # killed from outside (OOM) once: replaced; every time: broken
+                self._startup_deaths += 1
+                if self._startup_deaths >= _STARTUP_ATTEMPTS:
+                    raise RuntimeError(
+                        f"reward worker died at start-up {self._startup_deaths} times in a row (last exit code "
+                        f"{w.proc.exitcode}): the reward modules do not import in a fresh process"
+                    ) from None
+            else:
+                job.failed(w.pending.popleft(), "crash", f"worker died (exit code {w.proc.exitcode})")
+            self._replace(w, job)
+            return
+        if message == "ready":
+            w.ready = True
+            self._startup_deaths = 0
+            return
+        if message != "loaded":
+            tasks, status, value = message
+            w.pending.popleft()
+            job.answered(tasks, status, value)
+        w.deadline = time.monotonic() + self._budget(w)
 
-    def _died(self, worker: _Worker, job: _Job) -> None:
-        """`worker`'s connection broke: a crash on its current call, or a death at start-up."""
-        worker.proc.join(1.0)
-        if not worker.ready:  # killed from outside (OOM) once: replaced; every time: broken
-            self._startup_deaths += 1
-            if self._startup_deaths >= _STARTUP_ATTEMPTS:
-                raise RuntimeError(
-                    f"reward worker died at start-up {self._startup_deaths} times in a row (last exit code "
-                    f"{worker.proc.exitcode}): the reward modules do not import in a fresh process"
-                ) from None
-        else:
-            job.failed(worker.pending.popleft(), "crash", f"worker died (exit code {worker.proc.exitcode})")
-        self._replace(worker, job)
+    def _infrastructure(self, job: _Job, task: int, message: str) -> None:
+        """A verifier that could not score (None reward); more than max_infra_failures in the pool's life raise."""
+        name = job.record_infrastructure(task, message)
+        self.infra_failures += 1
+        if self.infra_failures > self.max_infra_failures:
+            raise InfrastructureError(
+                f"reward {name}: {self.infra_failures} infrastructure failures (more than max_infra_failures="
+                f"{self.max_infra_failures}); the last: {message[-1000:]}"
+            )
 
     def _replace(self, worker: _Worker, job: _Job) -> None:
         """Kill `worker`, put its unfinished items back in front of the queue, start a fresh worker."""
