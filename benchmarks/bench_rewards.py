@@ -1,7 +1,7 @@
 """Reward throughput: math answers through the process pool, and sandboxed code tests.
 
     python benchmarks/bench_rewards.py                      # print the table
-    python benchmarks/bench_rewards.py --out benchmarks/results/rewards.json
+    python benchmarks/bench_rewards.py --out benchmarks/results/bench_rewards_cpu.json
 
 Cases:
 - math / in-process: `math_accuracy` called directly on N completions (one core, no pool).
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--code-n", type=int, default=20, help="code completions")
-    parser.add_argument("--out", help="write JSON results here (e.g. benchmarks/results/rewards.json)")
+    parser.add_argument("--out", help="write JSON results here (e.g. benchmarks/results/bench_rewards_cpu.json)")
     args = parser.parse_args()
 
     prompts, completions, answers = math_batch(args.n)

@@ -312,7 +312,7 @@ def run_variant(context, name, shapes, dtype_name, device, config, repeats, time
         rows: list[dict] = []
         timed_out = False
         while process.is_alive() and not timed_out:
-            process.join(0.5)
+            process.join(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
             rows += _new_rows(path, len(rows), on_row)
             timed_out = process.is_alive() and deadline is not None and time.monotonic() > deadline
         if timed_out:

@@ -5,6 +5,9 @@ bound to it, e.g. by a spec's functools.partial); it returns a `VerifierStatus` 
 the run report, metrics for the run, whether it runs unprotected) and raises VerifierStartupError when
 the check fails. `code_tests` has one: its sandbox, through the real backend, with a known-correct and a
 known-wrong program.
+
+A function that keeps helpers alive in the calling process between calls (a sandbox set up ahead, a
+judge) has a `release()` attribute that stops them; `release_verifiers` calls it when its owner is done.
 """
 
 from __future__ import annotations
@@ -34,7 +37,19 @@ def check_verifiers(funcs: Sequence[RewardFunc]) -> dict[str, VerifierStatus]:
     for fn in funcs:
         inner = unrouted(fn)
         options = dict(getattr(inner, "keywords", None) or {})
-        check = getattr(getattr(inner, "func", inner), "startup_check", None)
+        check = _declared(fn, "startup_check")
         if check is not None:
             checked[reward_name(fn)] = check(**options)
     return checked
+
+
+def release_verifiers(funcs: Sequence[RewardFunc]) -> None:
+    """Stop what the functions in `funcs` keep alive in this process between calls (their `release()`)."""
+    for release in dict.fromkeys(filter(None, (_declared(fn, "release") for fn in funcs))):
+        release()
+
+
+def _declared(fn: RewardFunc, attribute: str):
+    """`attribute` of the function under `fn`'s routing and partial binding, or None."""
+    inner = unrouted(fn)
+    return getattr(getattr(inner, "func", inner), attribute, None)

@@ -44,6 +44,7 @@ from typing import Any
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from grpo_fast.rewards.extract import answer_slots, normalize_slot
+from grpo_fast.rewards.pool import RewardPool
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
@@ -202,7 +203,6 @@ def _score_in_worker(texts: list[str], references: list[Any], options: dict) -> 
     """`math_accuracy` for a caller off the main thread: run in the shared one-process pool (its worker
     scores on its main thread, where SIGALRM works); a worker stuck in C code past the grace is killed
     and the answer earns 0."""
-    from grpo_fast.rewards.pool import RewardPool
 
     timeout_s = options["timeout_s"]
     with _POOL_LOCK:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_fast.rewards.checks import release_verifiers
 from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name
 from grpo_fast.rewards.outcomes import ProgramFailure
 from grpo_fast.rewards.pool import RewardPool, Scores
@@ -198,10 +199,12 @@ class RewardSet:
         return self._pool
 
     def close(self) -> None:
-        """Stop the worker processes (a later `submit` starts new ones)."""
+        """Stop the worker processes (a later `submit` starts new ones) and what the functions keep alive in
+        this process (grpo_fast.rewards.checks.release_verifiers)."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        release_verifiers(self.funcs)
 
 
 def _why_not_pooled(fn) -> str | None:

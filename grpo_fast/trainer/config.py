@@ -76,7 +76,7 @@ class RewardConfig(ConfigSection):
     sandbox: dict | str | None = option(
         None,
         "the code sandbox of every reward that takes one (code_tests), unless its spec names its own: a backend name "
-        "(auto, namespaces, bwrap, remote) or a mapping of grpo_fast.rewards.code.isolation.SandboxConfig's fields "
+        "(auto, namespaces, bwrap, remote) or a mapping of grpo_fast.rewards.code.backends.SandboxConfig's fields "
         "(backend: remote, url: ... for a SandboxFusion-compatible service)",
     )
     overlap_chunks: int = option(

@@ -211,13 +211,14 @@ def baselines(trainer, sft_control_rows: list[dict] | None, sft_steps: int, repo
         trainer.sync_weights()
 
 
-def run_preflight(trainer, sft_control_rows: list[dict] | None = None) -> PreflightReport:
-    """All the checks on `trainer` (its engine is started); raises PreflightError, after logging the table, when
-    a verifier's start-up check or the self-test fails."""
+def run_preflight(trainer, sft_control_rows: list[dict] | None = None, *, synced: bool = False) -> PreflightReport:
+    """All the checks on `trainer` (its engine is started, and given the policy's weights unless `synced`);
+    raises PreflightError, after logging the table, when a verifier's start-up check or the self-test fails."""
     cfg = trainer.config.check
     report = verifier_checks(trainer.rewards)
     trainer._ensure_engine()
-    trainer.sync_weights()
+    if not synced:
+        trainer.sync_weights()
     if cfg.difficulty_prompts > 0:
         difficulty_probe(trainer, cfg.difficulty_prompts, cfg.difficulty_samples, report)
     baselines(trainer, sft_control_rows, cfg.sft_control_steps, report)

@@ -426,7 +426,7 @@ class GRPOTrainer:
         health.preflight is false: all of it for a fresh run, the verifiers' checks for a resumed one."""
         if self.preflight_report is not None or not self.config.health.preflight:
             return
-        self.preflight_report = verifier_checks(self.rewards) if resumed else run_preflight(self)
+        self.preflight_report = verifier_checks(self.rewards) if resumed else run_preflight(self, synced=True)
 
     def train(self) -> dict:
         """Runs `run.max_steps` steps (continuing a checkpoint with run.resume) after the launch checklist

@@ -14,7 +14,7 @@ from test_rewards_code import LIMITS, UNSANDBOXED, needs_namespaces, sandbox_pro
 from grpo_fast.rewards import code_tests
 from grpo_fast.rewards.checks import check_verifiers
 from grpo_fast.rewards.code import ShellRunner, isolation, run_sandboxed
-from grpo_fast.rewards.code.isolation import BACKENDS
+from grpo_fast.rewards.code.backends import BACKENDS
 from grpo_fast.rewards.outcomes import VerifierStartupError
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.rewards.routing import RoutedReward

@@ -49,7 +49,7 @@ def test_an_incompatible_change_is_refused_with_the_keys_and_both_values(saved_r
 def test_harmless_changes_are_allowed_and_logged(saved_run, caplog):
     harmless = ["run.max_steps=2", "run.log_every=2", "run.save_every=1", "run.keep_checkpoints=3", "run.eval_every=5"]
     trainer = _trainer(saved_run, "run.resume=true", *harmless)
-    with caplog.at_level(logging.INFO, logger="grpo_fast.trainer"):
+    with caplog.at_level(logging.INFO, logger="grpo_fast"):
         trainer.train()
     trainer.close()
     assert trainer.step == 2

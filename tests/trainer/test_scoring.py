@@ -59,7 +59,7 @@ def test_a_failing_verifier_costs_one_reward_each_and_is_counted():
     first = scored.per_func[:, 0].tolist()
     assert first == [1.0, 0.0, 0.0, 0.0, 1.0]  # a hang, a crash, a raise: the lowest reward, never a skip
     torch.testing.assert_close(scored.per_func[:, 1], torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
-    assert scored.failures == {"misbehaving": 3}
+    assert scored.failures == {"misbehaving/failures": 3, "misbehaving/program_failures": 3}
 
 
 def test_length_rewards_need_no_glue():

@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from grpo_fast.rewards.code.isolation import SandboxConfig
+from grpo_fast.rewards.code.backends import SandboxConfig
 from grpo_fast.rewards.code.programs import CALL_RUNNER
 from grpo_fast.rewards.outcomes import InfrastructureError
 

@@ -155,6 +155,7 @@ def _startup_check(
 
 
 code_tests.startup_check = _startup_check
+code_tests.release = programs.close_idle  # judges and sandboxes set up ahead in this process
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Run untrusted programs in a local sandbox: the caller's side of `_launcher.py`.
 
-A `Session` is one sandbox: a launcher process started for a backend of isolation.py ("namespaces",
+A `Session` is one sandbox: a launcher process started for a backend of backends.py ("namespaces",
 "bwrap", or an unsandboxed level), set up once, then asked to run programs or servers on request
 (the protocol: _launcher.py). The caller trusts nothing that comes back: every answer is one line
 read within a deadline and a size bound, and a launcher that dies, overruns or garbles its answer
@@ -32,18 +32,17 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from grpo_fast.rewards.code import cgroups
-from grpo_fast.rewards.code.isolation import ROOT_MOUNT, SandboxConfig, binds, choose, launcher_argv
+from grpo_fast.rewards.code.backends import ROOT_MOUNT, binds, launcher_argv
 from grpo_fast.rewards.code.seccomp import denylist_filter
 from grpo_fast.rewards.outcomes import InfrastructureError
 
@@ -288,29 +287,8 @@ def reap(block: bool = False) -> None:
 atexit.register(reap, True)
 
 
-def run_sandboxed(
-    files: Mapping[str, str],
-    runs: Sequence[Mapping[str, Any]],
-    limits: SandboxLimits = SandboxLimits(),
-    python: str = sys.executable,
-    *,
-    sandbox: SandboxConfig | Mapping[str, Any] | str | None = None,
-    allow_unsandboxed: bool = False,
-) -> list[dict[str, Any]]:
-    """Write `files` into a fresh local sandbox and run each {"argv": [...], "stdin": str} there in turn,
-    for at most `limits.wall_s` each. Results: _launcher.py's "run" answers, or {"error": ...} where the
-    sandbox failed. Raises RuntimeError where no local backend can run programs (unless
-    `allow_unsandboxed`, UNSAFE), InfrastructureError where the sandbox cannot be set up."""
-    level = choose(SandboxConfig.of(sandbox), allow_unsandboxed)
-    if level == "remote":
-        raise RuntimeError("run_sandboxed runs programs locally; the remote backend runs them through code_tests")
-    with Session(level, limits, python, files) as session:
-        message = {"op": "run"}
-        return [session.request({**message, **run}, limits.wall_s) for run in runs]
-
-
 def _root_mount() -> None:
-    """The namespaces backend's mount point (isolation.ROOT_MOUNT): an empty directory owned by root."""
+    """The namespaces backend's mount point (backends.ROOT_MOUNT): an empty directory owned by root."""
     os.makedirs(ROOT_MOUNT, mode=0o755, exist_ok=True)
     info = os.lstat(ROOT_MOUNT)
     if not Path(ROOT_MOUNT).is_dir() or Path(ROOT_MOUNT).is_symlink() or info.st_uid != 0:
