@@ -181,7 +181,7 @@ def time_evaluate(engines: dict, model, tok, task, reps: int) -> dict:
             config = TrainConfig(  # the demo's settings (grpo_fast.demo.driver.run_demo)
                 reward=RewardConfig(funcs=task.rewards),
                 rollout=RolloutConfig(engine=name, max_completion_length=task.max_completion_length, dtype="float32"),
-                run=RunConfig(output_dir=tmp, progress=False, tensorboard=False, plots=False, save_final=False),
+                run=RunConfig(output_dir=tmp, progress=False, report_to=[], plots=False, save_final=False),
             )
             trainer = GRPOTrainer(
                 model,

@@ -69,7 +69,8 @@ def build_trainer(
     cfg.run.offload_optimizer = offload
     cfg.run.output_dir = str(Path(tempfile.gettempdir()) / "bench_offload")  # never written: no train()
     cfg.run.seed = seed
-    cfg.run.tensorboard = cfg.run.progress = cfg.run.plots = False
+    cfg.run.report_to = []
+    cfg.run.progress = cfg.run.plots = False
     cfg.optim.lr = 1e-4
     prompts = [{"prompt": f"{i} + {i} ="} for i in range(64)]
     trainer = GRPOTrainer(

@@ -7,7 +7,9 @@ step, data position). `trainer_state.pt` holds tensors and plain Python values o
 `torch.load(weights_only=True)`: loading a checkpoint never runs code from it.
 
 Also here: which config changes a resumed run may make (`compare_configs`), and what an earlier run left in
-an output directory (`earlier_run_files`, `clear_earlier_run`).
+an output directory (`earlier_run_files`, `clear_earlier_run`; the run signature a run writes there when it
+starts, `write_run_signature`, tells a run killed before its first checkpoint from another run,
+`unsaved_progress_mismatch`).
 """
 
 from __future__ import annotations
@@ -339,7 +341,9 @@ HARMLESS = (
     "run.keep_checkpoints",
     "run.max_bad_steps",
     "run.output_dir",
-    "run.tensorboard",
+    "run.report_to",
+    "run.project",
+    "run.run_name",
     "run.progress",
     "run.plots",
     "run.offload_optimizer",
@@ -496,8 +500,9 @@ def check_resume_config(path: str | Path, new: dict) -> ConfigDiff:
 
 # -- what an earlier run left in an output directory -----------------------------------------------------
 
-_RUN_FILES = ("metrics.jsonl", "audit.jsonl", "audit.html", "report.md")
+_RUN_FILES = ("metrics.jsonl", "audit.jsonl", "audit.html", "report.md", "report.html", RUN_CONFIG)
 _RUN_DIRS = ("checkpoints", "tensorboard", "plots")
+FINISHED_MARK = "report.md"  # written when a run ends (its last step done or a health alarm stopped it)
 
 
 def earlier_run_files(output_dir: str | Path) -> list[str]:
@@ -514,8 +519,38 @@ def earlier_run_files(output_dir: str | Path) -> list[str]:
     return found
 
 
+def write_run_signature(output_dir: str | Path, signature: dict) -> None:
+    """Writes the run signature (`run_signature`) to output_dir/train_config.json, atomically: what a resume
+    without a checkpoint compares itself with (`unsaved_progress_mismatch`)."""
+    path = Path(output_dir) / RUN_CONFIG
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(signature, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def unsaved_progress_mismatch(output_dir: str | Path, signature: dict) -> str | None:
+    """Why the run outputs in `output_dir` (no checkpoint among them) are not this run's unsaved progress; None
+    when they are: its run signature (output_dir/train_config.json, written when it started) equals `signature`
+    but for the options `compare_configs` calls harmless, and it did not finish. A run that started before run
+    signatures were written there is another run."""
+    out = Path(output_dir)
+    if (out / FINISHED_MARK).exists():
+        return f"it finished ({FINISHED_MARK} is there) without a checkpoint to resume from"
+    if not (out / RUN_CONFIG).exists():
+        return f"it has no {RUN_CONFIG}, so it cannot be told apart from another run"
+    try:
+        saved = json.loads((out / RUN_CONFIG).read_text())
+        diff = compare_configs(saved, signature)
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"its {RUN_CONFIG} cannot be read ({exc})"
+    changes = diff.incompatible + diff.other
+    if changes:
+        return "it is another run: " + "; ".join(map(str, changes))
+    return None
+
+
 def clear_earlier_run(output_dir: str | Path) -> None:
-    """Deletes an earlier run's outputs in `output_dir`: checkpoints, metrics, audit trail, report,
+    """Deletes an earlier run's outputs in `output_dir`: checkpoints, metrics, audit trail, report, run signature,
     TensorBoard events and plots (other files stay)."""
     out = Path(output_dir)
     for name in _RUN_FILES:

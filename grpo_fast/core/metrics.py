@@ -1,4 +1,5 @@
-"""Run journals: metrics.jsonl (and TensorBoard) through `MetricsLogger`, and JSONL read / atomic rewrite."""
+"""Run journals: metrics.jsonl (and the experiment trackers of run.report_to) through `MetricsLogger`, and JSONL
+read / atomic rewrite."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import json
 import logging
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
+
+from grpo_fast.core.trackers import Tracker, scalars_of
 
 logger = logging.getLogger(__name__)
 
@@ -38,26 +42,20 @@ def write_jsonl(path: str | Path, records: list[dict]) -> None:
 
 
 class MetricsLogger:
-    """metrics.jsonl (and TensorBoard) under `output_dir`; output_dir None keeps the history in memory only
-    (the ranks other than 0 of a multi-process run)."""
+    """metrics.jsonl under `output_dir`, and each step's numbers to the experiment `trackers`
+    (grpo_fast.core.trackers, run.report_to); output_dir None keeps the history in memory only (the ranks other
+    than 0 of a multi-process run)."""
 
     def __init__(
-        self, output_dir: str | Path | None, tensorboard: bool = True, filename: str = "metrics.jsonl"
+        self, output_dir: str | Path | None, trackers: Sequence[Tracker] = (), filename: str = "metrics.jsonl"
     ) -> None:
         self.path = None if output_dir is None else Path(output_dir) / filename
         self.history: list[dict] = []
+        self.trackers = list(trackers)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path is not None and self.path.exists():  # resumed run: keep the earlier steps (plots cover it all)
             self.history = read_jsonl(self.path)
-        self._tb = None
-        if tensorboard and self.path is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
-            except Exception:  # tensorboard not installed: JSONL only
-                self._tb = None
 
     def truncate_after(self, step: int) -> None:
         """Drops records past `step` (a resumed run re-logs them), and a partly written last line."""
@@ -72,14 +70,17 @@ class MetricsLogger:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k != "step" and v is not None:
-                    self._tb.add_scalar(k, v, step)
+        scalars = scalars_of(record)
+        for tracker in self.trackers:
+            tracker.log(step, scalars)
 
-    def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
+    def close(self, report_files: Sequence[Path] = ()) -> None:
+        """Ends the trackers' runs, with the run report's files (those that exist) and the last step's numbers."""
+        summary = scalars_of(self.history[-1]) if self.history else {}
+        existing = [Path(p) for p in report_files if Path(p).is_file()]
+        for tracker in self.trackers:
+            tracker.finish(existing, summary)
+        self.trackers = []
 
 
 def _clean(v):

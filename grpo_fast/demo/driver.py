@@ -264,7 +264,7 @@ def demo_train_config(cfg: DemoConfig, task: DemoTask, model_dir: Path) -> Train
             seed=cfg.seed,
             eval_every=cfg.eval_every,
             save_final=False,
-            tensorboard=False,
+            report_to=[],
             progress=cfg.progress,
         ),
     )

@@ -64,15 +64,25 @@ def call_reward(
     columns: Mapping[str, Sequence[Any]],
     call_kwargs: Mapping[str, Any] | None = None,
 ) -> list[float | None]:
-    """`fn(prompts, completions, **columns and call_kwargs it takes)`, checked: one reward (float or None) per
-    completion (a ProgramFailure stays one: it is a float). columns hold one value per completion;
-    call_kwargs are passed as they are (TRL's `trainer_state`)."""
-    rewards = fn(prompts, completions, **select_columns(fn, {**(call_kwargs or {}), **columns}))
+    """`fn(prompts=prompts, completions=completions, **columns and call_kwargs it takes)`, by keyword as TRL
+    calls it (so TRL's `def reward_len(completions, **kwargs)` works; prompts only when fn takes them),
+    checked: one reward (float or None) per completion (a ProgramFailure stays one: it is a float). columns
+    hold one value per completion; call_kwargs are passed as they are (TRL's `trainer_state`)."""
+    named = _by_keyword(fn, {"prompts": prompts, "completions": completions})
+    rewards = fn(**named, **select_columns(fn, {**(call_kwargs or {}), **columns}))
     if len(rewards) != len(completions):
         raise ValueError(
             f"reward function {reward_name(fn)!r} returned {len(rewards)} rewards for {len(completions)} completions"
         )
     return [None if r is None else r if isinstance(r, ProgramFailure) else float(r) for r in rewards]
+
+
+def _by_keyword(fn: RewardFunc, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of `values` that `fn` takes by keyword (a parameter of that name, or **kwargs)."""
+    params = inspect.signature(fn).parameters
+    var_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    named = {k for k, p in params.items() if p.kind is not p.POSITIONAL_ONLY}
+    return {k: v for k, v in values.items() if k in named or (var_keyword and k not in params)}
 
 
 def reward_name(fn: RewardFunc) -> str:

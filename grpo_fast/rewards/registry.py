@@ -52,14 +52,19 @@ def reward(
     kind: str,
     range: tuple[float, float] | Callable[[Mapping[str, Any]], tuple[float, float]],  # noqa: A002 (the option's name)
     samples: Iterable[Sample] = (),
+    batch_option: str | None = None,
 ) -> Callable[[RewardFunc], RewardFunc]:
     """Decorator: declare a reward function's kind ("accuracy", "format", "length" or "other"), its range (lowest,
     highest) — or a function of its bound options giving it — and its self-test samples; with a `name`, also
-    register it in REWARD_FUNCTIONS (a name is registered once)."""
+    register it in REWARD_FUNCTIONS (a name is registered once). batch_option: the name of its option that sets
+    how many completions one call may score together in the reward pool (a model that scores in batches);
+    without it the pool calls it once per completion."""
     reward_range = range if callable(range) else (lambda _options, bounds=tuple(range): bounds)
-    info = RewardInfo(kind, reward_range, tuple(samples))
+    info = RewardInfo(kind, reward_range, tuple(samples), batch_option)
 
     def declare(fn: RewardFunc) -> RewardFunc:
+        if batch_option is not None and batch_option not in inspect.signature(fn).parameters:
+            raise ValueError(f"reward {fn.__name__!r}: batch_option {batch_option!r} is not one of its parameters")
         fn.reward_info = info
         if name is not None:
             REWARD_FUNCTIONS.register(name, fn)

@@ -6,22 +6,22 @@
 
 Where it runs: on a GPU machine give it `in_process: true`, so it runs in the trainer's process, on the
 GPU beside the policy, in batches. In a RewardPool worker (the default for a spec) device "auto" means
-CPU (the workers stay off the trainer's GPU), each completion is scored alone (the pool's unit of work,
-so `batch_size` does not matter there), and a worker loads the model on the first completion it
-scores, within that completion's `reward.timeout`.
+CPU (the workers stay off the trainer's GPU); the pool sends it up to `batch_size` completions per call
+(its `batch_option`), with `reward.timeout` seconds per completion of the call, and a worker loads the
+model in its first call.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import multiprocessing
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from grpo_fast.data.tokenizer import load_tokenizer
+from grpo_fast.rewards.pool import in_worker
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.text import completion_text
 
@@ -34,7 +34,7 @@ _LOADED: dict[tuple[str, str, str], tuple[Any, Any]] = {}  # (path, device, dtyp
 
 # A learned reward model pays for what its training data preferred, not for a verified answer; no model is bundled,
 # so it ships no samples (the launch checklist says so), and its logits are unbounded (the checklist warns).
-@reward("reward_model", kind="other", range=(-math.inf, math.inf))
+@reward("reward_model", kind="other", range=(-math.inf, math.inf), batch_option="batch_size")
 def reward_model(
     prompts: Sequence[Any],
     completions: Sequence[Any],
@@ -77,7 +77,7 @@ def load_reward_model(path: str, device: str = "auto", dtype: str = "auto") -> t
     """(model in eval mode, tokenizer) of `path`, loaded on the first call of this process for (path, device,
     dtype), then from a module cache (a pool worker loads it once).
 
-    device "auto": CPU in a worker process (multiprocessing's child: a RewardPool worker); else the GPU
+    device "auto": CPU in a RewardPool worker; else the GPU
     when CUDA is available and its free memory exceeds GPU_ROOM times the model's size; else CPU. A log
     line says which and why. The model's `config.pad_token_id` is set when missing (the tokenizer's pad
     token, else its eos token): sequence classifiers find the last token of each padded row with it.
@@ -123,7 +123,7 @@ def _pick_device(device: str, model) -> tuple[str, str]:
     """(device for `model`, why) for the `device` option (see load_reward_model)."""
     if device != "auto":
         return device, "as configured"
-    if multiprocessing.parent_process() is not None:
+    if in_worker():
         return "cpu", "a worker process (give the spec in_process: true to use the trainer's GPU)"
     if not torch.cuda.is_available():
         return "cpu", "no CUDA device"

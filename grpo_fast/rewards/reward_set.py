@@ -9,8 +9,10 @@ text. A function with a required `max_completion_length` parameter gets the roll
 
 Where a function runs: in the run's `RewardPool` (worker processes with a per-completion timeout; a
 verifier that hangs, crashes or raises costs that completion's reward, counted in the step's
-`reward/<name>/failures`), unless its spec says `in_process: true` (cheap functions, no isolation) or
-it cannot be pickled for a worker (a lambda or closure: scored in-process, with a warning).
+`reward/<name>/failures`), unless its spec says `in_process: true` (cheap functions, no isolation), it
+cannot be pickled for a worker (a lambda or closure: scored in-process, with a warning), or it is defined
+in `__main__` (the training script or notebook, TRL's usual pattern: the workers never run the script, so
+they cannot import it; scored in-process as TRL scores it, with one notice).
 
 A spec's `when: {column: value or [values]}` routes its function to the rows whose columns match
 (grpo_fast.rewards.routing): the other rows get None from it, and `full_rewards` leaves it out of their bar.
@@ -36,7 +38,7 @@ from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name
 from grpo_fast.rewards.outcomes import ProgramFailure
 from grpo_fast.rewards.pool import RewardPool, Scores
 from grpo_fast.rewards.registry import reward_from_spec
-from grpo_fast.rewards.routing import RoutedReward
+from grpo_fast.rewards.routing import RoutedReward, unrouted
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +107,7 @@ class RewardSet:
         max_completion_length: int | None = None,
         sandbox: Mapping | str | None = None,
     ) -> None:
-        self.funcs, self.in_process, unpicklable = [], [], []
+        self.funcs, self.in_process, local_why = [], [], []
         for spec in specs:
             in_process = isinstance(spec, Mapping) and bool(spec.get("in_process", False))
             when = spec.get("when") if isinstance(spec, Mapping) else None
@@ -115,8 +117,8 @@ class RewardSet:
             if when is not None:
                 fn = RoutedReward(fn, when)
             self.funcs.append(fn)
-            unpicklable.append(bool(workers) and not in_process and not _picklable(fn))
-            self.in_process.append(in_process or workers == 0 or unpicklable[-1])
+            local_why.append(None if in_process or not workers else _why_not_pooled(fn))
+            self.in_process.append(in_process or workers == 0 or local_why[-1] is not None)
         self.weights = list(weights) if weights is not None else [1.0] * len(self.funcs)
         if len(self.weights) != len(self.funcs):
             raise ValueError(f"reward.weights: {len(self.weights)} weights for {len(self.funcs)} reward functions")
@@ -124,9 +126,11 @@ class RewardSet:
         for fn in self.funcs:
             name = reward_name(fn)
             self.names.append(name if name not in self.names else f"{name}_{len(self.names)}")
-        for name, warn in zip(self.names, unpicklable, strict=True):
-            if warn:
-                logger.warning("reward %s cannot be pickled for a worker process: scored in-process", name)
+        for name, why in zip(self.names, local_why, strict=True):
+            if why is not None:
+                logger.warning(
+                    "reward %s %s: scored in the trainer's process, without the reward pool's timeout", name, why
+                )
         self._pool_options = dict(
             workers=workers, timeout=timeout, failure_reward=failure_reward, max_infra_failures=max_infra_failures
         )
@@ -203,12 +207,21 @@ class RewardSet:
         release_verifiers(self.funcs)
 
 
-def _picklable(fn) -> bool:
+def _why_not_pooled(fn) -> str | None:
+    """Why `fn` cannot be sent to a reward-pool worker, or None: a function of `__main__` (a worker never runs
+    the training script, so it cannot import it), or one that does not pickle (a lambda, a closure)."""
+    inner = getattr(unrouted(fn), "func", unrouted(fn))
+    module = getattr(inner, "__module__", None) if inspect.isroutine(inner) else type(inner).__module__
+    if module == "__main__":
+        return (
+            "is defined in __main__ (the training script or notebook; the pool's workers never run it, so they "
+            "cannot import it)"
+        )
     try:
         pickle.dumps(fn)
     except Exception:  # noqa: BLE001 - any failure to pickle means "cannot go to a worker"
-        return False
-    return True
+        return "cannot be pickled for a worker process"
+    return None
 
 
 def _with_run_defaults(fn, max_completion_length: int | None, sandbox: Mapping | str | None):

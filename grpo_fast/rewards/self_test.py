@@ -34,11 +34,14 @@ class Sample:
 @dataclass(frozen=True)
 class RewardInfo:
     """kind: "accuracy" (pays for a correct answer), "format", "length" or "other". reward_range: the
-    lowest and highest reward, given the function's bound options (±inf when unbounded)."""
+    lowest and highest reward, given the function's bound options (±inf when unbounded). batch_option: the
+    name of the option that says how many completions one call may score together in the reward pool (None:
+    one per call; grpo_fast.rewards.pool.batch_size_of)."""
 
     kind: str
     reward_range: Callable[[Mapping[str, Any]], tuple[float, float]]
     samples: tuple[Sample, ...] = field(default=())
+    batch_option: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -16,6 +16,7 @@ from grpo_fast.config_fields import Auto, ConfigSection, option
 from grpo_fast.core.config_tree import load_tree
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
+from grpo_fast.core.trackers import REPORT_TO_HELP, TrackerName, upgrade_tensorboard
 
 
 @dataclass
@@ -48,6 +49,7 @@ class SFTRunConfig(ConfigSection):
     """Steps, micro-batches, output: one optimizer step accumulates grad_accum micro-batches."""
 
     key = "run"
+    MOVED = {"tensorboard": "run.report_to"}
     output_dir: str = option("runs/sft", "checkpoints, metrics, plots, the final model and summary.json")
     epochs: int = option(1, "passes over the data when max_steps is null", low=1)
     max_steps: int | None = option(None, "optimizer steps (null: epochs)", low=1)
@@ -62,7 +64,9 @@ class SFTRunConfig(ConfigSection):
     keep_checkpoints: int | None = option(None, "keep the newest K checkpoints (null: all)", low=1)
     resume: bool = option(False, "continue from the latest checkpoint under output_dir")
     bf16: bool | Auto = option("auto", "bf16 autocast (auto: on GPU, off on CPU)")
-    tensorboard: bool = option(True, "TensorBoard events beside metrics.jsonl")
+    report_to: list[TrackerName] | Auto = option("auto", REPORT_TO_HELP)
+    project: str = option("grpo_fast", "the trackers' project (wandb, trackio; mlflow: the experiment)")
+    run_name: str | None = option(None, "the run's name in the trackers (null: the name of output_dir)")
     progress: bool = option(True, "a progress bar")
     plots: bool = option(True, "PNG plots of the metrics")
 
@@ -99,4 +103,4 @@ def validate(cfg: SFTConfig) -> None:
 
 def load_sft_config(source: str | Path | dict | None = None, overrides: list[str] | None = None) -> SFTConfig:
     """SFTConfig from a YAML file or a nested dict, then `key.sub=value` overrides (values parsed as YAML)."""
-    return load_tree(SFTConfig, source, overrides)
+    return load_tree(SFTConfig, source, overrides, upgrades=(upgrade_tensorboard,))

@@ -30,6 +30,7 @@ from grpo_fast.core.packing import packing_error
 from grpo_fast.core.plots import save_plots
 from grpo_fast.core.policy import load_policy
 from grpo_fast.core.seeding import set_rng_state, set_seed
+from grpo_fast.core.trackers import open_trackers
 from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.sft.batching import BatchPlan, MicroBatch, collate
 from grpo_fast.sft.config import SFTConfig
@@ -157,7 +158,7 @@ class SFTTrainer:
         out.mkdir(parents=True, exist_ok=True)
         if cfg.resume:
             self.resume()
-        metrics = MetricsLogger(out, tensorboard=cfg.tensorboard)
+        metrics = MetricsLogger(out, open_trackers(cfg, self.config.to_dict()))
         metrics.truncate_after(self.step)
         bar = _progress(self.total_steps, self.step, cfg.progress)
         t0, start_step, last = time.perf_counter(), self.step, {}
@@ -172,7 +173,6 @@ class SFTTrainer:
                 bar.set_postfix(loss=f"{last['loss']:.4f}")
         if bar is not None:
             bar.close()
-        metrics.close()
         if cfg.plots:
             save_plots(metrics.history, out / "plots", PLOT_PANELS)
         final = out / "final"
@@ -190,6 +190,7 @@ class SFTTrainer:
             "metrics_jsonl": str(metrics.path),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        metrics.close([out / "summary.json"])
         return summary
 
 

@@ -19,6 +19,7 @@ from grpo_fast.config_fields import Auto, ConfigSection, option
 from grpo_fast.core.config_tree import load_tree, move_key
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
+from grpo_fast.core.trackers import REPORT_TO_HELP, TrackerName, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.rollout.hf_engine import HFOptions
@@ -183,6 +184,7 @@ class RunConfig(ConfigSection):
     batch's sequences."""
 
     key = "run"
+    MOVED = {"tensorboard": "run.report_to"}
     output_dir: str = option("runs/train", "checkpoints, metrics, plots and the run report")
     max_steps: int = option(100, "training steps", low=1)
     prompts_per_step: int = option(16, "prompts per step (x rollout.num_generations completions)", low=1)
@@ -210,7 +212,9 @@ class RunConfig(ConfigSection):
     offload_optimizer: bool = option(True, "optimizer state to pinned CPU memory during generation (GPU)")
     offload_params: bool = option(False, "parameters to pinned CPU memory during generation (GPU)")
     bf16: bool | Auto = option("auto", "bf16 autocast (auto: on GPU, off on CPU)")
-    tensorboard: bool = option(True, "TensorBoard events beside metrics.jsonl")
+    report_to: list[TrackerName] | Auto = option("auto", REPORT_TO_HELP)
+    project: str = option("grpo_fast", "the trackers' project (wandb, trackio; mlflow: the experiment)")
+    run_name: str | None = option(None, "the run's name in the trackers (null: the name of output_dir)")
     progress: bool = option(True, "a progress bar")
     plots: bool = option(True, "PNG plots of the metrics")
     max_bad_steps: int = option(
@@ -392,6 +396,7 @@ def upgrade_spellings(data: dict) -> list[str]:
     for name in VLLMOptions.__dataclass_fields__:
         warnings += move_key(data, f"rollout.{name}", f"rollout.vllm.{name}")
     warnings += move_key(data, "grpo.vllm_importance_sampling_cap", "grpo.vllm_importance_sampling_clip_max")
+    warnings += upgrade_tensorboard(data)
     grpo = data.get("grpo")
     if isinstance(grpo, dict) and ("is_correction" in grpo or "is_cap" in grpo):
         warnings.append(_upgrade_is_correction(grpo))

@@ -19,13 +19,17 @@ steps before (needs 2·window steps of history):
 
 A rule that fired stays quiet for `window` steps. Each alarm is a log line with the numbers that fired it
 and the usual remedies, a `health/<name>` metric (1 on the step it fires), and an entry of `alarms`.
+
+Every step also gets the rules' readings, the numbers they compare with their thresholds, as metrics
+`health/reading/<name>` (READINGS), so a run shows how near each alarm came: a healthy run and a provoked one
+can be told apart by their margins, not by a hair.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -46,11 +50,29 @@ REMEDIES = {
 }
 
 
+READINGS = {
+    "entropy_fall": "entropy_collapse: relative fall of the entropy, last window against the one before",
+    "stuck_rise": "entropy_collapse: rise of the share of stuck groups (equal rewards, not all right)",
+    "reward_rise": "entropy_collapse / reward_hacking: rise of the train reward",
+    "heldout_change": "reward_hacking: change of held-out accuracy between the last two evaluations",
+    "length_rise": "length_inflation: the smaller of the relative rises of mean and p95 completion length",
+    "reward_per_token_change": "length_inflation: change of the reward per generated token",
+    "verifier_split": "reward_hacking: the smaller of the largest rise and the largest fall among the verifiers",
+    "clip_ratio": "off_policy_drift: clipped fraction of tokens over the last window",
+    "mismatch": "off_policy_drift: rollout/trainer logprob mismatch over the last window (nats per token)",
+    "accuracy_drop": "collapse: held-out accuracy below its best (at evaluations)",
+}
+"""The numbers the rules compare with their thresholds, each step where they can be computed."""
+
+
 @dataclass(frozen=True)
 class Alarm:
+    """An alarm that fired: its step, rule, message, and the rule's readings then (READINGS)."""
+
     step: int
     name: str
     message: str
+    readings: dict = field(default_factory=dict)
 
     def line(self) -> str:
         return f"[health] step {self.step}: {self.name}: {self.message}. Remedies: {REMEDIES[self.name]}."
@@ -74,17 +96,20 @@ class HealthThresholds:
 
 
 class HealthMonitor:
-    """Feeds on each step's metrics (`observe`) and each evaluation (`observe_eval`); returns new alarms."""
+    """Feeds on each step's metrics (`observe`) and each evaluation (`observe_eval`); returns new alarms.
+    `readings` holds the rules' readings of the last step observed (READINGS)."""
 
     def __init__(self, thresholds: HealthThresholds, reward_names: list[str]) -> None:
         self.t, self.reward_names = thresholds, reward_names
         self.history: list[dict] = []
         self.evals: list[tuple[int, float]] = []
         self.alarms: list[Alarm] = []
+        self.readings: dict[str, float] = {}
         self._quiet_until: dict[str, int] = {}
 
     def observe(self, step: int, metrics: dict) -> list[Alarm]:
         self.history.append(metrics)
+        self.readings = {}
         fired = [
             self._entropy_collapse(step),
             self._length_inflation(step),
@@ -96,6 +121,7 @@ class HealthMonitor:
     def observe_eval(self, step: int, accuracy: float, checkpoint_steps: list[int]) -> list[Alarm]:
         self.evals.append((step, accuracy))
         best_step, best = max(self.evals, key=lambda e: (e[1], -e[0]))
+        self.readings["accuracy_drop"] = best - accuracy
         if best - accuracy < self.t.collapse_drop:
             return []
         good = [s for s in checkpoint_steps if s <= best_step]
@@ -108,7 +134,7 @@ class HealthMonitor:
             f"held-out accuracy {accuracy:.3f} is {best - accuracy:.3f} below its best, {best:.3f} at step "
             f"{best_step}; {where}"
         )
-        return self._emit([Alarm(step, "collapse", message)])
+        return self._emit([Alarm(step, "collapse", message, {"accuracy_drop": best - accuracy})])
 
     def _emit(self, alarms: list[Alarm]) -> list[Alarm]:
         out = []
@@ -120,6 +146,11 @@ class HealthMonitor:
             self.alarms.append(alarm)
             out.append(alarm)
         return out
+
+    def _read(self, **values: float) -> dict[str, float]:
+        """Records readings of this step; returns them."""
+        self.readings.update(values)
+        return values
 
     # -- rules ------------------------------------------------------------------------------------------
 
@@ -138,6 +169,7 @@ class HealthMonitor:
             return None
         fell = 1 - entropy[1] / entropy[0]
         rose = zero_var[1] - zero_var[0]
+        read = self._read(entropy_fall=fell, stuck_rise=rose, reward_rise=reward[1] - reward[0])
         if fell >= self.t.entropy_drop and rose >= self.t.zero_var_rise and reward[1] - reward[0] < self.t.reward_rise:
             return Alarm(
                 step,
@@ -145,6 +177,7 @@ class HealthMonitor:
                 f"entropy {entropy[0]:.3f} -> {entropy[1]:.3f} (-{fell:.0%}) while stuck groups (equal rewards, not "
                 f"all right) {zero_var[0]:.2f} -> {zero_var[1]:.2f} and the train reward {reward[0]:.3f} -> "
                 f"{reward[1]:.3f}",
+                read,
             )
         return None
 
@@ -154,6 +187,10 @@ class HealthMonitor:
         if mean is None or p95 is None or reward is None or min(mean[0], p95[0]) <= 0:
             return None
         per_token = (reward[0] / mean[0], reward[1] / mean[1])
+        read = self._read(
+            length_rise=min(mean[1] / mean[0], p95[1] / p95[0]) - 1,
+            reward_per_token_change=per_token[1] - per_token[0],
+        )
         if mean[1] >= mean[0] * (1 + self.t.length_rise) and p95[1] >= p95[0] * (1 + self.t.length_rise):
             if per_token[1] <= per_token[0]:
                 buckets = self.history[-1].get("completion/reward_by_length_quartile", "")
@@ -162,6 +199,7 @@ class HealthMonitor:
                     "length_inflation",
                     f"mean length {mean[0]:.1f} -> {mean[1]:.1f}, p95 {p95[0]:.1f} -> {p95[1]:.1f}, reward per "
                     f"token {per_token[0]:.4f} -> {per_token[1]:.4f}; reward by length quartile {buckets}",
+                    read,
                 )
         return None
 
@@ -169,6 +207,10 @@ class HealthMonitor:
         """One alarm with every piece of evidence that holds (the train/held-out gap, the verifiers that part)."""
         evidence = []
         reward = self._windows("reward/mean")
+        if reward is not None:
+            self._read(reward_rise=reward[1] - reward[0])
+        if reward is not None and len(self.evals) >= 2:
+            self._read(heldout_change=self.evals[-1][1] - self.evals[-2][1])
         if reward is not None and reward[1] - reward[0] >= self.t.reward_rise and len(self.evals) >= 2:
             (_, before), (_, after) = self.evals[-2:]
             if after <= before:
@@ -181,12 +223,15 @@ class HealthMonitor:
             pair = self._windows(f"reward/{name}/mean")
             if pair is not None:
                 changes[name] = pair[1] - pair[0]
+        if len(changes) >= 2:
+            self._read(verifier_split=min(max(changes.values()), -min(changes.values())))
         rising = [n for n, d in changes.items() if d >= self.t.reward_rise]
         falling = [n for n, d in changes.items() if d <= -self.t.reward_rise]
         if rising and falling:
             detail = ", ".join(f"{n} {changes[n]:+.3f}" for n in rising + falling)
             evidence.append(f"one verifier rises while another falls: {detail}")
-        return Alarm(step, "reward_hacking", "; ".join(evidence)) if evidence else None
+        read = {k: v for k, v in self.readings.items() if k in ("reward_rise", "heldout_change", "verifier_split")}
+        return Alarm(step, "reward_hacking", "; ".join(evidence), read) if evidence else None
 
     def _off_policy_drift(self, step: int) -> Alarm | None:
         recent = self.history[-self.t.window :]
@@ -194,14 +239,54 @@ class HealthMonitor:
         mismatch = [m["mismatch/abs_logprob_diff_mean"] for m in recent if "mismatch/abs_logprob_diff_mean" in m]
         clip_mean = float(np.mean(clip)) if clip else 0.0
         mismatch_mean = float(np.mean(mismatch)) if mismatch else 0.0
+        read = self._read(clip_ratio=clip_mean, mismatch=mismatch_mean)
         if clip_mean > self.t.clip_ratio_max or mismatch_mean > self.t.mismatch_max:
             return Alarm(
                 step,
                 "off_policy_drift",
                 f"clipped fraction {clip_mean:.3f} (max {self.t.clip_ratio_max}), rollout/trainer logprob "
                 f"mismatch {mismatch_mean:.4f} (max {self.t.mismatch_max}) over the last {len(recent)} steps",
+                read,
             )
         return None
+
+
+def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[float, bool]]:
+    """Per alarm whose readings are there: (its main reading over its threshold, whether its other conditions
+    hold). The rule fires when the ratio reaches 1 (off_policy_drift: exceeds it) and the other conditions hold,
+    so the ratio says how near a run came, or how far beyond it went.
+
+    entropy_collapse: entropy_fall / entropy_drop, if stuck_rise >= zero_var_rise and reward_rise < reward_rise.
+    length_inflation: length_rise / length_rise (the thresholds of HealthThresholds), if reward_per_token_change <= 0.
+    reward_hacking: the larger of verifier_split / reward_rise and, if heldout_change <= 0, reward_rise /
+    reward_rise. off_policy_drift: the larger of clip_ratio / clip_ratio_max and mismatch / mismatch_max.
+    collapse: accuracy_drop / collapse_drop."""
+    r, out, over = readings, {}, _over
+    if {"entropy_fall", "stuck_rise", "reward_rise"} <= r.keys():
+        out["entropy_collapse"] = (
+            over(r["entropy_fall"], t.entropy_drop),
+            r["stuck_rise"] >= t.zero_var_rise and r["reward_rise"] < t.reward_rise,
+        )
+    if {"length_rise", "reward_per_token_change"} <= r.keys():
+        out["length_inflation"] = (over(r["length_rise"], t.length_rise), r["reward_per_token_change"] <= 0)
+    hacking = [over(r["verifier_split"], t.reward_rise)] if "verifier_split" in r else []
+    if "reward_rise" in r and "heldout_change" in r and r["heldout_change"] <= 0:
+        hacking.append(over(r["reward_rise"], t.reward_rise))
+    if hacking:
+        out["reward_hacking"] = (max(hacking), True)
+    if "clip_ratio" in r:
+        drift = max(over(r["clip_ratio"], t.clip_ratio_max), over(r["mismatch"], t.mismatch_max))
+        out["off_policy_drift"] = (drift, True)
+    if "accuracy_drop" in r:
+        out["collapse"] = (over(r["accuracy_drop"], t.collapse_drop), True)
+    return out
+
+
+def _over(reading: float, threshold: float) -> float:
+    """reading / threshold; a threshold of 0 gives inf for a positive reading, else 0."""
+    if threshold > 0:
+        return reading / threshold
+    return math.inf if reading > 0 else 0.0
 
 
 def reward_by_length(lengths: list[int], rewards: list[float], buckets: int = 4) -> str:

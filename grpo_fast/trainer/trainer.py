@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import shutil
 import time
 from collections import defaultdict
@@ -32,6 +33,7 @@ from grpo_fast.core.sharded_checkpoint import (
     load_sharded,
     save_sharded,
 )
+from grpo_fast.core.trackers import open_trackers
 from grpo_fast.data.loading import validate_prompt_rows
 from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.distributed.context import init_distributed
@@ -289,6 +291,7 @@ class GRPOTrainer:
         for alarm in alarms:
             metrics[f"health/{alarm.name}"] = 1.0
         metrics["health/alarms_total"] = float(len(self.health.alarms))
+        metrics.update({f"health/reading/{k}": v for k, v in self.health.readings.items() if math.isfinite(v)})
         if self.audit and cfg.audit_every and self.step % cfg.audit_every == 0 and self.last_rollout is not None:
             self.audit.record(self.step, self.last_rollout, self.train_rows, self.rewards.names)
         return any(alarm.name in cfg.stop_on for alarm in alarms)
@@ -367,31 +370,54 @@ class GRPOTrainer:
 
     def _prepare_output_dir(self) -> Path | None:
         """Before the engine starts: the checkpoint to resume from (run.resume), its config checked; or, for
-        a fresh start, the output directory cleared of an earlier run (run.overwrite) or refused. Decided
-        and done by rank 0."""
+        a fresh start, the output directory cleared of an earlier run (run.overwrite) or refused. The run
+        signature is written to the directory either way. Decided and done by rank 0."""
         return self.dist.run_on_main(self._prepare_output_dir_here)
 
     def _prepare_output_dir_here(self) -> Path | None:
         run = self.config.run
+        signature = self.run_signature()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         path = ckpt.latest_checkpoint(self.output_dir / "checkpoints") if run.resume else None
         if path is not None:
-            ckpt.check_resume_config(path, self.run_signature())
-            return path
-        if run.resume:
-            logger.warning("resume requested but no checkpoint under %s: starting fresh", self.output_dir)
+            ckpt.check_resume_config(path, signature)
+        else:
+            self._clear_for_a_fresh_start(signature)
+        ckpt.write_run_signature(self.output_dir, signature)
+        return path
+
+    def _clear_for_a_fresh_start(self, signature: dict) -> None:
+        """A start from step 0 in run.output_dir: what an earlier run left there is deleted with run.overwrite,
+        or with run.resume when it is this same run's progress, never checkpointed (killed before its first
+        save: verl's resume_mode auto); otherwise ValueError."""
+        run = self.config.run
         earlier = ckpt.earlier_run_files(self.output_dir)
-        if earlier and not run.overwrite:
-            why = "resume found no checkpoint, and starting" if run.resume else "starting"
+        if not earlier:
+            if run.resume:
+                logger.warning("resume requested but no checkpoint under %s: starting fresh", self.output_dir)
+            return
+        if run.overwrite:
+            logger.warning("run.overwrite: deleting the earlier run in %s (%s)", self.output_dir, ", ".join(earlier))
+        elif run.resume and (why := ckpt.unsaved_progress_mismatch(self.output_dir, signature)) is not None:
             raise ValueError(
-                f"run.output_dir {self.output_dir} holds an earlier run ({', '.join(earlier)}): {why} afresh would "
+                f"run.resume: run.output_dir {self.output_dir} holds no checkpoint, and its run ({', '.join(earlier)}) "
+                f"is not this run's unsaved progress: {why}. Choose another run.output_dir, or set run.overwrite: "
+                "true (--overwrite) to delete it and start over."
+            )
+        elif run.resume:
+            logger.warning(
+                "resume requested but no checkpoint under %s: it holds this run's progress from before its first "
+                "checkpoint (%s), started again from step 0 and replaced",
+                self.output_dir,
+                ", ".join(earlier),
+            )
+        else:
+            raise ValueError(
+                f"run.output_dir {self.output_dir} holds an earlier run ({', '.join(earlier)}): starting afresh would "
                 "replace it. Resume it (run.resume: true / --resume), choose another run.output_dir, or set "
                 "run.overwrite: true (--overwrite) to delete it and start over."
             )
-        if earlier:
-            logger.warning("run.overwrite: deleting the earlier run in %s (%s)", self.output_dir, ", ".join(earlier))
-            ckpt.clear_earlier_run(self.output_dir)
-        return None
+        ckpt.clear_earlier_run(self.output_dir)
 
     # -- the loop ---------------------------------------------------------------------------------------
 
@@ -420,7 +446,8 @@ class GRPOTrainer:
             self._remove_unstarted_outputs(fresh_dir)
             raise
         main = self.dist.is_main  # rank 0 writes the run's files; the others keep the metrics in memory
-        self.metrics = MetricsLogger(self.output_dir if main else None, tensorboard=cfg.run.tensorboard)
+        trackers = open_trackers(cfg.run, cfg.to_dict()) if main else []
+        self.metrics = MetricsLogger(self.output_dir if main else None, trackers)
         self.metrics.truncate_after(self.step)
         self.audit = AuditTrail(self.output_dir, cfg.health.audit_samples) if main else None
         if self.audit:
@@ -470,15 +497,16 @@ class GRPOTrainer:
             write_report(
                 self.output_dir, self.metrics.history, self.health.alarms, self.audit.records, self.preflight_report
             )
-        self.metrics.close()
+        self.metrics.close([self.output_dir / "report.md", self.output_dir / "report.html"])
         return last
 
     def _remove_unstarted_outputs(self, fresh_dir: bool) -> None:
-        """A run whose engine failed to start leaves no outputs: the exported rollout_init/ goes, and so does
-        run.output_dir when this run created it and nothing else is in it."""
+        """A run whose engine failed to start leaves no outputs: the exported rollout_init/ and the run signature
+        go, and so does run.output_dir when this run created it and nothing else is in it."""
         if not fresh_dir or not self.dist.is_main:
             return
         shutil.rmtree(self.output_dir / "rollout_init", ignore_errors=True)
+        (self.output_dir / ckpt.RUN_CONFIG).unlink(missing_ok=True)
         try:
             self.output_dir.rmdir()  # only when empty
         except OSError:

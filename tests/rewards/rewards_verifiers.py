@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
+
+from grpo_fast.rewards.registry import reward
 
 
 def constant(prompts, completions, **_):
@@ -49,3 +52,14 @@ def time_left_of_the_item(prompts, completions, **_):
     from grpo_fast.rewards.pool import time_left
 
     return [time_left()]
+
+
+@reward(kind="other", range=(0.0, math.inf), batch_option="batch_size")
+def call_size(prompts, completions, batch_size: int = 4, **_):
+    """A batching verifier: rewards each completion with the number of completions its call scored; crashes on
+    "crash" and sleeps forever on "hang" (whatever else its call holds)."""
+    if "crash" in completions:
+        ctypes.string_at(0)
+    if "hang" in completions:
+        time.sleep(3600)
+    return [float(len(completions))] * len(completions)

@@ -105,6 +105,27 @@ def test_the_pool_gives_the_in_process_scores(rm):
     torch.testing.assert_close(here.per_func[:, 0], torch.tensor(expected), atol=1e-5, rtol=0)
 
 
+def test_batched_calls_in_the_pool_give_each_completion_its_score_alone(rm):
+    """batch_size 1 (a call per completion) against batch_size 5 (the five completions, of five lengths, padded
+    into one call and one forward) through a one-worker pool: the same score per completion within 1e-5 (padding
+    changes only the summation order of fp32 ops), each a direct forward of its own text."""
+    path, model, tokenizer = rm
+    rows = [{"prompt": p} for p in PROMPTS]
+    scores = {}
+    for batch_size in (1, 5):
+        spec = {"name": "reward_model", "path": path, "batch_size": batch_size}
+        pooled = RewardSet([spec], workers=1, timeout=120)
+        try:
+            scored = pooled.submit(rows, COMPLETIONS, [[1]] * len(rows), STATE).result()
+        finally:
+            pooled.close()
+        assert pooled.in_process == [False] and scored.failures == {}
+        scores[batch_size] = scored.per_func[:, 0]
+    torch.testing.assert_close(scores[5], scores[1], atol=1e-5, rtol=0)
+    expected = [float(_direct(model, tokenizer, p + c)[0]) for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
+    torch.testing.assert_close(scores[1], torch.tensor(expected), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_routing_gives_each_row_the_reward_of_the_function_that_applies(rm, workers):
     path, model, tokenizer = rm

@@ -22,6 +22,14 @@ def test_call_reward_passes_named_columns():
     assert rewards == [1.0, 0.0]
 
 
+def test_call_reward_calls_as_trl_does_by_keyword():
+    def reward_len(completions, **kwargs):  # TRL's quickstart reward: no prompts parameter
+        assert kwargs["prompts"] == ["p"] and kwargs["answer"] == ["2"]
+        return [-abs(3 - len(c)) for c in completions]
+
+    assert call_reward(reward_len, ["p"], ["abcde"], {"answer": ["2"]}) == [-2.0]
+
+
 def test_call_reward_missing_column_raises_naming_it():
     with pytest.raises(KeyError, match=r"math_accuracy.*\['answer'\]"):
         call_reward(math_accuracy, ["p"], ["\\boxed{2}"], {"solution": ["2"]})

@@ -1,14 +1,18 @@
 """The reward pool: hanging or crashing verifiers cost one reward each (a wrong answer's, never a skip),
-never the batch; infrastructure failures are skipped, counted, and stop the scoring past a bound."""
+never the batch; infrastructure failures are skipped, counted, and stop the scoring past a bound; a function
+declared with a batch option is called with that many completions at once, and a failed call of several is
+made again one completion at a time."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
 
 import pytest
 from rewards_verifiers import (
+    call_size,
     constant,
     hang_on_hang,
     infrastructure_on_down,
@@ -19,7 +23,7 @@ from rewards_verifiers import (
 
 from grpo_fast.rewards import RewardPool, math_accuracy, score_completions
 from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure
-from grpo_fast.rewards.pool import lowest_reward
+from grpo_fast.rewards.pool import batch_size_of, lowest_reward
 from grpo_fast.rewards.registry import reward_from_spec
 
 
@@ -131,3 +135,26 @@ def test_a_worker_killed_while_starting_is_replaced():
         os.kill(p._workers[0].proc.pid, signal.SIGKILL)
         scores = p.score([constant], ["p"] * 2, ["a", "b"])
         assert scores.rewards == [[1.0, 1.0]] and scores.failures == []
+
+
+def test_a_function_with_a_batch_option_scores_that_many_completions_per_call():
+    ten = [str(i) for i in range(10)]
+    with RewardPool(workers=1, timeout=5.0) as p:
+        assert p.score([call_size], ["p"] * 10, ten).rewards == [[4.0] * 8 + [2.0] * 2]  # its default, 4
+        batched = functools.partial(call_size, batch_size=8)
+        assert p.score([batched], ["p"] * 10, ten).rewards == [[8.0] * 8 + [2.0] * 2]
+        assert p.score([constant], ["p"] * 3, ["a", "b", "c"]).rewards == [[1.0] * 3]  # undeclared: one per call
+    with RewardPool(workers=2, timeout=5.0) as p:  # fewer completions than a call per worker: a share each
+        (sizes,) = p.score([functools.partial(call_size, batch_size=16)], ["p"] * 6, ten[:6]).rewards
+        assert sizes[:3] == [3.0] * 3 and max(sizes[3:]) <= 3.0  # (the second worker may still be starting)
+    assert batch_size_of(reward_from_spec({"name": "reward_model", "batch_size": 32})) == 32
+    assert batch_size_of(reward_from_spec("reward_model")) == 16 and batch_size_of(constant) == 1
+
+
+def test_a_failed_call_of_several_is_made_again_one_completion_at_a_time():
+    completions = ["a", "crash", "b", "c", "hang", "d"]
+    with RewardPool(workers=1, timeout=1.0) as p:
+        scores = p.score([functools.partial(call_size, batch_size=3)], ["p"] * 6, completions)
+    assert scores.rewards[0] == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]  # the others scored alone, the culprits failed
+    assert isinstance(scores.rewards[0][1], ProgramFailure) and isinstance(scores.rewards[0][4], ProgramFailure)
+    assert sorted((f.index, f.kind) for f in scores.failures) == [(1, "crash"), (4, "timeout")]

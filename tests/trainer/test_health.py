@@ -18,7 +18,7 @@ from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.tasks import exact_match_reward
 from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer import GRPOTrainer, load_config
-from grpo_fast.trainer.health import HealthMonitor, HealthThresholds
+from grpo_fast.trainer.health import HealthMonitor, HealthThresholds, margins
 from grpo_fast.trainer.preflight import PreflightError
 
 TASK = dict(modulus=10, max_operand=1000, ops="*", fixed_b=7)
@@ -250,3 +250,43 @@ def test_an_sft_control_baseline_is_measured_and_the_policy_restored(tmp_path, t
     assert all(torch.equal(before[k], after[k]) for k in before)  # the policy itself is untouched
     assert trainer.evaluate()["eval/accuracy"] == 0.0
     trainer.close()
+
+
+def test_margins_say_a_rule_fires_exactly_when_it_fires():
+    """The readings each step records give margins >= 1 with the other conditions holding on the step an alarm
+    fires, and below 1 (or another condition failing) on every step before it."""
+    t = HealthThresholds(window=3)
+    series = {
+        "entropy_collapse": dict(
+            entropy=lambda i: 1.0 if i < 4 else 1.0 - 0.08 * (i - 3),
+            frac_stuck_groups=lambda i: 0.0 if i < 4 else 0.08 * (i - 3),
+            **{"reward/mean": 0.3, "completion/length_mean": 4.0, "completion/length_p95": 5.0},
+        ),
+        "length_inflation": dict(
+            entropy=1.0,
+            frac_stuck_groups=0.0,
+            **{"reward/mean": 0.3, "completion/length_mean": lambda i: 4.0 * 1.1**i},
+            **{"completion/length_p95": lambda i: 5.0 * 1.1**i},
+        ),
+        "off_policy_drift": dict(
+            entropy=1.0, **{"clip_ratio/region_mean": lambda i: 0.03 * i, "mismatch/abs_logprob_diff_mean": 0.0}
+        ),
+    }
+    for name, metrics in series.items():
+        monitor = HealthMonitor(t, [])
+        for step, row in enumerate(_series(20, **metrics), 1):
+            fired = [a.name for a in monitor.observe(step, row)]
+            ratio, others = margins(monitor.readings, t).get(name, (0.0, False))
+            if name in fired:
+                assert ratio >= 1 and others, (name, step, monitor.readings)
+                (alarm,) = [a for a in monitor.alarms if a.name == name]
+                assert margins(alarm.readings, t)[name] == (ratio, others)
+                break
+            assert not (ratio > 1 and others), (name, step, monitor.readings)  # it would have fired
+        else:
+            raise AssertionError(f"{name} never fired")
+    monitor = HealthMonitor(HealthThresholds(window=2, collapse_drop=0.2), [])
+    monitor.observe_eval(0, 0.8, [])
+    assert monitor.observe_eval(2, 0.65, []) == [] and margins(monitor.readings, monitor.t)["collapse"][0] < 1
+    (alarm,) = monitor.observe_eval(4, 0.5, [])
+    assert margins(alarm.readings, monitor.t)["collapse"] == (pytest.approx(1.5), True)

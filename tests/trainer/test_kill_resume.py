@@ -58,7 +58,11 @@ def _config(tmp_path: Path, model_dir: Path, steps: int = STEPS) -> Path:
     return path
 
 
-def _train(config: Path, out: Path, kill: str | None = None, resume: bool = False) -> tuple[int, str]:
+def _train(
+    config: Path, out: Path, kill: str | None = None, resume: bool = False, overrides=(), must_succeed=None
+) -> tuple[int, str]:
+    """`grpo-fast train` in a subprocess (killed at `kill`, "<phase>:<n>" of kill_points); (exit code, stderr).
+    must_succeed (default: without `kill`): assert that it exits 0."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop("GRPO_TEST_KILL", None)
@@ -67,8 +71,10 @@ def _train(config: Path, out: Path, kill: str | None = None, resume: bool = Fals
     cmd = [sys.executable, "-c", "import sys; from grpo_fast.cli import main; sys.exit(main(sys.argv[1:]))"]
     cmd += ["train", "--config", str(config), "--skip-checks"]
     cmd += ["--set", f"run.output_dir={out}"] + (["--resume"] if resume else [])
+    for override in overrides:
+        cmd += ["--set", override]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    if kill is None:
+    if kill is None if must_succeed is None else must_succeed:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.returncode, proc.stderr
 
@@ -128,6 +134,24 @@ def test_kill_at_three_points_then_resume_equals_the_uninterrupted_run(tmp_path,
     # generation of step 2; the 3rd optimizer update (step 2 of the resumed run); the step-4 checkpoint
     # half written (its trainer_state.pt cut short inside the temporary directory).
     _check_killed_run_matches(tmp_path, tiny_dir, monkeypatch, ["generate:2", "optimizer:3", "ckpt_write:2"])
+
+
+def test_killed_twice_before_the_first_checkpoint_then_resumed_equals_the_uninterrupted_run(
+    tmp_path, tiny_dir, monkeypatch
+):
+    # Step 1 logged, its checkpoint half written; then, resumed from step 0, step 1 again and its checkpoint
+    # written but not yet published. A scheduler requeueing the job with --resume starts it over both times.
+    _check_killed_run_matches(tmp_path, tiny_dir, monkeypatch, ["ckpt_write:1", "ckpt_rename:1"])
+
+
+def test_resume_refuses_the_unsaved_progress_of_another_run(tmp_path, tiny_dir):
+    config = _config(tmp_path, tiny_dir)
+    out = tmp_path / "killed"
+    rc, err = _train(config, out, kill="ckpt_write:1")
+    assert rc == -signal.SIGKILL, err[-3000:]
+    rc, err = _train(config, out, resume=True, overrides=["rollout.num_generations=2"], must_succeed=False)
+    assert rc != 0 and "is not this run's unsaved progress: it is another run: rollout.num_generations" in err
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1]
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ BASE_OPTIONS = (
     "run.prompts_per_step=2",
     "run.eval_every=0",
     "reward.workers=0",
-    "run.tensorboard=false",
+    "run.report_to=[]",
     "run.progress=false",
     "run.plots=false",
 )

@@ -83,7 +83,7 @@ def grpo_fast_config(cfg: StepConfig, engine: str, model_dir: str, output_dir: s
             seed=cfg.seed,
             eval_every=0,
             save_final=False,
-            tensorboard=False,
+            report_to=[],
             progress=False,
             plots=False,
         ),
