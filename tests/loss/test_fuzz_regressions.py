@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -40,3 +41,14 @@ def test_entropy_gradient_at_large_logits(backend):
     oracle, peer, ours = grads(hidden.double(), weight.double()), grads(hidden, weight), grads(hidden, weight, backend)
     for name, a, b, c in zip(("dh", "dW"), ours, peer, oracle, strict=True):
         assert_within_rule(name, a, b, c, torch.float32)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_in_the_weight_propagates(backend):
+    """A NaN in the lm_head weight (a NaN logit in every row) vanished from the cpu backend's vectorised
+    log-sum-exp (its clamps dropped NaN), and every logprob came out finite."""
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(3, 4, generator=gen), torch.randn(300, 4, generator=gen)
+    weight[5, 1] = math.nan
+    logp, entropy = fused_logprobs(hidden, weight, torch.tensor([0, 7, 299]), backend=backend, return_entropy=True)
+    assert torch.isnan(logp).all() and torch.isnan(entropy).all()
