@@ -57,12 +57,12 @@ def prepare_batch(
     checks.require_device("completion_ids", ids, device)
     mask = checks.require_tensor("completion_mask", completion_mask)
     checks.require_device("completion_mask", mask, device)
+    if validate and mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("completion_mask: expected values in {0, 1}")
     if cu_seqlens is None:
         if ids.dim() != 2:
             raise ValueError(f"completion_ids: expected shape [B, T] (padded layout), got {list(ids.shape)}")
         checks.require_shape("completion_mask", mask, ids.shape, "[B, T] like completion_ids")
-        if validate and mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError("completion_mask: expected values in {0, 1}")
         layout = padded_layout(mask != 0, dtype)
     else:
         cu = checks.require_tensor("cu_seqlens", cu_seqlens)

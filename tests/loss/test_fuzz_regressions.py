@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from grpo_fast import fused_logprobs  # noqa: E402
+from grpo_fast import GRPOLossConfig, fused_logprobs, grpo_loss  # noqa: E402
 from grpo_fast.backends import available_backends  # noqa: E402
 from grpo_fast.testing.reference import naive_logprobs_and_entropy  # noqa: E402
 from grpo_fast.testing.tolerance import assert_within_rule  # noqa: E402
@@ -52,3 +52,23 @@ def test_nan_in_the_weight_propagates(backend):
     weight[5, 1] = math.nan
     logp, entropy = fused_logprobs(hidden, weight, torch.tensor([0, 7, 299]), backend=backend, return_entropy=True)
     assert torch.isnan(logp).all() and torch.isnan(entropy).all()
+
+
+def _packed(**changes):
+    gen = torch.Generator().manual_seed(0)
+    args = dict(
+        hidden=torch.randn(5, 4, generator=gen),
+        weight=torch.randn(11, 4, generator=gen),
+        completion_ids=torch.randint(0, 11, (5,), generator=gen),
+        completion_mask=torch.ones(5),
+        advantages=torch.randn(2, generator=gen),
+        cu_seqlens=torch.tensor([0, 2, 5]),
+        config=GRPOLossConfig(backend="torch"),
+    )
+    return grpo_loss(**(args | changes))
+
+
+def test_packed_completion_mask_values_are_checked():
+    """A float mask of 0.5 or 2 was refused in the padded layout only; packed, it counted as active."""
+    with pytest.raises(ValueError, match="completion_mask"):
+        _packed(completion_mask=torch.tensor([1.0, 0.5, 1.0, 1.0, 0.0]))
