@@ -8,6 +8,7 @@ Packed layout (`cu_seqlens` [B+1] given): the same arguments are [N], advantages
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +123,8 @@ def prepare_batch(
         raise ValueError(f"ref_logprobs: required when beta > 0 (beta={config.beta})")
     if isinstance(num_items_in_batch, (int, float)):  # a host number: checked without touching a device
         valid = math.isfinite(num_items_in_batch) and num_items_in_batch > 0
+    elif num_items_in_batch is not None and not isinstance(num_items_in_batch, (torch.Tensor, numbers.Real)):
+        valid = False  # a string, a list: not a count
     elif num_items_in_batch is not None and validate:
         count = torch.as_tensor(num_items_in_batch)
         valid = count.numel() == 1 and bool(torch.isfinite(count.float()).all()) and float(count) > 0

@@ -72,3 +72,9 @@ def test_packed_completion_mask_values_are_checked():
     """A float mask of 0.5 or 2 was refused in the padded layout only; packed, it counted as active."""
     with pytest.raises(ValueError, match="completion_mask"):
         _packed(completion_mask=torch.tensor([1.0, 0.5, 1.0, 1.0, 0.0]))
+
+
+def test_num_items_in_batch_of_another_type_is_named():
+    """A string count failed inside torch.as_tensor with a TypeError that named nothing."""
+    with pytest.raises(ValueError, match="num_items_in_batch"):
+        _packed(num_items_in_batch="12")
