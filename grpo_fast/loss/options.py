@@ -112,8 +112,9 @@ class GRPOLossConfig:
         if self.delta is not None:
             _check_finite("delta", self.delta, low=1.0 + self.clip_high, low_inclusive=False)
         _check_finite("beta", self.beta, low=0.0)
-        if not isinstance(self.use_bias_correction_kl, bool):
-            raise ValueError(f"use_bias_correction_kl: expected a bool, got {self.use_bias_correction_kl!r}")
+        for name in ("use_bias_correction_kl", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
             _check_finite(name, getattr(self, name), low=0.0, low_inclusive=False)
         for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
@@ -125,12 +126,12 @@ class GRPOLossConfig:
         if self.off_policy_mask_threshold is not None:
             _check_finite("off_policy_mask_threshold", self.off_policy_mask_threshold)
         if self.max_completion_length is not None and (
-            not isinstance(self.max_completion_length, int) or self.max_completion_length < 1
+            not _is_int(self.max_completion_length) or self.max_completion_length < 1
         ):
             raise ValueError(
                 f"max_completion_length: expected a positive int or None, got {self.max_completion_length!r}"
             )
-        if self.workspace_bytes is not None and (not isinstance(self.workspace_bytes, int) or self.workspace_bytes < 1):
+        if self.workspace_bytes is not None and (not _is_int(self.workspace_bytes) or self.workspace_bytes < 1):
             raise ValueError(f"workspace_bytes: expected a positive int or None, got {self.workspace_bytes!r}")
 
     @property
@@ -158,6 +159,11 @@ class GRPOLossConfig:
     def clip_high(self) -> float:
         """epsilon_high with TRL's default (epsilon_low when not given)."""
         return self.epsilon_low if self.epsilon_high is None else self.epsilon_high
+
+
+def _is_int(value: object) -> bool:
+    """An int that is not a bool (True would otherwise pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:

@@ -78,3 +78,14 @@ def test_num_items_in_batch_of_another_type_is_named():
     """A string count failed inside torch.as_tensor with a TypeError that named nothing."""
     with pytest.raises(ValueError, match="num_items_in_batch"):
         _packed(num_items_in_batch="12")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(deterministic="yes"), dict(deterministic=None), dict(max_completion_length=True), dict(workspace_bytes=True)],
+)
+def test_config_refuses_non_bool_flags_and_bool_counts(options):
+    """GRPOLossConfig accepted deterministic="yes" (truthy) and None, and True as max_completion_length or
+    workspace_bytes (an int subclass: 1)."""
+    with pytest.raises(ValueError, match=next(iter(options))):
+        GRPOLossConfig(**options)
