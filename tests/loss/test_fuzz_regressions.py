@@ -89,3 +89,15 @@ def test_config_refuses_non_bool_flags_and_bool_counts(options):
     workspace_bytes (an int subclass: 1)."""
     with pytest.raises(ValueError, match=next(iter(options))):
         GRPOLossConfig(**options)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(workspace_bytes=-5), dict(workspace_bytes=2.5), dict(return_entropy="yes"), dict(deterministic="yes")],
+)
+def test_fused_logprobs_refuses_bad_options(options):
+    """fused_logprobs took workspace_bytes=-5 (one row per chunk) and return_entropy="yes" (a tuple) without a
+    word, and 2.5 or a non-bool deterministic failed inside the op with an error naming neither."""
+    hidden, weight = torch.randn(3, 4), torch.randn(11, 4)
+    with pytest.raises(ValueError, match=next(iter(options))):
+        fused_logprobs(hidden, weight, torch.tensor([0, 1, 2]), backend="torch", **options)
