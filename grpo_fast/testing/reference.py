@@ -124,7 +124,7 @@ def loss_from_logprobs(
     elif reduction is Reduction.CONSTANT_LENGTH:
         loss = (per_token_loss * mask).sum() / (batch * (config.max_completion_length or length))
     elif reduction is Reduction.GLOBAL_TOKEN_MEAN:
-        normaliser = mask.sum() if num_items_in_batch is None else torch.as_tensor(float(num_items_in_batch))
+        normaliser = mask.sum() if num_items_in_batch is None else logp.new_tensor(float(num_items_in_batch))
         loss = (per_token_loss * mask).sum() / normaliser.clamp(min=1.0)
     elif reduction is Reduction.SEQUENCE_SUM:
         loss = (per_token_loss * mask).sum(-1).mean()

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 
 from grpo_fast import GRPOLossConfig, fused_logprobs, grpo_loss  # noqa: E402
 from grpo_fast.backends import available_backends  # noqa: E402
-from grpo_fast.testing.reference import naive_logprobs_and_entropy  # noqa: E402
+from grpo_fast.testing.reference import loss_from_logprobs, naive_logprobs_and_entropy  # noqa: E402
 from grpo_fast.testing.tolerance import assert_within_rule  # noqa: E402
 
 BACKENDS = available_backends(torch.device("cpu"))
@@ -101,3 +101,12 @@ def test_fused_logprobs_refuses_bad_options(options):
     hidden, weight = torch.randn(3, 4), torch.randn(11, 4)
     with pytest.raises(ValueError, match=next(iter(options))):
         fused_logprobs(hidden, weight, torch.tensor([0, 1, 2]), backend="torch", **options)
+
+
+def test_reference_keeps_num_items_in_batch_in_fp64():
+    """A bug of the reference, not of the loss: the fp64 reference took a fractional num_items_in_batch through
+    torch.as_tensor(float), an fp32 tensor, and was off by ~3e-8 relative, far above an fp64 case's bound."""
+    logp = torch.full((1, 3), -1.0, dtype=torch.float64)
+    advantages, mask = torch.ones(1, dtype=torch.float64), torch.ones_like(logp)
+    loss, _ = loss_from_logprobs(logp, logp, mask, advantages, num_items_in_batch=3.1, config=GRPOLossConfig())
+    assert loss.item() == pytest.approx(-3 / 3.1, rel=1e-15, abs=0)  # on-policy dapo: −Σ A / num_items
