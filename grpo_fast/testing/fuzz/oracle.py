@@ -135,14 +135,16 @@ def _padded_ids(inputs: FuzzInputs) -> torch.Tensor:
 
 
 def _per_token_argument(inputs: FuzzInputs, name: str, aux, fill: float) -> torch.Tensor | None:
-    """advantages / is_weights as the reference takes them: [B] when given per sequence, else [B, Tp] with
+    """advantages / is_weights as the reference takes them: [B] when given per sequence (`fill` for a sequence
+    without active tokens: a padded [B, 1] per-token input at T = 1 may hold junk there), else [B, Tp] with
     `fill` at masked positions."""
     if inputs.token[name] is None:
         return None
+    rows, value = inputs.rows, inputs.token[name].reshape(-1).to(aux)
     if inputs.per_sequence(name):
-        return inputs.token[name].reshape(-1).to(aux)
-    rows, flat = inputs.rows, inputs.token[name].reshape(-1).to(aux)
-    return rows.to_padded(torch.where(rows.mask, flat, torch.full_like(flat, fill)), fill)
+        active = torch.zeros(rows.batch, dtype=torch.bool).index_fill_(0, rows.seq[rows.mask], True)
+        return torch.where(active, value, torch.full_like(value, fill))
+    return rows.to_padded(torch.where(rows.mask, value, torch.full_like(value, fill)), fill)
 
 
 def _flat_leaf(inputs: FuzzInputs, name: str, aux) -> torch.Tensor:
