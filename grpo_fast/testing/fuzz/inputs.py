@@ -162,7 +162,8 @@ def _linear(params: dict, rows: Rows, dtype: torch.dtype, gen: torch.Generator):
     config = params["config"]
     if params["regime"] == "extreme":
         target = min(params["extreme_max_logit"], 1e37 / (2 * n + 2))
-        scale = target * params["temperature"] / max(float(x.abs().max()), 1e-30)
+        largest = float(x.abs().max()) if x.numel() else 1.0  # no rows at all: any scale
+        scale = target * params["temperature"] / max(largest, 1e-30)
         params["logit_scale"] = config["logit_scale"] = scale
     if params["api"] != "logits_grpo_loss":
         return hidden, weight, bias, None
