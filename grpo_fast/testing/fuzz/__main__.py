@@ -4,6 +4,13 @@
     python -m grpo_fast.testing.fuzz --backend cpu --seed 1234            one case: its parameters and checks
     python -m grpo_fast.testing.fuzz --backend cpu --seed 1234 --invalid  one invalid-input case
 
+The same campaign in shards run side by side (the seeds of each backend cut into N contiguous runs), then merged
+into the report that one process would have written (its wall_s: the elapsed time from the first start to the
+last end):
+
+    python -m grpo_fast.testing.fuzz --cases 10000 --invalid 1500 --shard 0/2 --out shard0.json   # and 1/2
+    python -m grpo_fast.testing.fuzz --merge shard0.json shard1.json --out benchmarks/results/loss_fuzz_cpu.json
+
 Without CUDA the Triton kernels run under TRITON_INTERPRET=1 (set here, before Triton is imported). Exit status 1
 when any case failed.
 """
@@ -26,7 +33,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from ...backends import get_backend  # noqa: E402
-from .campaign import SHARES, markdown_summary, run_campaign, split, stderr_progress  # noqa: E402
+from .campaign import SHARES, markdown_summary, merge_reports, run_campaign, shard, split, stderr_progress  # noqa: E402
 from .check import run_case  # noqa: E402
 from .invalid import run_invalid_case  # noqa: E402
 
@@ -47,26 +54,79 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default=",".join(SHARES), help="comma-separated (default: %(default)s)")
     parser.add_argument("--backend", help="with --seed: the backend of the one case to run")
     parser.add_argument("--seed", type=int, help="run the one case (--backend, --seed) and print it")
+    parser.add_argument(
+        "--shard", metavar="I/N", help="run shard I (from 0) of N of each backend's seeds; combine with --merge"
+    )
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="combine the reports of disjoint shards into one")
     parser.add_argument("--out", help="write the JSON report here")
     args = parser.parse_args(argv)
     if args.seed is not None:
         return _one_case(args.backend or "torch", args.seed, invalid=args.invalid == -1)
-    backends = tuple(args.backends.split(","))
-    start_load, start = os.getloadavg(), time.perf_counter()
-    report = run_campaign(split(args.cases, backends), split(max(args.invalid, 0), backends), stderr_progress)
-    payload = {
-        "benchmark": "loss_fuzz",
-        "command": "python -m grpo_fast.testing.fuzz " + " ".join(sys.argv[1:] if argv is None else argv),
-        "environment": _environment(start_load),
-        "wall_s": round(time.perf_counter() - start, 1),
-        "backends": report,
-    }
+    command = "python -m grpo_fast.testing.fuzz " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.merge:
+        try:
+            payload = _merged([json.loads(Path(path).read_text()) for path in args.merge], command)
+        except (OSError, ValueError, KeyError) as err:
+            parser.error(f"--merge: {err}")
+    else:
+        payload = _run(args, command)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    report = payload["backends"]
     print(markdown_summary(report))
     failed = sum(s["failed"] + s["invalid"]["failed"] for s in report.values())
     return 1 if failed else 0
+
+
+def _run(args, command: str) -> dict:
+    backends = tuple(args.backends.split(","))
+    cases, invalid = split(args.cases, backends), split(max(args.invalid, 0), backends)
+    if args.shard:
+        index, _, shards = args.shard.partition("/")
+        cases = {b: shard(n, int(index), int(shards)) for b, n in cases.items()}
+        invalid = {b: shard(n, int(index), int(shards)) for b, n in invalid.items()}
+    environment = _environment()  # before the run: the commit is the code that ran
+    start = time.perf_counter()
+    report = run_campaign(cases, invalid, stderr_progress)
+    environment["load_average_end"] = os.getloadavg()
+    return {
+        "benchmark": "loss_fuzz",
+        "command": command,
+        "environment": environment,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "backends": report,
+    }
+
+
+def _merged(parts: list[dict], command: str) -> dict:
+    """One report from the shards' reports (one commit, or ValueError): the earliest start, the highest load any
+    shard saw at its start and end, the elapsed time from the first start to the last end; the shards' commands and
+    stamps are kept. `equivalent_command` is the one-process command that runs the same cases, when there is one."""
+    commits = {part["environment"]["commit"] for part in parts}
+    if len(commits) != 1 or any(part["environment"]["dirty_files"] for part in parts):
+        raise ValueError(f"the shards ran different or uncommitted code (commits {sorted(commits)})")
+    starts = [datetime.datetime.fromisoformat(part["environment"]["date"]) for part in parts]
+    end = max(start + datetime.timedelta(seconds=part["wall_s"]) for start, part in zip(starts, parts, strict=True))
+    environment = dict(parts[0]["environment"]) | {"date": min(starts).isoformat()}
+    for key in ("load_average_start", "load_average_end"):
+        environment[key] = [max(values) for values in zip(*(part["environment"][key] for part in parts), strict=True)]
+    report = merge_reports([part["backends"] for part in parts])
+    payload = {
+        "benchmark": "loss_fuzz",
+        "command": command,
+        "environment": environment,
+        "wall_s": round((end - min(starts)).total_seconds(), 1),
+        "shards": [{"command": p["command"], "environment": p["environment"], "wall_s": p["wall_s"]} for p in parts],
+        "backends": report,
+    }
+    backends = tuple(report)
+    total, total_invalid = sum(s["cases"] for s in report.values()), sum(s["invalid"]["cases"] for s in report.values())
+    counts = ({b: s["cases"] for b, s in report.items()}, {b: s["invalid"]["cases"] for b, s in report.items()})
+    if counts == (split(total, backends), split(total_invalid, backends)):
+        which = f"--cases {total} --invalid {total_invalid} --backends {','.join(backends)}"
+        payload["equivalent_command"] = f"python -m grpo_fast.testing.fuzz {which}"
+    return payload
 
 
 def _one_case(backend: str, seed: int, invalid: bool) -> int:
@@ -88,7 +148,7 @@ def _one_case(backend: str, seed: int, invalid: bool) -> int:
     return int(result.failed)
 
 
-def _environment(start_load) -> dict:
+def _environment() -> dict:
     """Commit, date, versions, CPU and load of this run."""
 
     def git(*args):
@@ -114,8 +174,7 @@ def _environment(start_load) -> dict:
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "load_average_start": start_load,
-        "load_average_end": os.getloadavg(),
+        "load_average_start": os.getloadavg(),
     }
 
 

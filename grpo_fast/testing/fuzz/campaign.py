@@ -33,20 +33,84 @@ def reproduce_command(backend: str, seed: int, invalid: bool = False) -> str:
     return f"python -m grpo_fast.testing.fuzz --backend {backend} --seed {seed}" + (" --invalid" if invalid else "")
 
 
-def run_campaign(cases: dict[str, int], invalid: dict[str, int], progress: Callable[[str], None] | None = None):
-    """{backend: report} for `cases[backend]` valid and `invalid[backend]` invalid-input cases (seeds from 0)."""
+def shard(count: int, index: int, shards: int) -> range:
+    """Seeds of shard `index` of `shards` (contiguous, sizes differing by at most one) out of seeds 0..count-1."""
+    if not 0 <= index < shards:
+        raise ValueError(f"shard: expected an index in [0, {shards}), got {index}")
+    return range(count * index // shards, count * (index + 1) // shards)
+
+
+def run_campaign(
+    cases: dict[str, int | range],
+    invalid: dict[str, int | range],
+    progress: Callable[[str], None] | None = None,
+):
+    """{backend: report} for the valid cases `cases[backend]` and invalid-input cases `invalid[backend]` (a count:
+    seeds from 0; or a range of seeds, one shard of a campaign, see `shard` and `merge_reports`)."""
     report = {}
     for backend in cases:
         start = time.perf_counter()
         section = _BackendReport(backend)
-        for seed in range(cases[backend]):
+        seeds = _seeds(cases[backend])
+        for done, seed in enumerate(seeds, 1):
             section.add(run_case(backend, seed))
-            if progress and (seed + 1) % 100 == 0:
-                progress(f"{backend}: {seed + 1}/{cases[backend]} cases, {section.failed} failed")
-        for seed in range(invalid.get(backend, 0)):
+            if progress and done % 100 == 0:
+                progress(f"{backend}: {done}/{len(seeds)} cases (seeds {seeds.start}-), {section.failed} failed")
+        for seed in _seeds(invalid.get(backend, 0)):
             section.add_invalid(run_invalid_case(backend, seed))
         report[backend] = section.as_dict(time.perf_counter() - start)
     return report
+
+
+def _seeds(cases: int | range) -> range:
+    return cases if isinstance(cases, range) else range(cases)
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """One {backend: report} from the reports of disjoint shards (run_campaign's, or read back from JSON): counts
+    add up, the worst case of each category is the worst of the shards', the listed failures are the first
+    LISTED_FAILURES by seed, and a backend's wall_s is the sum of its shards' (the time its cases took one after
+    another, not the elapsed time of shards run side by side)."""
+    merged: dict[str, dict] = {}
+    for report in reports:
+        for backend, section in report.items():
+            merged[backend] = section if backend not in merged else _merge_sections(merged[backend], section)
+    return merged
+
+
+def _merge_sections(a: dict, b: dict) -> dict:
+    def add(x: dict, y: dict, order) -> dict:
+        total = collections.Counter(x) + collections.Counter(y)
+        total.update({k: 0 for k in (*x, *y) if k not in total})  # Counter + drops zero counts
+        return dict(sorted(total.items(), key=order))
+
+    def first(x: list, y: list) -> list:
+        return sorted(x + y, key=lambda entry: entry["seed"])[:LISTED_FAILURES]
+
+    worst = {}
+    for category in CATEGORIES:
+        candidates = [w for w in (a["worst"].get(category), b["worst"].get(category)) if w is not None]
+        if candidates:
+            worst[category] = max(candidates, key=lambda w: (w["ratio"], -w["seed"]))
+    keys = [*a["counts"], *(k for k in b["counts"] if k not in a["counts"])]
+    inv_a, inv_b = a["invalid"], b["invalid"]
+    return {
+        "cases": a["cases"] + b["cases"],
+        "failed": a["failed"] + b["failed"],
+        "failures": first(a["failures"], b["failures"]),
+        "worst": worst,
+        "checks": a["checks"] + b["checks"],
+        "checks_with_conditioning_slack_above_rule": a["checks_with_conditioning_slack_above_rule"]
+        + b["checks_with_conditioning_slack_above_rule"],
+        "counts": {k: add(a["counts"].get(k, {}), b["counts"].get(k, {}), lambda item: str(item[0])) for k in keys},
+        "invalid": {
+            "cases": inv_a["cases"] + inv_b["cases"],
+            "failed": inv_a["failed"] + inv_b["failed"],
+            "failures": first(inv_a["failures"], inv_b["failures"]),
+            "mutations": add(inv_a["mutations"], inv_b["mutations"], lambda item: (-item[1], str(item[0]))),
+        },
+        "wall_s": round(a["wall_s"] + b["wall_s"], 1),
+    }
 
 
 class _BackendReport:
