@@ -10,6 +10,8 @@ The full campaign (10,000 valid cases, 1,500 invalid ones), either of:
     pytest -m slow tests/loss/test_fuzz.py
     python -m grpo_fast.testing.fuzz --cases 10000 --invalid 1500 --out benchmarks/results/loss_fuzz_cpu.json
 
+or in shards run side by side, merged into the same report (see python -m grpo_fast.testing.fuzz --help).
+
 One case again (a failure message names its command):
 
     python -m grpo_fast.testing.fuzz --backend cpu --seed 1234 [--invalid]
@@ -31,7 +33,7 @@ import pytest  # noqa: E402
 from grpo_fast.backends import available_backends  # noqa: E402
 from grpo_fast.backends.chunked import TorchEpilogue  # noqa: E402
 from grpo_fast.loss import checks  # noqa: E402
-from grpo_fast.testing.fuzz.campaign import reproduce_command, run_campaign, split  # noqa: E402
+from grpo_fast.testing.fuzz.campaign import merge_reports, reproduce_command, run_campaign, shard, split  # noqa: E402
 from grpo_fast.testing.fuzz.cases import draw_params  # noqa: E402
 from grpo_fast.testing.fuzz.check import run_case  # noqa: E402
 from grpo_fast.testing.fuzz.invalid import run_invalid_case  # noqa: E402
@@ -98,3 +100,19 @@ def test_fuzz_detects_a_missing_validation(monkeypatch):
     monkeypatch.setattr(checks, "require_finite", lambda *args, **kwargs: None)
     results = [run_invalid_case("torch", seed) for seed in range(60)]
     assert any(r.failure and r.failure.startswith("accepted") for r in results)
+
+
+def test_fuzz_shards_merge_into_the_one_process_report():
+    """The campaign cut into shards (contiguous seed ranges) and merged: the counts, failures and worst cases of
+    one process running every seed (the torch backend: one process, one thread count, the same rounding)."""
+    whole = run_campaign({"torch": 5}, {"torch": 2})
+    parts = [run_campaign({"torch": shard(5, i, 2)}, {"torch": shard(2, i, 2)}) for i in range(2)]
+    assert [list(shard(5, i, 2)) for i in range(2)] == [[0, 1], [2, 3, 4]]
+    merged = merge_reports(parts)["torch"]
+    for key in ("cases", "failed", "failures", "worst", "checks", "checks_with_conditioning_slack_above_rule"):
+        assert merged[key] == whole["torch"][key], key
+    assert merged["counts"] == whole["torch"]["counts"]
+    assert merged["invalid"] | {"mutations": None} == whole["torch"]["invalid"] | {"mutations": None}
+    assert merged["invalid"]["mutations"] == whole["torch"]["invalid"]["mutations"]
+    with pytest.raises(ValueError, match="shard"):
+        shard(5, 2, 2)
