@@ -2,13 +2,20 @@
 C++/CUDA extension `grpo_fast._C` compiled from `csrc/` through torch's cpp_extension.
 
 Environment:
-  GRPO_FAST_SKIP_EXT=1   do not build the extension (pure-Python install).
-  MAX_JOBS=N             parallel compile jobs (honoured by torch's ninja builder).
-  TORCH_CUDA_ARCH_LIST   GPU architectures of the CUDA kernels (default "8.0;9.0+PTX").
-  GRPO_FAST_FORCE_CUDA=1 build the CUDA kernels even when torch cannot see a toolkit.
+  GRPO_FAST_SKIP_EXT=1     do not build the extension (pure-Python install).
+  MAX_JOBS=N               parallel compile jobs (honoured by torch's ninja builder).
+  TORCH_CUDA_ARCH_LIST     GPU architectures of the CUDA kernels (default "8.0;9.0+PTX").
+  GRPO_FAST_FORCE_CUDA=1   build the CUDA kernels even when torch cannot see a toolkit.
+  GRPO_FAST_REQUIRE_CUDA=1 fail instead of building a CPU-only extension when the CUDA kernels cannot be built.
+  CUDA_HOME                the CUDA toolkit; unset, it is derived from the real path of `nvcc` on PATH (torch
+                           would take the directory above a symbolic link's, e.g. /usr for /usr/bin/nvcc).
+
+The build prints one line saying which extension it builds and why (`grpo_fast._C: ...`).
 """
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -18,14 +25,41 @@ PACKAGES = find_packages(include=["grpo_fast", "grpo_fast.*"]) + ["grpo_fast.ker
 PACKAGE_DIR = {"grpo_fast.kernels": "kernels"}
 
 
-def _cuda_toolkit_usable() -> bool:
-    """A CUDA build of torch and a CUDA toolkit (nvcc) to compile csrc/cuda with; GRPO_FAST_FORCE_CUDA=1 insists."""
+def cuda_home_from_nvcc(path: str | None = None) -> str | None:
+    """The toolkit directory of the `nvcc` found on PATH (or `path`): two levels above its real path, symbolic
+    links resolved (/usr/bin/nvcc -> /usr/local/cuda-13.0/bin/nvcc gives /usr/local/cuda-13.0); None without nvcc."""
+    nvcc = shutil.which("nvcc", path=path)
+    return None if nvcc is None else str(Path(nvcc).resolve().parent.parent)
+
+
+def _set_cuda_home() -> None:
+    """CUDA_HOME from the real nvcc unless CUDA_HOME / CUDA_PATH is set: torch.utils.cpp_extension reads it
+    once, when imported."""
+    if not (os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")):
+        home = cuda_home_from_nvcc()
+        if home is not None:
+            os.environ["CUDA_HOME"] = home
+
+
+def cuda_build_problem() -> str | None:
+    """Why the CUDA kernels cannot be built here (no CUDA build of torch, no toolkit), or None when they can;
+    GRPO_FAST_FORCE_CUDA=1 insists."""
     import torch
     from torch.utils.cpp_extension import CUDA_HOME
 
     if os.environ.get("GRPO_FAST_FORCE_CUDA") == "1":
-        return True
-    return torch.version.cuda is not None and CUDA_HOME is not None
+        return None
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    if CUDA_HOME is None:
+        return "no CUDA toolkit: nvcc is not on PATH and CUDA_HOME is unset"
+    if not (Path(CUDA_HOME) / "bin" / "nvcc").exists():
+        return f"CUDA_HOME={CUDA_HOME} has no bin/nvcc"
+    return None
+
+
+def _report(message: str) -> None:
+    print(f"grpo_fast._C: {message}", file=sys.stderr, flush=True)
 
 
 def extension_modules():
@@ -47,8 +81,15 @@ def extension_modules():
     cxx_flags = ["-O3", "-fopenmp", "-fno-trapping-math"]
     include_dirs = [str(ROOT / "csrc")]
     cuda_sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
-    if cuda_sources and _cuda_toolkit_usable():
+    problem = cuda_build_problem() if cuda_sources else "csrc/cuda has no sources"
+    if problem is not None and os.environ.get("GRPO_FAST_REQUIRE_CUDA") == "1":
+        raise RuntimeError(f"grpo_fast._C: GRPO_FAST_REQUIRE_CUDA=1 but the CUDA kernels cannot be built: {problem}")
+    if problem is None:
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        arch = os.environ["TORCH_CUDA_ARCH_LIST"]
+        _report(f"C++ + CUDA kernels (CUDA_HOME={CUDA_HOME}, TORCH_CUDA_ARCH_LIST={arch})")
         ext = CUDAExtension(
             "grpo_fast._C",
             sources + cuda_sources,
@@ -58,6 +99,7 @@ def extension_modules():
             extra_link_args=["-fopenmp"],
         )
     else:
+        _report(f"C++ kernels only, no CUDA kernels: {problem}")
         ext = CppExtension(
             "grpo_fast._C",
             sources,
@@ -68,5 +110,7 @@ def extension_modules():
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
 
 
-ext_modules, cmdclass = extension_modules()
-setup(packages=PACKAGES, package_dir=PACKAGE_DIR, ext_modules=ext_modules, cmdclass=cmdclass)
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import its functions
+    _set_cuda_home()
+    ext_modules, cmdclass = extension_modules()
+    setup(packages=PACKAGES, package_dir=PACKAGE_DIR, ext_modules=ext_modules, cmdclass=cmdclass)

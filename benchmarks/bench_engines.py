@@ -66,7 +66,7 @@ ENGINES = ("hf", "vllm", "vllm_detok")
 def build_tokenizer(vocab: int | None):
     """The demo's character tokenizer; with `vocab`, extended with other characters up to that size (the
     demo's prompts encode the same)."""
-    from grpo_fast.demo.tiny import DEFAULT_CHARS, build_char_tokenizer
+    from grpo_fast.core.tiny_models import DEFAULT_CHARS, build_char_tokenizer
 
     if vocab is None:
         return build_char_tokenizer()
@@ -82,8 +82,8 @@ def build_model(size: str, work: Path):
     """(model, tokenizer, HF directory, demo task) for `size`."""
     import torch
 
+    from grpo_fast.core.tiny_models import TinyModelSpec, build_tiny_model, save_tiny
     from grpo_fast.demo.driver import DemoConfig, build_task
-    from grpo_fast.demo.tiny import TinyModelSpec, build_tiny_model, save_tiny
 
     s = SIZES[size]
     tok = build_tokenizer(s["vocab"])
@@ -98,7 +98,7 @@ def build_model(size: str, work: Path):
     model = build_tiny_model(tok, spec, seed=0)
     task = build_task(DemoConfig())
     if s["sft"]:
-        from grpo_fast.trainer.sft import sft_train
+        from grpo_fast.sft.in_memory import sft_train
 
         cfg = DemoConfig()
         sft_train(model, tok, task.teacher_pairs, steps=cfg.sft_steps, batch_size=64, lr=cfg.sft_lr, seed=cfg.seed)

@@ -1,6 +1,6 @@
 """Forward+backward of the GRPO loss step's model part (backbone -> completion hidden states -> grpo_loss),
 with each group's prompt through the backbone once (grpo_fast.trainer.prefix_sharing) vs once per completion
-(grpo_fast.trainer.policy.completion_hidden), on the same random-init Qwen2 and batch, at several
+(grpo_fast.core.policy.completion_hidden), on the same random-init Qwen2 and batch, at several
 prompt:completion token ratios.
 
   shared    shared_completion_hidden: k prompts [k, P], then B completions [B, T - 1] against their cache
@@ -30,17 +30,15 @@ from collections.abc import Callable
 import torch
 
 from grpo_fast.bench.common import (
-    add_model_shape_arguments,
     environment_stamp,
-    random_qwen2,
-    reset_peak_rss,
-    rss_bytes,
     run_json_subprocess,
     synchronize,
     write_json,
 )
+from grpo_fast.bench.memory import peak_extra_bytes
+from grpo_fast.bench.models import add_model_shape_arguments, model_from_shape_arguments
+from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, completion_hidden
 from grpo_fast.loss import GRPOLossConfig, grpo_loss
-from grpo_fast.trainer.policy import SequenceBatch, build_sequence_batch, completion_hidden
 from grpo_fast.trainer.prefix_sharing import shared_completion_hidden, worth_sharing
 
 CONTENDERS = {"shared": shared_completion_hidden, "unshared": completion_hidden}
@@ -53,7 +51,7 @@ QUICK = dict(
 
 def build_model(args: argparse.Namespace, device: torch.device):
     """Random-init Qwen2ForCausalLM (sdpa attention, no dropout) in train mode."""
-    return random_qwen2(args, max(args.prompt_lens) + args.completion_len, device)
+    return model_from_shape_arguments(args, max(args.prompt_lens) + args.completion_len, device)
 
 
 def build_batch(args: argparse.Namespace, prompt_len: int, device: torch.device):
@@ -119,20 +117,7 @@ def agreement(model, batch, advantages, autocast: bool) -> dict:
 
 def measure_memory(name: str, model, batch, advantages, device: torch.device, autocast: bool) -> int:
     """Peak bytes above the allocations before one step (after a warm-up step)."""
-    step = make_step(name, model, batch, advantages, autocast)
-    step()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
-    before = rss_bytes("VmRSS")
-    reset_peak_rss()
-    step()
-    return rss_bytes("VmHWM") - before
+    return peak_extra_bytes(make_step(name, model, batch, advantages, autocast), device)
 
 
 def memory_of(name: str, args, prompt_len: int, model, batch, advantages, device, autocast: bool) -> int:

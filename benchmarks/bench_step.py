@@ -1,6 +1,6 @@
 """One GRPO training step of grpo_fast's GRPOTrainer (vLLM rollouts and transformers rollouts) side by side with
 Hugging Face TRL's trl.GRPOTrainer (pinned trl==1.16.0, use_vllm=False on CPU), in the same run, on the same
-weights, prompts, batch shape and generation settings. See grpo_fast/bench/step.py for the method.
+weights, prompts, batch shape and generation settings. See grpo_fast/bench/step/__init__.py for the method.
 
     python benchmarks/bench_step.py [--configs tiny large prompt_heavy] [--contenders grpo_fast_vllm grpo_fast_hf trl]
         [--steps 5] [--warmup 2] [--kv-cache-bytes 1073741824] [--quick]

@@ -1,95 +1,289 @@
 #!/usr/bin/env bash
-# Every GPU check in one command: build csrc for sm_90 (falling back to a pure-Python install if the build
-# fails, so the Triton and torch backends are still measured), run the GPU tests (which also measure the
-# trainer's memory per phase with and without state offload), run the loss benchmark (every backend vs
-# naive, Liger-Kernel and three cuBLAS GEMMs), the dW-accumulation variants of the chunked backends, the
-# policy's forward+backward with and without Liger's model kernels (sdpa / flash_attention_2), and print a
-# short summary. Results land in $OUT (default /tmp/grpo_fast_gpu_check) as each phase ends, so a phase
-# that runs out of time leaves the others' files.
+# GPU bring-up in one command of at most BUDGET_S=480 seconds, the headline numbers first. Every phase runs under
+# its own limit (and never past the total), so a phase that overruns costs only its own results:
 #
-#   OUT=results_dir bash benchmarks/gpu_check.sh            # on a CUDA machine, about 11 minutes at most
-#   OUT=results_dir bash benchmarks/gpu_check.sh --dry-run  # any machine: every phase on CPU, tiny shapes
+#   phase          limit s  what
+#   machine           15    nvidia-smi; the peers' wheels from .wheels/ and a pure-Python install of grpo_fast; then
+#                           the csrc extension builds for sm_90 in the background (its own limit: BUILD_LIMIT_S=240)
+#   gate              45    one correctness gate at a real shape: Triton vs torch, H=3584 V=152064, bf16
+#   loss             155    the loss benchmark at the Qwen2.5-7B and Llama-3.1-8B lm_heads, N = 4096 and 16384:
+#                           gemm3 (three cuBLAS GEMMs), triton, torch, naive, trl (TRL 1.16's fused head and loss), liger
+#   cuda              40    the build awaited and checked (CUDA kernels in grpo_fast._C, else the phase fails), then
+#                           the `cuda` backend on the same shapes
+#   step              60    a random-init Qwen2.5-0.5B training step (bench_offload.py): memory per phase with and
+#                           without offloading the trainer state; whole steps with the transformers engine
+#   trl_step          40    TRL's fused head against grpo_fast's fused loss inside TRL's GRPO step, the same 0.5B model
+#   n65536            40    the loss benchmark at N = 65536 (Qwen2.5-7B): gemm3, triton, cuda, torch
+#   gpu_tests         45    the remaining GPU tests
+#   dw                15    dW accumulation of the chunked backends
+#   model_kernels     20    the policy's forward+backward with and without Liger's model kernels
 #
-# The dry run executes each phase's command line on CPU (tiny shapes, no build, no nvidia-smi), so paths,
-# imports and JSON writing are tested by CI. Without network access, the peers come from .wheels/ when
-# wheels are there (`pip download --no-deps liger-kernel==0.8.5 trl==1.16.0 accelerate -d .wheels`;
-# git-ignored); the benchmark's trl variant also needs datasets and pandas, else it reports its ImportError.
-# Then: JSON results go under benchmarks/results/, headline numbers into README.md and benchmarks/NOTES.md.
-# Per-phase limits (seconds): BUILD_TIMEOUT 150, TESTS_TIMEOUT 150, BENCH_TIMEOUT 150, DW_TIMEOUT 90,
-# MODEL_TIMEOUT 120; SHAPES and REPEATS override the loss benchmark's.
+# $OUT (default /tmp/grpo_fast_gpu_check) gets at most 8 files, none below it: gpu_check.log (all text, appended as
+# it goes) and 6 JSON files, each rewritten after every measurement so that a kill keeps what finished:
+# summary.json (machine, install, build, every phase's limit, seconds and exit status), bench_loss_<dev>.json,
+# trainer_step_<dev>.json, trl_step_<dev>.json, dw_accumulation_<dev>.json, model_kernels_<dev>.json
+# (<dev>: cuda; cpu in a dry run). The exit status is 1 when a phase failed or the budget was broken.
+#
+# On the GPU machine (the colocated vLLM path cannot be checked there: vLLM's wheel does not fit the carry limit),
+# after `bash scripts/gpu_wheels.sh` here, with carry [".wheels"] and timeout_s 540:
+#   GRPO_FAST_COMMIT=<commit> bash benchmarks/gpu_check.sh
+# Anywhere, every phase on CPU with tiny shapes and the budget checked (CI: tests/bench/test_gpu_check.py):
+#   OUT=/tmp/check bash benchmarks/gpu_check.sh --dry-run
+# Only the budget (the phase limits, and the files already in $OUT), nothing run:
+#   OUT=/tmp/check bash benchmarks/gpu_check.sh --check-budget
+# ONLY="cuda n65536" runs the machine phase and those phases alone (a second, shorter call); BUDGET_S lowers the total.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+MODE="${1:-run}"
+case "$MODE" in
+run | --dry-run | --check-budget) ;;
+*)
+    echo "gpu_check: unknown argument $MODE (expected none, --dry-run or --check-budget)" >&2
+    exit 2
+    ;;
+esac
 DRY_RUN=0
-[ "${1:-}" = "--dry-run" ] && DRY_RUN=1
+SLACK=1
+if [ "$MODE" = --dry-run ]; then
+    DRY_RUN=1
+    SLACK=3 # CPUs are slower: a dry run's phases get 3x their limits (the declared ones must still fit BUDGET_S)
+fi
 OUT="${OUT:-/tmp/grpo_fast_gpu_check}"
+BUDGET_S="${BUDGET_S:-480}"
+BUILD_LIMIT_S="${BUILD_LIMIT_S:-240}"
+PHASES="machine:15 gate:45 loss:155 cuda:40 step:60 trl_step:40 n65536:40 gpu_tests:45 dw:15 model_kernels:20"
+START=$(date +%s)
+
+check_budget() { # at most 8 files, 6 of them JSON, none below $OUT; the limits and the time within BUDGET_S
+    local files json deep limits=0 elapsed=$(($(date +%s) - START)) problems=()
+    files=$(find "$OUT" -type f | wc -l)
+    json=$(find "$OUT" -type f -name '*.json' | wc -l)
+    deep=$(find "$OUT" -mindepth 2 -type f | wc -l)
+    for p in $PHASES; do limits=$((limits + ${p##*:})); done
+    ((files <= 8)) || problems+=("$files files in $OUT (at most 8 come back)")
+    ((json <= 6)) || problems+=("$json JSON files (at most 6)")
+    ((deep == 0)) || problems+=("$deep files below $OUT")
+    ((limits <= BUDGET_S)) || problems+=("the phase limits add up to ${limits}s > ${BUDGET_S}s")
+    ((elapsed <= SLACK * BUDGET_S)) || problems+=("${elapsed}s elapsed > $((SLACK * BUDGET_S))s")
+    if ((${#problems[@]})); then
+        echo "BUDGET BROKEN: ${problems[*]}"
+        return 1
+    fi
+    echo "budget kept: $files files ($json JSON) in $OUT, phase limits ${limits}s, ${elapsed}s of $((SLACK * BUDGET_S))s"
+}
+
+if [ "$MODE" = --check-budget ]; then
+    mkdir -p "$OUT"
+    check_budget
+    exit
+fi
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 MAX_JOBS="${MAX_JOBS:-16}" TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
-export GRPO_FAST_GPU_OUT="$OUT"  # tests/trainer/test_offload_gpu.py writes offload_h200.json here
-GPU_TESTS="tests/backends/test_native_gpu.py tests/backends/test_triton_gpu.py tests/trainer/test_offload_gpu.py
-    tests/trainer/test_model_kernels.py"
+LOG="$OUT/gpu_check.log"
+: >"$LOG"
+WORK="$(mktemp -d)" # phase table, facts, build log: scratch, not results
+trap 'rm -rf "$WORK"' EXIT
+export OUT WORK DRY_RUN LOG BUILD_LIMIT_S
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore TRL_EXPERIMENTAL_SILENCE=1
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
 if [ "$DRY_RUN" = 1 ]; then
-    DEVICE=cpu DTYPE=fp32 SHAPES="${SHAPES:-256,64,512}" REPEATS="${REPEATS:-1}"
-    DW_ARGS=(--shape 64,32,512 --repeats 1 --warmup 0)
-    MODEL_ARGS=(--tiny --repeats 1)
+    export DEV=cpu TRITON_INTERPRET=1 # the triton rows run through the interpreter
 else
-    DEVICE=cuda DTYPE=bf16 SHAPES="${SHAPES:-4096,3584,152064 16384,3584,152064 65536,3584,152064}"
-    REPEATS="${REPEATS:-3}"
-    DW_ARGS=(--shape 16384,3584,152064 --repeats 5)
-    MODEL_ARGS=(--repeats 5)
+    export DEV=cuda
 fi
-start=$(date +%s)
-stamp() { echo "[gpu_check +$(( $(date +%s) - start ))s] $*"; }
 
-if [ "$DRY_RUN" = 1 ]; then
-    echo "dry run on $(uname -m), no GPU" > "$OUT/gpu.txt"
-else
-    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-    if compgen -G ".wheels/*.whl" > /dev/null; then
-        python3 -m pip install -q --no-deps .wheels/*.whl && stamp "installed $(ls .wheels)"
-    fi
-    stamp "building grpo_fast (csrc for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
-    if ! timeout "${BUILD_TIMEOUT:-150}" python3 -m pip install --no-deps --no-build-isolation -e . \
-        > "$OUT/build.log" 2>&1; then
-        stamp "build FAILED (tail of build.log below); installing without the extension"
-        tail -25 "$OUT/build.log"
-        GRPO_FAST_SKIP_EXT=1 timeout 120 python3 -m pip install --no-deps --no-build-isolation -e . \
-            >> "$OUT/build.log" 2>&1 || stamp "pure-Python install FAILED too"
-    fi
-fi
-python3 - "$DEVICE" <<'EOF' | tee "$OUT/backends.txt"
-import sys, torch
-from grpo_fast.backends import available_backends, get_backend
-device = torch.device(sys.argv[1])
-print("backends on", device.type, available_backends(device), "auto ->", get_backend("auto", device).name)
+log() { echo "[gpu_check +$(($(date +%s) - START))s] $*" | tee -a "$LOG"; }
+fact() { printf '%s\t%s\n' "$1" "$2" >>"$WORK/facts.tsv"; } # KEY VALUE: a line of summary.json's "facts"
+export -f fact
+
+limit_of() { for p in $PHASES; do [ "${p%%:*}" = "$1" ] && echo "${p##*:}"; done; }
+
+write_summary() {
+    python3 - "$WORK" "$OUT/summary.json" "$BUDGET_S" "$DRY_RUN" "$(($(date +%s) - START))" <<'EOF'
+import json, os, sys
+work, path, budget, dry_run, elapsed = sys.argv[1:]
+def rows(name, keys):
+    try:
+        return [dict(zip(keys, line.rstrip("\n").split("\t", len(keys) - 1))) for line in open(f"{work}/{name}")]
+    except FileNotFoundError:
+        return []
+facts = {r["key"]: r["value"] for r in rows("facts.tsv", ("key", "value"))}
+phases = [r | {k: int(r[k]) for k in ("limit_s", "seconds")} for r in rows("phases.tsv", ("phase", "limit_s", "seconds", "status"))]
+summary = {"check": "gpu_check", "dry_run": dry_run == "1", "budget_s": int(budget), "elapsed_s": int(elapsed),
+           "limit_slack": 3 if dry_run == "1" else 1,
+           "commit": os.environ.get("GRPO_FAST_COMMIT"), "facts": facts, "phases": phases}
+with open(path + ".tmp", "w") as f:
+    json.dump(summary, f, indent=1)
+os.replace(path + ".tmp", path)
 EOF
+}
 
-stamp "GPU tests"
-# shellcheck disable=SC2086  # GPU_TESTS is a list of files
-timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q $GPU_TESTS -p no:cacheprovider --durations=10 \
-    --junitxml="$OUT/gpu_tests.xml" > "$OUT/gpu_tests.log" 2>&1 || stamp "GPU tests: exit status $?"
-tail -25 "$OUT/gpu_tests.log"
-if [ "$DRY_RUN" = 1 ]; then
-    python3 benchmarks/bench_offload.py --device cpu --tiny --out "$OUT/offload_dry_run.json" > "$OUT/offload.log" 2>&1 \
-        || stamp "offload smoke test: exit status $?"
+# phase NAME FUNCTION: FUNCTION in a child bash under min(NAME's limit, what is left of BUDGET_S), its output
+# appended to the log; PHASE_LIMIT tells it its limit. What must outlive it goes to $WORK/env (sourced after).
+phase() {
+    local name=$1 body=$2 limit left t0 status
+    if [ -n "${ONLY:-}" ] && [ "$name" != machine ] && [[ " $ONLY " != *" $name "* ]]; then
+        printf '%s\t0\t0\tnot run (ONLY)\n' "$name" >>"$WORK/phases.tsv"
+        return
+    fi
+    limit=$((SLACK * $(limit_of "$name")))
+    left=$((SLACK * BUDGET_S - ($(date +%s) - START)))
+    ((limit > left)) && limit=$left
+    if ((limit < 5)); then
+        log "$name: not run, ${left}s left of $((SLACK * BUDGET_S))s"
+        printf '%s\t%s\t0\tnot run (budget)\n' "$name" "$(limit_of "$name")" >>"$WORK/phases.tsv"
+        write_summary
+        return
+    fi
+    log "$name (limit ${limit}s)"
+    t0=$(date +%s)
+    PHASE_LIMIT=$((limit - 3)) timeout --kill-after=3 $((limit - 3)) bash -c "$body" 2>&1 | tee -a "$LOG"
+    status=${PIPESTATUS[0]}
+    [ "$status" = 124 ] && status="timed out"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$(limit_of "$name")" "$(($(date +%s) - t0))" "$status" >>"$WORK/phases.tsv"
+    [ -f "$WORK/env" ] && source "$WORK/env"
+    write_summary
+    log "$name: exit status $status after $(($(date +%s) - t0))s"
+}
+
+machine() {
+    if [ "$DRY_RUN" = 1 ]; then
+        uname -a && nproc && python3 --version
+        fact machine "dry run: $(uname -m), $(nproc) CPUs, no GPU, no install, no build"
+        echo "true" >"$WORK/build_cmd" # stands in for the build below
+        return
+    fi
+    nvidia-smi || return 1
+    fact gpu "$(nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader)"
+    fact nvcc "$(nvcc --version | tail -1)"
+    fact python "$(python3 --version)"
+    if compgen -G ".wheels/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .wheels/*.whl &&
+            echo "export PYTHONPATH=/tmp/site\${PYTHONPATH:+:\$PYTHONPATH}" >>"$WORK/env" &&
+            fact wheels "$(cd .wheels && ls *.whl | tr '\n' ' ')"
+    else
+        fact wheels "none: .wheels/ did not travel (carry [\".wheels\"]); liger and trl rows say not installed"
+    fi
+    if GRPO_FAST_SKIP_EXT=1 python3 -m pip install -q --no-deps --no-build-isolation -e .; then
+        fact install "pip install -e . (pure Python)"
+    else
+        ln -sfn ../kernels grpo_fast/kernels
+        echo "export PYTHONPATH=$PWD\${PYTHONPATH:+:\$PYTHONPATH}" >>"$WORK/env"
+        fact install "pip install -e . failed: PYTHONPATH=$PWD, grpo_fast/kernels -> ../kernels"
+    fi
+    echo "GRPO_FAST_REQUIRE_CUDA=1 MAX_JOBS=6 python3 setup.py build_ext --inplace" >"$WORK/build_cmd"
+}
+
+gate() {
+    python3 -m pytest -q -p no:cacheprovider tests/backends/test_triton_gpu.py::test_grpo_loss_triton_vs_torch_real_shape
+}
+
+bench_loss() { # the loss benchmark into bench_loss_$DEV.json (merged after the first call), no PNG
+    python3 benchmarks/bench_loss.py --device "$DEV" --out "$OUT/bench_loss_$DEV.json" --no-png \
+        --time-limit "$((PHASE_LIMIT - 5))" "$@"
+}
+
+loss() {
+    if [ "$DRY_RUN" = 1 ]; then
+        bench_loss --shapes 128,32,256 --repeats 1 --variants gemm3 triton torch naive trl liger
+    else
+        bench_loss --models qwen2.5-7b llama-3.1-8b --tokens 4096 16384 --repeats 5 --variant-timeout 60 \
+            --variants gemm3 triton torch naive trl liger
+    fi
+}
+
+cuda() { # the build awaited (its log appended) and its CUDA kernels asserted, then the cuda backend
+    while [ ! -f "$WORK/build_status" ]; do sleep 1; done
+    cat "$WORK/build.log"
+    local kind
+    kind=$(grep -m1 'grpo_fast._C:' "$WORK/build.log")
+    fact build "exit status $(cat "$WORK/build_status"); ${kind:-no extension built}"
+    if [ "$DRY_RUN" = 1 ]; then
+        echo "dry run: no CUDA kernels to benchmark (the n65536 phase merges rows into the loss JSON)"
+        return
+    fi
+    if [ "$(cat "$WORK/build_status")" != 0 ] || [[ "$kind" != *"C++ + CUDA kernels"* ]]; then
+        echo "ASSERTION: grpo_fast._C was not built with its CUDA kernels (see the build log above)"
+        return 1
+    fi
+    bench_loss --models qwen2.5-7b llama-3.1-8b --tokens 4096 16384 --repeats 5 --variants cuda --update
+}
+
+step() {
+    if [ "$DRY_RUN" = 1 ]; then
+        python3 benchmarks/bench_offload.py --device cpu --tiny --steps 1 --out "$OUT/trainer_step_$DEV.json"
+    else
+        python3 benchmarks/bench_offload.py --device cuda --steps 2 --out "$OUT/trainer_step_$DEV.json"
+    fi
+}
+
+trl_step() {
+    local out=(--out "$OUT/trl_step_$DEV.json")
+    if [ "$DRY_RUN" = 1 ]; then
+        python3 benchmarks/bench_trl_integration.py --device cpu --layers 1 --hidden 32 --heads 2 --kv-heads 1 \
+            --intermediate 64 --vocab 512 --batch 2 --prompt-len 4 --completion-len 8 --repeats 1 --warmup 0 \
+            --variants ours_loss "${out[@]}"
+    else
+        python3 benchmarks/bench_trl_integration.py --device cuda --dtype bf16 --preset qwen2.5-0.5b --batch 8 \
+            --prompt-len 128 --completion-len 512 --repeats 3 --warmup 1 "${out[@]}"
+    fi
+}
+
+n65536() {
+    if [ "$DRY_RUN" = 1 ]; then
+        bench_loss --shapes 256,32,256 --repeats 1 --variants gemm3 cpu --update
+        return
+    fi
+    local variants=(gemm3 triton torch cuda) # cuda: a row saying so when the extension has no CUDA kernels
+    bench_loss --models qwen2.5-7b --tokens 65536 --repeats 3 --variant-timeout 20 --variants "${variants[@]}" --update
+}
+
+gpu_tests() { # what the gate and the step phase ran already is left out
+    python3 -m pytest -v -p no:cacheprovider -m gpu --durations=5 tests/backends/test_native_gpu.py \
+        tests/backends/test_triton_gpu.py tests/trainer/test_offload_gpu.py tests/trainer/test_model_kernels.py \
+        --deselect tests/backends/test_triton_gpu.py::test_grpo_loss_triton_vs_torch_real_shape \
+        --deselect tests/trainer/test_offload_gpu.py::test_no_failures \
+        --deselect tests/trainer/test_offload_gpu.py::test_round_trip_exact_and_memory_drops
+}
+
+dw() {
+    local shape=(--shape 16384,3584,152064 --repeats 2 --rounds 1)
+    [ "$DRY_RUN" = 1 ] && shape=(--shape 64,32,512 --repeats 1 --warmup 0)
+    python3 benchmarks/bench_dw_accumulation.py --device "$DEV" "${shape[@]}" --out "$OUT/dw_accumulation_$DEV.json"
+}
+
+model_kernels() {
+    local size=(--repeats 3)
+    [ "$DRY_RUN" = 1 ] && size=(--tiny --repeats 1)
+    python3 benchmarks/bench_model_kernels.py --device "$DEV" "${size[@]}" --out "$OUT/model_kernels_$DEV.json"
+}
+
+export -f machine gate bench_loss loss cuda step trl_step n65536 gpu_tests dw model_kernels
+log "gpu_check $([ "$DRY_RUN" = 1 ] && echo "dry run on CPU" || echo "on $(hostname)"), commit ${GRPO_FAST_COMMIT:-unknown}"
+phase machine machine
+# The extension builds while the gate and the loss benchmark run; the cuda phase waits for it.
+(
+    timeout "$BUILD_LIMIT_S" bash -c "$(cat "$WORK/build_cmd")" >"$WORK/build.log" 2>&1
+    echo $? >"$WORK/build_status.tmp" && mv "$WORK/build_status.tmp" "$WORK/build_status" # whole, once there
+) &
+phase gate gate
+phase loss loss
+phase cuda cuda
+phase step step
+phase trl_step trl_step
+phase n65536 n65536
+phase gpu_tests gpu_tests
+phase dw dw
+phase model_kernels model_kernels
+wait
+[ -f "$OUT/bench_loss_$DEV.json" ] && python3 benchmarks/tables.py --show "$OUT/bench_loss_$DEV.json" 2>&1 | tee -a "$LOG"
+awk -F'\t' '{printf "%-14s limit %4ss  ran %4ss  %s\n", $1, $2, $3, $4}' "$WORK/phases.tsv" | tee -a "$LOG"
+budget=$(check_budget)
+status=$?
+log "$budget"
+fact budget "$budget"
+write_summary
+((status == 0)) || exit 1
+if awk -F'\t' '$4 != "0" && $4 != "not run (ONLY)" {failed = 1} END {exit !failed}' "$WORK/phases.tsv"; then
+    log "a phase failed or did not run (see above)"
+    exit 1
 fi
-
-stamp "loss benchmark ($DTYPE on $DEVICE)"
-# shellcheck disable=SC2086  # SHAPES is a list of N,H,V words
-timeout "${BENCH_TIMEOUT:-150}" python3 benchmarks/bench_loss.py --device "$DEVICE" --dtype "$DTYPE" --shapes $SHAPES \
-    --repeats "$REPEATS" --out "$OUT/bench_loss_$DEVICE.json" > "$OUT/bench_loss.txt" 2>&1 \
-    || stamp "loss benchmark: exit status $?"
-tail -20 "$OUT/bench_loss.txt"
-
-stamp "dW accumulation of the chunked backends (bf16 on $DEVICE)"
-timeout "${DW_TIMEOUT:-90}" python3 benchmarks/bench_dw_accumulation.py --device "$DEVICE" "${DW_ARGS[@]}" \
-    --out "$OUT/dw_accumulation_$DEVICE.json" > "$OUT/dw_accumulation.txt" 2>&1 \
-    || stamp "dW accumulation benchmark: exit status $?"
-tail -16 "$OUT/dw_accumulation.txt"
-
-stamp "policy forward+backward with and without Liger's model kernels, sdpa / flash_attention_2 ($DEVICE)"
-timeout "${MODEL_TIMEOUT:-120}" python3 benchmarks/bench_model_kernels.py --device "$DEVICE" "${MODEL_ARGS[@]}" \
-    --out "$OUT/model_kernels_$DEVICE.json" > "$OUT/model_kernels.txt" 2>&1 \
-    || stamp "model kernels benchmark: exit status $?"
-tail -12 "$OUT/model_kernels.txt"
-
-stamp "done; results in $OUT: $(ls "$OUT" | tr '\n' ' ')"

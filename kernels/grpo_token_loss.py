@@ -32,16 +32,47 @@ exist are constexpr.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 import triton
 import triton.language as tl
 
-from ..loss.loss_types import Objective, get_loss_type
-
 NUM_SUMS = 8  # loss, kl, clip_low, clip_high, clip_region, entropy, logprob, is_weight (token_math.SUM_NAMES)
-# The kernel's OBJECTIVE codes.
-_OBJECTIVE_CODES = {Objective.CLIPPED: 0, Objective.CISPO: 1, Objective.SAPO: 2, Objective.VESPO: 3}
+
+
+class KernelObjective(IntEnum):
+    """The per-token surrogates this kernel implements (its OBJECTIVE constexpr)."""
+
+    CLIPPED = 0
+    CISPO = 1
+    SAPO = 2
+    VESPO = 3
+
+
+@dataclass(frozen=True)
+class TokenLossOptions:
+    """The kernel's options as plain numbers. delta: +inf when off. vespo_lambda_*: already floored (TRL: 1e-4).
+    is_weights_per_sequence: the importance weights are one per sequence, broadcast over its rows."""
+
+    objective: KernelObjective
+    sequence_level: bool
+    clip_low: float
+    clip_high: float
+    delta: float
+    beta: float
+    entropy_coef: float
+    use_bias_correction_kl: bool
+    sapo_temperature_pos: float
+    sapo_temperature_neg: float
+    vespo_k_pos: float
+    vespo_lambda_pos: float
+    vespo_k_neg: float
+    vespo_lambda_neg: float
+    is_weights_per_sequence: bool = False
+
+
 _LOG_FLOOR = tl.constexpr(math.log(1e-8))  # vespo's floor of log-ratios (TRL's get_gamma_weights)
 
 
@@ -299,43 +330,26 @@ def grpo_token_loss_triton(
     entropy_weights: torch.Tensor,
     mask: torch.Tensor,
     cu_seqlens: torch.Tensor,
+    options: TokenLossOptions,
     *,
-    loss_type: str,
-    sequence_level: bool,
-    clip_low: float,
-    clip_high: float,
-    delta: float | None,
-    beta: float,
-    entropy_coef: float,
-    use_bias_correction_kl: bool = True,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
-    is_weights_per_sequence: bool = False,
     block_t: int = 256,
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Flat [N] fp32 inputs, cu_seqlens [B+1] -> (sums [8], gℓ [N], gH [N] | None), all fp32.
 
-    loss_type names a row of the loss-type table; the kernel implements its objective (the reduction
-    arrives as `loss_weights`); the keyword options are GRPOLossConfig's. The per-sequence partial sums
-    [B, 8] are added up in torch (a fixed-order, deterministic reduction)."""
-    objective = get_loss_type(loss_type).objective
-    if objective not in _OBJECTIVE_CODES:
-        raise NotImplementedError(f"loss_type {loss_type!r}: objective {objective.value!r} has no Triton kernel")
+    The reduction arrives as `loss_weights` (c); `options` carries the objective and its hyper-parameters.
+    The per-sequence partial sums [B, 8] are added up in torch (a fixed-order, deterministic reduction)."""
     tensors = [logprobs, entropy, old_logprobs, ref_logprobs, advantages, is_weights, loss_weights, entropy_weights]
     for tensor in tensors + [mask]:
         if tensor is not None and tensor.dtype != torch.float32:
             raise TypeError(f"grpo_token_loss_triton: expected float32 per-token inputs, got {tensor.dtype}")
+    objective = KernelObjective(options.objective)
     num_rows = logprobs.numel()
     num_seqs = cu_seqlens.numel() - 1
     device = logprobs.device
-    has_ref = ref_logprobs is not None and beta != 0.0
-    bias_kl = has_ref and bool(use_bias_correction_kl)
-    write_gh = entropy_coef != 0.0
+    has_ref = ref_logprobs is not None and options.beta != 0.0
+    bias_kl = has_ref and options.use_bias_correction_kl
+    write_gh = options.entropy_coef != 0.0
     grad_logp = torch.empty(num_rows, dtype=torch.float32, device=device)
     grad_entropy = torch.empty(num_rows, dtype=torch.float32, device=device) if write_gh else None
     partial = torch.empty(max(num_seqs, 1), NUM_SUMS, dtype=torch.float32, device=device)
@@ -344,6 +358,7 @@ def grpo_token_loss_triton(
     contiguous = [None if t is None else t.contiguous() for t in tensors]
     logp_c = contiguous[0]
     args = [t if t is not None else logp_c for t in contiguous]
+    through_ratio = objective in (KernelObjective.CLIPPED, KernelObjective.SAPO)  # q ≠ 0
     _grpo_token_loss_kernel[(num_seqs,)](
         *args,
         mask.contiguous(),
@@ -351,26 +366,26 @@ def grpo_token_loss_triton(
         partial,
         grad_logp,
         grad_entropy if grad_entropy is not None else grad_logp,
-        float(clip_low),
-        float(clip_high),
-        float("inf") if delta is None else float(delta),
-        float(beta),
-        float(entropy_coef),
-        float(sapo_temperature_pos),
-        float(sapo_temperature_neg),
-        float(vespo_k_pos),
-        float(max(vespo_lambda_pos, 1e-4)),  # TRL floors the rates at 1e-4
-        float(vespo_k_neg),
-        float(max(vespo_lambda_neg, 1e-4)),
-        OBJECTIVE=_OBJECTIVE_CODES[objective],
-        SEQ_LEVEL=sequence_level,
-        SEQ_STATS=sequence_level or objective is Objective.VESPO,
-        SEQ_GRAD=sequence_level and (objective in (Objective.CLIPPED, Objective.SAPO) or bias_kl),
+        float(options.clip_low),
+        float(options.clip_high),
+        float(options.delta),
+        float(options.beta),
+        float(options.entropy_coef),
+        float(options.sapo_temperature_pos),
+        float(options.sapo_temperature_neg),
+        float(options.vespo_k_pos),
+        float(options.vespo_lambda_pos),
+        float(options.vespo_k_neg),
+        float(options.vespo_lambda_neg),
+        OBJECTIVE=int(objective),
+        SEQ_LEVEL=options.sequence_level,
+        SEQ_STATS=options.sequence_level or objective is KernelObjective.VESPO,
+        SEQ_GRAD=options.sequence_level and (through_ratio or bias_kl),
         BIAS_KL=bias_kl,
         HAS_OLD=old_logprobs is not None,
         HAS_REF=has_ref,
         HAS_IS_WEIGHTS=is_weights is not None,
-        IS_PER_SEQ=is_weights is not None and bool(is_weights_per_sequence),
+        IS_PER_SEQ=is_weights is not None and options.is_weights_per_sequence,
         HAS_ENTROPY=entropy is not None,
         WRITE_GRAD_ENTROPY=write_gh,
         BLOCK_T=block_t,

@@ -16,7 +16,7 @@ Backward, given gℓ = ∂L/∂logp and gH = ∂L/∂entropy per row (p = softma
     dz = gℓ (onehot(y) − p) − gH p (log p + entropy)
     dh = dz W τ⁻¹,   dW = dzᵀ h τ⁻¹,   db = Σ_rows dz τ⁻¹      (dz (1 − tanh²(x / c)) with a soft cap).
 
-Launch rules (docs/architecture.md): only feature flags and block sizes are constexpr;
+Launch rules: only feature flags and block sizes are constexpr;
 N, V, H, strides, τ⁻¹ and split sizes are runtime scalars, so new lengths or temperatures never
 recompile (the row count is also exempt from Triton's integer specialisation,
 `do_not_specialize`, so N % 16 never picks a new binary). Every grid is one-dimensional (axis 0
@@ -27,16 +27,26 @@ Two interpreter quirks handled by the launchers: `tl.dot` on bf16 tiles is wrong
 TRITON_INTERPRET=1 (triton 3.9), so tiles are upcast to fp32 there (`DOT_UPCAST`; bf16 × bf16
 products are exact in fp32, so only the accumulation order differs); fp32 inputs use IEEE dots
 (`input_precision="ieee"`), never TF32, to match PyTorch's fp32 matmul.
+
+Shared-memory fallback: the tiles' pipeline depth was sized for sm_90 with Triton 3.9 (atomic backward
+~160 KiB of shared memory at 3 stages); another Triton or GPU may need more. A launch whose kernel does not
+fit raises Triton's OutOfResources when it is loaded, before anything runs; `_launch` then retries with one
+stage fewer, down to one, remembers the depth that ran, and logs every configuration that ran
+(`launched_configs()`, for the benchmarks' JSON).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+logger = logging.getLogger(__name__)
 
 _FLOAT_TYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -636,6 +646,48 @@ def _sum_partials(out: torch.Tensor, partials: torch.Tensor) -> None:
         out.add_(part)
 
 
+# (kernel, tiles, device, constexpr arguments) -> the tiles that launched (num_stages possibly lowered)
+_LAUNCHED: dict[tuple, BlockConfig] = {}
+
+
+def _launch(kernel, grid: tuple[int], args: tuple, blocks: BlockConfig, device: torch.device, **constexprs) -> None:
+    """kernel[grid](*args, BLOCK_N/V/H, num_warps, num_stages of `blocks`, **constexprs); on OutOfResources
+    (the compiled kernel needs more shared memory than the device has: raised at load time, before the
+    kernel runs) again with one pipeline stage fewer, down to one. The first launch of each configuration
+    logs what ran; later launches start from the depth that worked."""
+    key = (kernel.fn.__name__, blocks, str(device), tuple(sorted(constexprs.items())))
+    ran = _LAUNCHED.get(key, blocks)
+    while True:
+        try:
+            kernel[grid](
+                *args,
+                BLOCK_N=ran.block_n,
+                BLOCK_V=ran.block_v,
+                BLOCK_H=ran.block_h,
+                num_warps=ran.num_warps,
+                num_stages=ran.num_stages,
+                **constexprs,
+            )
+            break
+        except OutOfResources as err:
+            if ran.num_stages <= 1:
+                raise
+            logger.warning("%s: %s; retrying with num_stages=%d", key[0], err, ran.num_stages - 1)
+            ran = replace(ran, num_stages=ran.num_stages - 1)
+    if key not in _LAUNCHED:
+        _LAUNCHED[key] = ran
+        logger.info("%s on %s: %s (asked for num_stages=%d)", key[0], device, ran, blocks.num_stages)
+
+
+def launched_configs() -> list[dict]:
+    """Every kernel configuration launched in this process: kernel, device, the tiles that ran and the
+    num_stages asked for (lower than `num_stages` when the shared-memory fallback stepped in)."""
+    return [
+        {"kernel": name, "device": device, **vars(ran), "asked_num_stages": asked.num_stages}
+        for (name, asked, device, _), ran in _LAUNCHED.items()
+    ]
+
+
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
@@ -679,31 +731,17 @@ def linear_logprobs_forward(
     splits = triton.cdiv(vocab, split_size)  # every split non-empty
     part = torch.empty(3, splits, num_rows, dtype=torch.float32, device=device)
     zy = torch.empty(num_rows, dtype=torch.float32, device=device)
-    grid = (num_n_blocks * splits,)
-    _linear_logprobs_fwd_kernel[grid](
-        hidden,
-        weight,
-        bias if bias is not None else hidden,
-        targets,
-        part,
-        zy,
-        num_rows,
-        vocab,
-        hidden_size,
-        hidden.stride(0),
-        weight.stride(0),
-        float(inv_temperature),
-        float(softcap),
-        split_size,
-        splits * num_rows,
-        num_n_blocks,
+    args = (hidden, weight, bias if bias is not None else hidden, targets, part, zy, num_rows, vocab, hidden_size)
+    args += (hidden.stride(0), weight.stride(0), float(inv_temperature), float(softcap), split_size)
+    args += (splits * num_rows, num_n_blocks)
+    _launch(
+        _linear_logprobs_fwd_kernel,
+        (num_n_blocks * splits,),
+        args,
+        blocks,
+        device,
         HAS_BIAS=bias is not None,
         HAS_SOFTCAP=softcap > 0,
-        BLOCK_N=blocks.block_n,
-        BLOCK_V=blocks.block_v,
-        BLOCK_H=blocks.block_h,
-        num_warps=blocks.num_warps,
-        num_stages=blocks.num_stages,
         **_dot_options(hidden.dtype),
     )
     m, s, t = part.unbind(0)
@@ -757,17 +795,8 @@ def linear_logprobs_backward(
         return grad_hidden.to(hidden.dtype), grad_weight, grad_bias
     num_n_blocks = triton.cdiv(num_rows, blocks.block_n)
     num_v_blocks = triton.cdiv(vocab, blocks.block_v)
-    common = dict(
-        HAS_BIAS=bias is not None,
-        HAS_SOFTCAP=softcap > 0,
-        HAS_GRAD_ENTROPY=has_gh,
-        BLOCK_N=blocks.block_n,
-        BLOCK_V=blocks.block_v,
-        BLOCK_H=blocks.block_h,
-        num_warps=blocks.num_warps,
-        num_stages=blocks.num_stages,
-        **_dot_options(hidden.dtype),
-    )
+    common = dict(HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap > 0, HAS_GRAD_ENTROPY=has_gh)
+    common |= _dot_options(hidden.dtype)
     bias_arg = bias if bias is not None else hidden
     db_arg = grad_bias if grad_bias is not None else grad_weight
     inputs = (hidden, weight, bias_arg, targets, lse, entropy, grad_logp, grad_entropy)
@@ -786,26 +815,16 @@ def linear_logprobs_backward(
         dh_part = _partials(grad_hidden, dh_splits)
         dw_part = _partials(grad_weight, dw_splits)
         db_part = _partials(grad_bias, dw_splits) if grad_bias is not None else dw_part
-        _linear_logprobs_bwd_dh_kernel[(num_n_blocks * dh_splits,)](
-            *inputs, dh_part, *scalars, dh_split, num_n_blocks, **common
-        )
-        _linear_logprobs_bwd_dw_kernel[(num_v_blocks * dw_splits,)](
-            *inputs, dw_part, db_part, *scalars, dw_split, num_v_blocks, **common
-        )
+        dh_args = (*inputs, dh_part, *scalars, dh_split, num_n_blocks)
+        _launch(_linear_logprobs_bwd_dh_kernel, (num_n_blocks * dh_splits,), dh_args, blocks, device, **common)
+        dw_args = (*inputs, dw_part, db_part, *scalars, dw_split, num_v_blocks)
+        _launch(_linear_logprobs_bwd_dw_kernel, (num_v_blocks * dw_splits,), dw_args, blocks, device, **common)
         _sum_partials(grad_hidden, dh_part)
         _sum_partials(grad_weight, dw_part)
         if grad_bias is not None:
             _sum_partials(grad_bias, db_part)
     else:
-        _linear_logprobs_bwd_kernel[(num_n_blocks * num_v_blocks,)](
-            *inputs,
-            grad_hidden,
-            grad_weight,
-            db_arg,
-            *scalars,
-            num_n_blocks,
-            num_v_blocks,
-            GROUP_N=group_n,
-            **common,
-        )
+        args = (*inputs, grad_hidden, grad_weight, db_arg, *scalars, num_n_blocks, num_v_blocks)
+        grid = (num_n_blocks * num_v_blocks,)
+        _launch(_linear_logprobs_bwd_kernel, grid, args, blocks, device, GROUP_N=group_n, **common)
     return grad_hidden.to(hidden.dtype), grad_weight, grad_bias

@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model, save_tiny
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, save_tiny
 
     tok = build_char_tokenizer()
     return save_tiny(build_tiny_model(tok, seed=0), tok, tmp_path_factory.mktemp("tiny") / "model")

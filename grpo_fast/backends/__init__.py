@@ -1,12 +1,4 @@
-"""Backend dispatch for layer 1 (fused linear logprobs).
-
-A backend has `name`, `forward(hidden, weight, bias, targets, inv_temperature, workspace_bytes, softcap=0)`
--> LogprobStats, and `backward(hidden, weight, bias, targets, inv_temperature, stats, grad_logp,
-grad_entropy, workspace_bytes, softcap=0)` -> (dh, dW fp32, db fp32 | None), for the logits
-z = c tanh((h Wᵀ + b) / c) · inv_temperature with softcap c > 0, or (h Wᵀ + b) · inv_temperature with
-softcap 0 (grpo_fast.loss.head folds a model's logit scale into these two). Chunked backends also have
-`forward_backward` (gradients formed in the forward pass, see grpo_fast.backends.chunked) and may
-name a `token_loss` implementation of layer 2 (default: grpo_fast.loss.token_math.grpo_token_loss).
+"""Layer 1 (fused linear logprobs) behind one contract (grpo_fast.backends.base.Backend), by name.
 
 | name   | device | implementation |
 |--------|--------|----------------|
@@ -15,8 +7,11 @@ name a `token_loss` implementation of layer 2 (default: grpo_fast.loss.token_mat
 | cuda   | CUDA   | grpo_fast._C: cuBLAS GEMMs + CUDA epilogue |
 | cpu    | CPU    | grpo_fast._C: ATen GEMMs + OpenMP epilogue |
 
-"auto" takes the first backend of `_AUTO_ORDER` that loads and passes a one-time self-check on the
-device (a tiny forward and backward against the torch backend): a backend that fails to compile or
+Built-ins are imported on first use. `register_backend(name, backend)` adds one (checked against the contract
+at once); the loss's `backend=` option then accepts its name.
+
+"auto" takes the first backend of `AUTO_ORDER` that loads, runs on the device and passes a one-time
+self-check there (a tiny forward and backward against the torch backend): a backend that fails to compile or
 computes wrong numbers on this machine is skipped with one warning. The choice is cached per process
 and device type.
 
@@ -27,66 +22,100 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 
 import torch
 
-from .chunked import TORCH_BACKEND, ChunkedBackend, LogprobStats
+from .base import Backend, Capabilities, ChunkedHooks, LogprobStats, check_backend
+from .chunked import TORCH_BACKEND, ChunkedBackend
 
-__all__ = ["ChunkedBackend", "LogprobStats", "available_backends", "get_backend", "self_check"]
+__all__ = [
+    "AUTO_ORDER",
+    "Backend",
+    "Capabilities",
+    "ChunkedBackend",
+    "ChunkedHooks",
+    "LogprobStats",
+    "available_backends",
+    "backend_names",
+    "get_backend",
+    "register_backend",
+    "self_check",
+]
 
-# name -> (module, attribute, device types it runs on)
-_REGISTRY = {
-    "torch": (__name__ + ".chunked", "TORCH_BACKEND", ("cpu", "cuda")),
-    "triton": (__name__ + ".triton", "TRITON_BACKEND", ("cuda", "cpu")),
-    "cuda": (__name__ + ".native", "CUDA_BACKEND", ("cuda",)),
-    "cpu": (__name__ + ".native", "CPU_BACKEND", ("cpu",)),
+# name -> the backend, or "module:attribute" (relative to this package) imported on first use
+_ENTRIES: dict[str, Backend | str] = {
+    "torch": TORCH_BACKEND,
+    "triton": ".triton:TRITON_BACKEND",
+    "cuda": ".native:CUDA_BACKEND",
+    "cpu": ".native:CPU_BACKEND",
 }
-# "auto" tries these in order for each device type.
-_AUTO_ORDER = {"cuda": ("triton", "cuda", "torch"), "cpu": ("cpu", "torch")}
-_AUTO_CHOICE: dict[str, object] = {}  # device type -> the backend "auto" settled on
+AUTO_ORDER: dict[str, tuple[str, ...]] = {"cuda": ("triton", "cuda", "torch"), "cpu": ("cpu", "torch")}
+"""What "auto" tries, in order, per device type."""
+_AUTO_CHOICE: dict[str, Backend] = {}  # device type -> the backend "auto" settled on
 
 logger = logging.getLogger(__name__)
 
 
-def _load(name: str):
-    """The backend object, or raise ImportError saying why it is unavailable."""
-    module, attribute, _ = _REGISTRY[name]
+def register_backend(name: str, backend: Backend, *, auto_on: tuple[str, ...] = ()) -> Backend:
+    """Add `backend` under `name` (checked against the contract now); `auto_on`: device types on which "auto"
+    tries it before the torch backend."""
+    if name == "auto" or name in _ENTRIES:
+        raise ValueError(f"backend {name!r} is already registered")
+    _ENTRIES[name] = check_backend(name, backend)
+    for device_type in auto_on:
+        order = AUTO_ORDER.get(device_type, ("torch",))
+        AUTO_ORDER[device_type] = (*order[:-1], name, order[-1])
+        _AUTO_CHOICE.pop(device_type, None)
+    return backend
+
+
+def backend_names() -> tuple[str, ...]:
+    """The registered backend names (without "auto")."""
+    return tuple(_ENTRIES)
+
+
+def _load(name: str) -> Backend:
+    """The backend object, or ImportError saying why it cannot load."""
+    entry = _ENTRIES[name]
+    if isinstance(entry, str):
+        module, _, attribute = entry.partition(":")
+        try:
+            loaded = getattr(importlib.import_module(module, __name__), attribute)
+        except (ImportError, AttributeError) as err:
+            raise ImportError(f"backend {name!r} is unavailable: {err}") from err
+        entry = _ENTRIES[name] = check_backend(name, loaded)
+    return entry
+
+
+def unavailable_reason(name: str, device: torch.device) -> str | None:
+    """None when backend `name` loads and runs on `device`, else why not."""
     try:
-        return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as err:
-        raise ImportError(f"backend {name!r} is unavailable: {err}") from err
+        return _load(name).availability(device)
+    except ImportError as err:
+        return str(err)
 
 
-def _runs_on(name: str, device: torch.device) -> bool:
-    if name == "triton" and device.type == "cpu":
-        return os.environ.get("TRITON_INTERPRET") == "1"
-    return device.type in _REGISTRY[name][2]
-
-
-def get_backend(name: str, device: torch.device):
-    """Resolve `name` ("auto" or one of the table) for tensors on `device`."""
+def get_backend(name: str, device: torch.device) -> Backend:
+    """Resolve `name` ("auto" or a registered name) for tensors on `device`."""
     if name == "auto":
         if device.type not in _AUTO_CHOICE:
             _AUTO_CHOICE[device.type] = _choose_auto(device)
         return _AUTO_CHOICE[device.type]
-    if name not in _REGISTRY:
-        raise ValueError(f"backend: expected 'auto' or one of {tuple(_REGISTRY)}, got {name!r}")
-    if not _runs_on(name, device):
-        hint = " (set TRITON_INTERPRET=1 to run Triton kernels on CPU)" if name == "triton" else ""
-        raise ValueError(f"backend: {name!r} does not run on {device.type} tensors{hint}")
-    return _load(name)
+    if name not in _ENTRIES:
+        raise ValueError(f"backend: expected 'auto' or one of {backend_names()}, got {name!r}")
+    backend = _load(name)
+    reason = backend.availability(device)
+    if reason is not None:
+        raise ValueError(f"backend: {name!r} does not run on {device.type} tensors here: {reason}")
+    return backend
 
 
-def _choose_auto(device: torch.device):
-    """The first backend of _AUTO_ORDER that loads and passes `self_check` here; torch otherwise."""
-    for candidate in _AUTO_ORDER.get(device.type, ()):
-        if candidate == "torch" or not _runs_on(candidate, device):
+def _choose_auto(device: torch.device) -> Backend:
+    """The first backend of AUTO_ORDER that loads, runs and passes `self_check` here; torch otherwise."""
+    for candidate in AUTO_ORDER.get(device.type, ()):
+        if candidate == "torch" or unavailable_reason(candidate, device) is not None:
             continue
-        try:
-            backend = _load(candidate)
-        except ImportError:
-            continue
+        backend = _load(candidate)
         problem = self_check(backend, device)
         if problem is None:
             return backend
@@ -119,13 +148,4 @@ def self_check(backend, device: torch.device) -> str | None:
 
 def available_backends(device: torch.device) -> list[str]:
     """Names of the backends that load and run on `device`."""
-    names = []
-    for name in _REGISTRY:
-        if not _runs_on(name, device):
-            continue
-        try:
-            _load(name)
-        except ImportError:
-            continue
-        names.append(name)
-    return names
+    return [name for name in _ENTRIES if unavailable_reason(name, device) is None]

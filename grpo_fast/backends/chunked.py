@@ -27,22 +27,12 @@ in grpo_fast.backends.native.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Protocol
 
 import torch
 
-TokenGrads = Callable[[slice, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
-
-
-@dataclass(frozen=True)
-class LogprobStats:
-    """Per-token results of layer 1, all [N] fp32: log p(y), entropy H, log-sum-exp of z."""
-
-    logprobs: torch.Tensor
-    entropy: torch.Tensor
-    lse: torch.Tensor
+from .base import Capabilities, LogprobStats, TokenGrads
 
 
 class Epilogue(Protocol):
@@ -131,18 +121,14 @@ def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _mm_acc(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """a @ b with a result in the accumulation dtype (fp32 accumulation inside the vendor GEMM)."""
+def _mm_acc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a [M, K] @ b [K, P] -> [M, P] in the accumulation dtype (fp32 accumulation inside the vendor GEMM)."""
     acc = accumulation_dtype(a.dtype)
     if a.dtype == acc:
-        return torch.mm(a, b, out=out)
+        return torch.mm(a, b)
     if a.is_cuda:
-        result = torch.mm(a, b, out_dtype=acc)
-    else:
-        result = torch.mm(a, b).to(acc)
-    if out is None:
-        return result
-    return out.copy_(result)
+        return torch.mm(a, b, out_dtype=acc)
+    return torch.mm(a, b).to(acc)
 
 
 def _gemm_operands(hidden, weight, bias):
@@ -160,8 +146,10 @@ _FP32_ADDMM_PROBED: dict[torch.device, bool] = {}
 
 
 def _cuda_addmm_accumulates_in_fp32(device: torch.device) -> bool:
-    """Whether `torch.addmm(C, A, B, out_dtype=torch.float32, out=C)` with bf16/fp16 A, B and an fp32 C
-    adds α·A·B into C with one cuBLAS GEMM (β = 1) on `device`.
+    """Whether `torch.addmm(C, A, B, out_dtype=torch.float32, beta=β, alpha=α, out=C)` with bf16/fp16 A, B and
+    an fp32 C is one cuBLAS GEMM on `device` that, with β = 1, adds α·A·B into C (the dW accumulation) and,
+    with β = 0, overwrites C with α·A·B without reading it (the logits tile written straight into an
+    uninitialised workspace, which may hold NaN).
 
     torch >= 2.8 has the out_dtype overload, on CUDA only; before pytorch#167931 (torch 2.10) it required
     C in the input dtype, so an fp32 accumulator raised. Probed once per device on exactly representable
@@ -180,24 +168,44 @@ def _probe_fp32_addmm(device: torch.device) -> bool:
         for dtype in (torch.bfloat16, torch.float16):
             a = (torch.arange(12, device=device, dtype=torch.float32).view(3, 4) - 5).to(dtype)
             b = (torch.arange(6, device=device, dtype=torch.float32).view(3, 2) - 2).to(dtype)
-            c = torch.arange(8, device=device, dtype=torch.float32).view(4, 2) + 0.25
-            expected = c + 0.5 * (a.float().t() @ b.float())
-            result = torch.addmm(c, a.t(), b, out_dtype=torch.float32, alpha=0.5, out=c)
-            if result.data_ptr() != c.data_ptr() or not torch.equal(c, expected):
-                return False
+            product = 0.5 * (a.float().t() @ b.float())
+            for beta, start in ((1.0, 0.25), (0.0, float("nan"))):
+                c = torch.arange(8, device=device, dtype=torch.float32).view(4, 2) + start
+                expected = product + c if beta else product
+                result = torch.addmm(c, a.t(), b, out_dtype=torch.float32, beta=beta, alpha=0.5, out=c)
+                if result.data_ptr() != c.data_ptr() or not torch.equal(c, expected):
+                    return False
         return True
     except (RuntimeError, TypeError, NotImplementedError):
         return False
 
 
 class ChunkedBackend:
-    """Layer 1 over row chunks: GEMM -> epilogue -> (GEMM, GEMM)."""
+    """Layer 1 over row chunks: GEMM -> epilogue -> (GEMM, GEMM); a `Backend` with `ChunkedHooks`
+    (grpo_fast.backends.base). It runs on the device types `devices`; GEMMs are deterministic, so it is its own
+    deterministic variant."""
 
-    def __init__(self, name: str, epilogue: Epilogue, cpu_workspace_bytes: int, gpu_workspace_bytes: int):
+    capabilities = Capabilities(fused_gradients=True)
+
+    def __init__(
+        self,
+        name: str,
+        epilogue: Epilogue,
+        cpu_workspace_bytes: int,
+        gpu_workspace_bytes: int,
+        devices: tuple[str, ...] = ("cpu", "cuda"),
+    ):
         self.name = name
         self.epilogue = epilogue
         self.cpu_workspace_bytes = cpu_workspace_bytes
         self.gpu_workspace_bytes = gpu_workspace_bytes
+        self.devices = devices
+
+    def availability(self, device: torch.device) -> str | None:
+        return None if device.type in self.devices else f"runs on {' / '.join(self.devices)} tensors only"
+
+    def deterministic_variant(self) -> ChunkedBackend:
+        return self
 
     def rows_per_chunk(self, vocab: int, device: torch.device, workspace_bytes: int | None) -> int:
         """R such that one fp32 [R, V] tile fits the workspace budget (at least one row)."""
@@ -212,15 +220,20 @@ class ChunkedBackend:
 
     @staticmethod
     def _logits(hidden, weight, bias, inv_temperature, workspace):
-        """Tempered logits z = (h Wᵀ + b) / τ of the rows in `hidden` [R, H] into workspace [R, V]."""
+        """Tempered logits z = (h Wᵀ + b) / τ of the rows in `hidden` [R, H], written by the GEMM straight
+        into workspace [R, V] (no tile-sized temporary, no copy)."""
         if hidden.dtype == workspace.dtype:  # one GEMM call with α = β = 1/τ, no extra pass over the tile
             if bias is None:
                 return torch.addmm(workspace, hidden, weight.t(), beta=0.0, alpha=inv_temperature, out=workspace)
             return torch.addmm(bias, hidden, weight.t(), beta=inv_temperature, alpha=inv_temperature, out=workspace)
-        z = _mm_acc(hidden, weight.t(), out=workspace)  # bf16 / fp16: converted to fp32 first
-        if bias is not None:
-            z.add_(bias)
-        return z.mul_(inv_temperature)
+        # bf16 / fp16 (CUDA: on CPU `_gemm_operands` made them fp32): a cuBLAS GEMM with an fp32 output
+        if _cuda_addmm_accumulates_in_fp32(hidden.device):  # α = 1/τ inside the GEMM
+            z = torch.addmm(
+                workspace, hidden, weight.t(), out_dtype=workspace.dtype, beta=0.0, alpha=inv_temperature, out=workspace
+            )
+        else:
+            z = torch.mm(hidden, weight.t(), out_dtype=workspace.dtype, out=workspace).mul_(inv_temperature)
+        return z if bias is None else z.add_(bias, alpha=inv_temperature)
 
     def forward(
         self, hidden, weight, bias, targets, inv_temperature, workspace_bytes=None, softcap=0.0
@@ -374,3 +387,4 @@ class _GradAccumulator:
 
 
 TORCH_BACKEND = ChunkedBackend("torch", TorchEpilogue(), cpu_workspace_bytes=16 << 20, gpu_workspace_bytes=512 << 20)
+"""The PyTorch oracle: runs on any device."""

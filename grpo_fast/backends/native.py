@@ -93,5 +93,14 @@ def cpu_kernel_isa() -> str:
 
 # Workspace budgets of one fp32 tile. CPU: see benchmarks/NOTES.md ("C++/CUDA backend") for the
 # measured trade-off between GEMM efficiency (rows per chunk) and extra memory.
-CPU_BACKEND = ChunkedBackend("cpu", NativeEpilogue(), cpu_workspace_bytes=48 << 20, gpu_workspace_bytes=256 << 20)
-CUDA_BACKEND = ChunkedBackend("cuda", NativeEpilogue(), cpu_workspace_bytes=48 << 20, gpu_workspace_bytes=256 << 20)
+class _CudaBackend(ChunkedBackend):
+    """The CUDA epilogue exists only in an extension compiled with nvcc (setup.py builds a CPU-only one otherwise)."""
+
+    def availability(self, device: torch.device) -> str | None:
+        if not built_with_cuda():
+            return "grpo_fast._C was built without its CUDA kernels (no CUDA toolkit at build time)"
+        return super().availability(device)
+
+
+CPU_BACKEND = ChunkedBackend("cpu", NativeEpilogue(), 48 << 20, 256 << 20, devices=("cpu",))
+CUDA_BACKEND = _CudaBackend("cuda", NativeEpilogue(), 48 << 20, 256 << 20, devices=("cuda",))

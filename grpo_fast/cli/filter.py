@@ -8,20 +8,18 @@ import argparse
 import json
 from pathlib import Path
 
-
-def register(subparsers) -> None:
-    p = subparsers.add_parser("filter", help="keep prompts whose pass rate lies in a band (default 0.1-0.9)")
-    p.add_argument("--pass-rates", required=True, help="pass_rates.jsonl written by `grpo-fast sample`")
-    p.add_argument("--output", required=True, help="JSONL file for the kept dataset rows")
-    p.add_argument("--low", type=float, default=0.1, help="lowest pass rate kept (inclusive)")
-    p.add_argument("--high", type=float, default=0.9, help="highest pass rate kept (inclusive)")
-    p.add_argument("--plot", help="histogram PNG (default: beside --output, <name>_pass_rates.png)")
-    p.set_defaults(func=_filter)
+from grpo_fast.curate.filtering import filter_pass_rates
 
 
-def _filter(args: argparse.Namespace) -> int:
-    from grpo_fast.curate.filtering import filter_pass_rates
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pass-rates", required=True, help="pass_rates.jsonl written by `grpo-fast sample`")
+    parser.add_argument("--output", required=True, help="JSONL file for the kept dataset rows")
+    parser.add_argument("--low", type=float, default=0.1, help="lowest pass rate kept (inclusive)")
+    parser.add_argument("--high", type=float, default=0.9, help="highest pass rate kept (inclusive)")
+    parser.add_argument("--plot", help="histogram PNG (default: beside --output, <name>_pass_rates.png)")
 
+
+def main(args: argparse.Namespace) -> int:
     output = Path(args.output)
     plot = args.plot or output.with_name(f"{output.stem}_pass_rates.png")
     try:

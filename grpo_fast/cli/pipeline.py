@@ -4,22 +4,19 @@ again, it skips the finished stages and resumes the interrupted one."""
 from __future__ import annotations
 
 import argparse
+import os
+
+from grpo_fast.pipeline import load_pipeline_config, run_pipeline
+from grpo_fast.pipeline.runner import summary_table
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("pipeline", help="chained stages: cold-start SFT -> RL -> sample -> SFT -> RL (+RM)")
-    p.add_argument("--config", required=True, help="pipeline YAML: output_dir and a list of stages")
-    p.add_argument("--output-dir", help="override the config's output_dir")
-    p.set_defaults(func=_pipeline)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="pipeline YAML: output_dir and a list of stages")
+    parser.add_argument("--output-dir", help="override the config's output_dir")
 
 
-def _pipeline(args: argparse.Namespace) -> int:
-    import os
-
+def main(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from grpo_fast.pipeline import load_pipeline_config, run_pipeline
-    from grpo_fast.pipeline.runner import summary_table
-
     try:
         config = load_pipeline_config(args.config)
     except (ValueError, FileNotFoundError) as exc:

@@ -9,24 +9,24 @@ import argparse
 import json
 
 from grpo_fast.cli.train import add_config_arguments, load_cli_config
+from grpo_fast.curate.sampling import run_sampling
+from grpo_fast.data.loading import load_prompt_dataset
+from grpo_fast.trainer.config import SampleRunConfig, load_sample_config
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("sample", help="K completions per prompt: pass rates + rejection-sampled SFT set")
-    add_config_arguments(p)
-    p.add_argument("--output-dir", help="where to write (default: sample.output_dir)")
-    p.add_argument("--overwrite", action="store_true", help="start over in an output directory with other settings")
-    p.set_defaults(func=_sample, command_name="sample")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, SampleRunConfig)
+    parser.add_argument("--output-dir", help="where to write (default: sample.output_dir)")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="start over in an output directory with other settings"
+    )
 
 
-def _sample(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     overrides = [f"sample.output_dir={args.output_dir}"] if args.output_dir else []
-    cfg = load_cli_config(args, overrides)
+    cfg = load_cli_config(args, overrides, loader=load_sample_config)
     if cfg is None:
         return 0
-    from grpo_fast.curate.sampling import run_sampling
-    from grpo_fast.data.loading import load_prompt_dataset
-
     rows = load_prompt_dataset(cfg.data.source, prompt_column=cfg.data.prompt_column, **cfg.data.task_kwargs).to_list()
     try:
         summary = run_sampling(cfg, rows, overwrite=args.overwrite)

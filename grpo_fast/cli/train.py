@@ -1,5 +1,6 @@
-"""`grpo-fast train --config path.yaml [--set key=value ...] [--resume | --overwrite]`: the checks of
-grpo_fast.trainer.preflight first (skipped when resuming, or with --skip-checks), then training."""
+"""`grpo-fast train --config path.yaml [--set key=value ...] [--resume | --overwrite]`: the launch checklist of
+grpo_fast.trainer.preflight first (skipped when resuming, or with --skip-checks), then training.
+`--help-config` prints every key of the config with its type, default, bounds and help."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import dataclasses
 import json
 import os
 
+from grpo_fast.core.config_tree import help_text
+from grpo_fast.trainer.config import TrainConfig, load_config
+from grpo_fast.trainer.launch import launch_checks, trainer_from_config
+from grpo_fast.trainer.preflight import PreflightError
 
-def add_config_arguments(
-    parser: argparse.ArgumentParser,
-    config_help: str = "YAML file with the TrainConfig tree (model, data, reward, rollout, loss, grpo, ...)",
-) -> None:
-    """--config, --set and --print-config (shared with the other commands that read a config tree)."""
-    parser.add_argument("--config", help=config_help)
+
+def add_config_arguments(parser: argparse.ArgumentParser, tree: type = TrainConfig) -> None:
+    """--config, --set, --print-config and --help-config (shared with the other commands that read a config tree)."""
+    parser.add_argument("--config", help=f"YAML file with the {tree.__name__} tree (--help-config lists its keys)")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -24,29 +27,32 @@ def add_config_arguments(
         help="override one key, e.g. --set run.max_steps=50 (repeatable)",
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument(
+        "--help-config", action="store_true", help="print every config key with its type, default and help, and exit"
+    )
+    parser.set_defaults(config_tree=tree)
 
 
-def register(subparsers) -> None:
-    p = subparsers.add_parser("train", help="GRPO training from a YAML config (see configs/)")
-    add_config_arguments(p)
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
-    p.add_argument(
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in run.output_dir")
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="start afresh in a run.output_dir that holds an earlier run, deleting its checkpoints and metrics",
     )
-    p.add_argument("--skip-checks", action="store_true", help="start training without the checks")
-    p.set_defaults(func=_train, command_name="train")
+    parser.add_argument("--skip-checks", action="store_true", help="start training without the checks")
 
 
-def load_cli_config(args: argparse.Namespace, extra_overrides: list[str] = ()):
-    """The TrainConfig of --config and --set (then `extra_overrides`), or None after --print-config; an
-    invalid config exits with the message."""
+def load_cli_config(args: argparse.Namespace, extra_overrides: list[str] = (), loader=load_config):
+    """The config of --config and --set (then `extra_overrides`), or None after --print-config / --help-config;
+    an invalid config exits with the message."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from grpo_fast.trainer.config import load_config
-
+    if args.help_config:
+        print(help_text(args.config_tree), end="")
+        return None
     try:
-        cfg = load_config(args.config, [*args.overrides, *extra_overrides])
+        cfg = loader(args.config, [*args.overrides, *extra_overrides])
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"grpo-fast {args.command_name}: invalid config: {exc}") from None
     if args.print_config:
@@ -56,7 +62,7 @@ def load_cli_config(args: argparse.Namespace, extra_overrides: list[str] = ()):
 
 
 def build_trainer(args: argparse.Namespace):
-    """(config, trainer) from the command line, or None after --print-config."""
+    """(config, trainer) from the command line, or None after --print-config / --help-config."""
     cfg = load_cli_config(args, flag_overrides(args))
     if cfg is None:
         return None
@@ -74,38 +80,17 @@ def flag_overrides(args: argparse.Namespace) -> list[str]:
     return [override for name, override in flags.items() if getattr(args, name, False)]
 
 
-def trainer_from_config(cfg):
-    """A GRPOTrainer for the model, datasets and rewards `cfg` names."""
-    if not cfg.model.path:
-        raise ValueError("model.path: required (the policy to train)")
-    from grpo_fast.data.loading import load_prompt_dataset
-    from grpo_fast.trainer.trainer import GRPOTrainer
-
-    train = load_prompt_dataset(cfg.data.source, prompt_column=cfg.data.prompt_column, **cfg.data.task_kwargs)
-    evals = None
-    if cfg.data.eval_source:
-        evals = load_prompt_dataset(
-            cfg.data.eval_source, prompt_column=cfg.data.prompt_column, **cfg.data.eval_task_kwargs
-        )
-    return GRPOTrainer(cfg.model.path, cfg.reward.funcs, train, config=cfg, eval_dataset=evals)
-
-
 def run_checks(cfg, trainer) -> None:
-    from grpo_fast.data.loading import load_prompt_dataset
-    from grpo_fast.trainer.preflight import PreflightError
-
-    control = None
-    if cfg.check.sft_control_source:
-        control = load_prompt_dataset(cfg.check.sft_control_source).to_list()
+    """The launch checklist, printed; a broken reward ends the command with the reason."""
     try:
-        report = trainer.preflight(control)
+        report = launch_checks(cfg, trainer)
     except PreflightError as exc:
         trainer.close()
         raise SystemExit(f"grpo-fast: the run would learn a broken reward, not starting: {exc}") from None
     print(report.text())
 
 
-def _train(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     built = build_trainer(args)
     if built is None:
         return 0

@@ -20,14 +20,41 @@ import dataclasses
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_fast.config_fields import ConfigSection, option
+from grpo_fast.core.policy import load_policy
 from grpo_fast.curate.journal import append_chunk, dumps, read_complete_chunks, write_atomic
 from grpo_fast.curate.pass_rates import PromptSamples, sample_prompts
 from grpo_fast.curate.rejection import SelectionRules, select_completions
+from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.rewards.columns import TrainerState
+from grpo_fast.rewards.reward_set import RewardSet
+from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids, training_sampling
+from grpo_fast.rollout.registry import ROLLOUT_ENGINES, create_engine, resolve_engine_name
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SampleConfig(ConfigSection):
+    """`grpo-fast sample`: K completions of each prompt at the rollout section's sampling settings, committed a
+    chunk at a time (a killed run resumes at the first unfinished chunk), and the rejection-sampled SFT set
+    (grpo_fast.curate.rejection's rules)."""
+
+    key = "sample"
+    output_dir: str = option("runs/sample", "where pass_rates.jsonl, sft.jsonl and summary.json go")
+    samples_per_prompt: int = option(8, "completions per prompt (K)", low=1)
+    max_prompts: int | None = option(None, "sample the first this many rows (null: all)", low=1)
+    chunk_prompts: int = option(64, "prompts generated and committed at a time", low=1)
+    max_per_prompt: int = option(1, "correct completions kept per prompt in the SFT set (0: all)", low=0)
+    prefer_shortest: bool = option(True, "keep the shortest correct completions first (else sampling order)")
+    dedupe: bool = option(True, "drop duplicate completions (same text up to whitespace)")
+    drop_truncated: bool = option(True, "drop completions cut at rollout.max_completion_length")
+    language: str | None = option(None, "keep only reasoning in this language (e.g. en; null: any)")
+    min_language_share: float = option(0.95, "with `language`: the least share of its script", low=0, high=1)
+
 
 JOURNAL, SETTINGS = "records.jsonl", "sample_settings.json"
 
@@ -43,8 +70,6 @@ def run_sampling(config, rows: list[dict], *, tokenizer=None, model=None, engine
     """Samples and scores config.sample.samples_per_prompt completions of each of `rows` (the first
     sample.max_prompts) into config.sample.output_dir; returns the summary. model / tokenizer / engine:
     reuse existing ones (loaded from model.path otherwise)."""
-    from grpo_fast.trainer.rollout_phase import PromptEncoder, stop_token_ids, training_sampling
-    from grpo_fast.trainer.scoring import RewardSet
 
     s = config.sample
     rules = selection_rules(s)
@@ -74,7 +99,7 @@ def run_sampling(config, rows: list[dict], *, tokenizer=None, model=None, engine
                 index = list(range(c * s.chunk_prompts, c * s.chunk_prompts + chunk_size(c)))
                 k = s.samples_per_prompt
                 # Request i of the whole run has seed base + i * k, however the run was interrupted.
-                spec = training_sampling(config, stops, k, config.run.seed * 1_000_003 + index[0] * k)
+                spec = training_sampling(config.rollout, stops, k, config.run.seed * 1_000_003 + index[0] * k)
                 ids = encoder.encode_rows(rows, index, cache=False)
                 results = sample_prompts(engine, ids, rows, index, rewards, spec, state)
                 chunk = [_record(c, rows[r.row], r, rules, rewards.names) for r in results]
@@ -180,9 +205,6 @@ def _spec_key(spec):
 
 def _rollout(config, tokenizer, model, engine):
     """(tokenizer, engine, whether we built the engine): loads what was not given from model.path."""
-    from grpo_fast.data.tokenizer import load_tokenizer
-    from grpo_fast.rollout.registry import ROLLOUT_ENGINES, create_engine, resolve_engine_name
-    from grpo_fast.trainer.policy import load_policy
 
     if not config.model.path and (tokenizer is None or (engine is None and model is None)):
         raise ValueError("model.path: required to load the model to sample from")

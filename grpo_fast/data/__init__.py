@@ -1,21 +1,6 @@
 """Datasets for GRPO: built-in synthetic verifiable tasks and local / hub datasets via `datasets`."""
 
 from grpo_fast.data.loading import load_prompt_dataset
-from grpo_fast.data.tasks import (
-    TASKS,
-    code_functions_dataset,
-    countdown_dataset,
-    countdown_reward,
-    exact_match_reward,
-    modular_arithmetic_dataset,
-)
+from grpo_fast.data.tasks import TASKS, code_functions_dataset, countdown_dataset, modular_arithmetic_dataset
 
-__all__ = [
-    "TASKS",
-    "code_functions_dataset",
-    "countdown_dataset",
-    "countdown_reward",
-    "exact_match_reward",
-    "load_prompt_dataset",
-    "modular_arithmetic_dataset",
-]
+__all__ = ["TASKS", "code_functions_dataset", "countdown_dataset", "load_prompt_dataset", "modular_arithmetic_dataset"]

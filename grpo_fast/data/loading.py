@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from grpo_fast.data.tasks import TASKS
+
 _LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -96,8 +98,6 @@ def load_prompt_dataset(source: str, split: str = "train", prompt_column: str = 
     import datasets
 
     if source.startswith("task:"):
-        from grpo_fast.data.tasks import TASKS
-
         name = source.removeprefix("task:")
         if name not in TASKS:
             raise ValueError(f"unknown built-in task {name!r}; available: {sorted(TASKS)}")

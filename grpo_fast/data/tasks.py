@@ -1,7 +1,7 @@
 """Synthetic verifiable tasks with exact rewards.
 
-Each task builds rows `{"prompt": str, "answer": str, ...}` deterministically from a seed; its reward
-function follows TRL's convention `fn(prompts, completions, **columns) -> list[float | None]`.
+Each task builds rows `{"prompt": str, "answer": str, ...}` deterministically from a seed; `TASKS` names each
+task's builder and the reward functions (grpo_fast.rewards.registry names) that verify it.
 
 - modular arithmetic: "(37+85)%10=" -> "2". The answer depends on the operands modulo m, so held-out
   prompts (different operands) test the rule, not memorised strings.
@@ -16,9 +16,6 @@ from __future__ import annotations
 import ast
 import operator
 import random
-from collections import Counter
-
-from grpo_fast.rewards.text import completion_text
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
@@ -53,11 +50,6 @@ def modular_arithmetic_dataset(
     return rows
 
 
-def exact_match_reward(prompts, completions, answer, **_) -> list[float]:
-    """1.0 when the stripped completion equals the answer, else 0.0."""
-    return [float(completion_text(c).strip() == str(a).strip()) for c, a in zip(completions, answer, strict=True)]
-
-
 def countdown_dataset(n: int, seed: int = 0, num_numbers: int = 3, max_number: int = 9) -> list[dict]:
     """`n` solvable countdown rows "n1,n2,n3>target=" built from a random expression over the numbers."""
     rng = random.Random(seed)
@@ -69,7 +61,7 @@ def countdown_dataset(n: int, seed: int = 0, num_numbers: int = 3, max_number: i
         expr = str(order[0])
         for x in order[1:]:
             expr = f"{expr}{rng.choice('+-*')}{x}"
-        target = _safe_eval(expr)
+        target = arithmetic_value(expr)
         if target is None or target < 0:
             continue
         rows.append(
@@ -83,19 +75,8 @@ def countdown_dataset(n: int, seed: int = 0, num_numbers: int = 3, max_number: i
     return rows
 
 
-def countdown_reward(prompts, completions, numbers, target, **_) -> list[float]:
-    """1.0 when the completion is an arithmetic expression (+ - * and parentheses) that uses exactly the
-    given numbers, each once, and evaluates to the target; else 0.0."""
-    out = []
-    for c, nums, tgt in zip(completions, numbers, target, strict=True):
-        expr = completion_text(c).strip()
-        used = _numbers_in(expr)
-        ok = used is not None and Counter(used) == Counter(int(x) for x in nums)
-        out.append(float(ok and _safe_eval(expr) == int(tgt)))
-    return out
-
-
-def _numbers_in(expr: str) -> list[int] | None:
+def integer_literals(expr: str) -> list[int] | None:
+    """The integer literals of an expression in source order, or None when it does not parse or has others."""
     try:
         tree = ast.parse(expr, mode="eval")
     except (SyntaxError, ValueError):
@@ -106,7 +87,7 @@ def _numbers_in(expr: str) -> list[int] | None:
     return constants
 
 
-def _safe_eval(expr: str) -> int | None:
+def arithmetic_value(expr: str) -> int | None:
     """Integer value of an expression of non-negative int literals, + - * and parentheses; else None."""
     try:
         tree = ast.parse(expr, mode="eval")
@@ -161,7 +142,8 @@ def code_functions_dataset(
 
 
 TASKS = {
-    "modular_arithmetic": (modular_arithmetic_dataset, [exact_match_reward]),
-    "countdown": (countdown_dataset, [countdown_reward]),
+    "modular_arithmetic": (modular_arithmetic_dataset, ["exact_match"]),
+    "countdown": (countdown_dataset, ["countdown"]),
     "code_functions": (code_functions_dataset, ["code_tests"]),
 }
+"""task name -> (dataset builder, names of the reward functions that verify it)."""

@@ -34,9 +34,18 @@ from pathlib import Path
 
 import torch
 
+from grpo_fast.core.optim import OptimConfig
+from grpo_fast.core.policy import ModelConfig
+from grpo_fast.core.seeding import set_seed
+from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
 from grpo_fast.data.tasks import code_functions_dataset, modular_arithmetic_dataset
-from grpo_fast.demo.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
+from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.rewards import code_tests
 from grpo_fast.rollout.base import Completion, RolloutEngine
+from grpo_fast.rollout.vllm_engine import VLLMOptions
+from grpo_fast.sft.in_memory import sft_train
+from grpo_fast.trainer.config import RewardConfig, RolloutConfig, RunConfig, TrainConfig
+from grpo_fast.trainer.trainer import GRPOTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +129,7 @@ class ForgingEngine(RolloutEngine):
         self._forged: dict[int, Completion] = {}  # by id; holding them keeps their ids from being reused
 
     @classmethod
-    def from_config(cls, config, *, model, tokenizer, export_model):
+    def from_config(cls, config, *, options, model, tokenizer, export_model):
         raise NotImplementedError("ForgingEngine wraps an engine built elsewhere")
 
     def generate(self, prompt_token_ids, sampling):
@@ -158,11 +167,6 @@ class ForgingEngine(RolloutEngine):
 
 def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     """Runs the demo; `engine` reuses an existing rollout engine of the same tiny architecture (tests)."""
-    from grpo_fast.loss import GRPOLossConfig
-    from grpo_fast.trainer.config import ModelConfig, OptimConfig, RewardConfig, RolloutConfig, RunConfig, TrainConfig
-    from grpo_fast.trainer.sft import sft_train
-    from grpo_fast.trainer.trainer import GRPOTrainer, set_seed
-
     cfg = cfg or DemoConfig()
     t_start = time.perf_counter()
     out = Path(cfg.output_dir)
@@ -174,7 +178,6 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tokenizer, TinyModelSpec(), seed=cfg.seed)
     task = build_task(cfg)
-
     t0 = time.perf_counter()
     sft_losses = sft_train(
         model, tokenizer, task.teacher_pairs, steps=cfg.sft_steps, batch_size=64, lr=cfg.sft_lr, seed=cfg.seed
@@ -182,51 +185,16 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     seconds_sft = time.perf_counter() - t0
     model_dir = save_tiny(model, tokenizer, out / "sft_model")
 
-    config = TrainConfig(
-        model=ModelConfig(path=str(model_dir)),
-        reward=RewardConfig(funcs=task.rewards),
-        rollout=RolloutConfig(
-            engine=cfg.engine,
-            num_generations=cfg.num_generations,
-            max_completion_length=task.max_completion_length,
-            temperature=1.0,
-            dtype="float32",
-            max_model_len=64,
-            kv_cache_memory_bytes=64 << 20,
-        ),
-        loss=GRPOLossConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28),
-        optim=OptimConfig(lr=cfg.rl_lr, max_grad_norm=1.0),
-        run=RunConfig(
-            output_dir=str(out),
-            max_steps=cfg.rl_steps,
-            prompts_per_step=cfg.prompts_per_step,
-            micro_batch_size=128,
-            seed=cfg.seed,
-            eval_every=cfg.eval_every,
-            save_final=False,
-            tensorboard=False,
-            progress=cfg.progress,
-        ),
-    )
-    forged, others = [], []  # (prompt token ids, reward) of the forged completions; rewards of the others
-
-    def record_forged(trainer, rollout, metrics):
-        batch = zip(rollout.prompt_ids, rollout.completions, rollout.rewards.tolist(), strict=True)
-        for prompt_ids, completion, reward in batch:
-            if trainer.engine.is_forged(completion):
-                forged.append((tuple(prompt_ids), reward))
-            else:
-                others.append(reward)
-
+    ledger = ForgeryLedger()
     trainer = GRPOTrainer(
         model,
         task.rewards,
         task.train_rows,
-        config=config,
+        config=demo_train_config(cfg, task, model_dir),
         eval_dataset=task.eval_rows,
         tokenizer=tokenizer,
         engine=engine,
-        callbacks=[record_forged] if cfg.forge_fraction > 0 else (),
+        callbacks=[ledger.record] if cfg.forge_fraction > 0 else (),
     )
     trainer._ensure_engine()
     if cfg.forge_fraction > 0:
@@ -237,7 +205,6 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
     trainer.train()
     seconds_rl = time.perf_counter() - t_rl
     after = trainer.evaluate()
-    history = trainer.metrics.history
     summary = {
         "task": cfg.task,
         "accuracy_before_rl": before["eval/accuracy"],
@@ -246,39 +213,89 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         "reward_before_rl": before["eval/reward_mean"],
         "reward_after_rl": after["eval/reward_mean"],
         "preflight": preflight.to_dict(),
-        "alarms": [a.line() for a in trainer.health.alarms],
-        "steps": trainer.step,
         "seconds_total": time.perf_counter() - t_start,
         "seconds_sft": seconds_sft,
         "seconds_rl": seconds_rl,
-        "seconds_generate": trainer.timers["generate"],
-        "seconds_score": trainer.timers["score"],
-        "seconds_train": trainer.timers["train"],
-        "seconds_sync": trainer.timers["sync"],
-        "seconds_eval": trainer.timers["eval"],
-        "rollout_engine": getattr(trainer.engine, "inner", trainer.engine).name,
-        "engine_startup_seconds": getattr(getattr(trainer.engine, "inner", trainer.engine), "startup_seconds", 0.0),
         "sft_final_loss": sft_losses[-1] if sft_losses else None,
-        "reward_first_step": history[1]["reward/mean"] if len(history) > 1 else None,
-        "reward_last_step": history[-1].get("reward/mean"),
-        "eval_accuracy_curve": [(r["step"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r],
-        "torch_threads": torch.get_num_threads(),
+        **_run_summary(trainer),
         "config": asdict(cfg),
-        "metrics_jsonl": str(trainer.metrics.path),
         "plots_dir": str(out / "plots"),
     }
     if cfg.forge_fraction > 0:
         rows = {tuple(trainer.prompts.encode(r["prompt"])): r for r in task.train_rows}
-        summary |= _forging_summary([(rows[ids], reward) for ids, reward in forged], others)
+        summary |= _forging_summary([(rows[ids], reward) for ids, reward in ledger.forged], ledger.others)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     trainer.close()  # the reward workers, and the engine unless the caller passed one
     return summary
 
 
+def demo_train_config(cfg: DemoConfig, task: DemoTask, model_dir: Path) -> TrainConfig:
+    """The GRPO run of the demo: dapo with clip-higher, the tiny model's engine settings, no checkpoints."""
+    return TrainConfig(
+        model=ModelConfig(path=str(model_dir)),
+        reward=RewardConfig(funcs=task.rewards),
+        rollout=RolloutConfig(
+            engine=cfg.engine,
+            num_generations=cfg.num_generations,
+            max_completion_length=task.max_completion_length,
+            temperature=1.0,
+            max_model_len=64,
+            vllm=VLLMOptions(dtype="float32", kv_cache_memory_bytes=64 << 20),
+        ),
+        loss=GRPOLossConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28),
+        optim=OptimConfig(lr=cfg.rl_lr, max_grad_norm=1.0),
+        run=RunConfig(
+            output_dir=str(Path(cfg.output_dir)),
+            max_steps=cfg.rl_steps,
+            prompts_per_step=cfg.prompts_per_step,
+            micro_batch_size=128,
+            seed=cfg.seed,
+            eval_every=cfg.eval_every,
+            save_final=False,
+            tensorboard=False,
+            progress=cfg.progress,
+        ),
+    )
+
+
+class ForgeryLedger:
+    """A step callback that sorts the step's completions: (prompt token ids, reward) of the forged ones, and the
+    rewards of the others."""
+
+    def __init__(self) -> None:
+        self.forged: list[tuple[tuple[int, ...], float]] = []
+        self.others: list[float] = []
+
+    def record(self, trainer, rollout, metrics) -> None:
+        batch = zip(rollout.prompt_ids, rollout.completions, rollout.rewards.tolist(), strict=True)
+        for prompt_ids, completion, reward in batch:
+            if trainer.engine.is_forged(completion):
+                self.forged.append((tuple(prompt_ids), reward))
+            else:
+                self.others.append(reward)
+
+
+def _run_summary(trainer: GRPOTrainer) -> dict:
+    """The trained run's steps, alarms, phase times, engine, reward curve and held-out accuracy curve."""
+    history = trainer.metrics.history
+    engine = getattr(trainer.engine, "inner", trainer.engine)
+    return {
+        "alarms": [a.line() for a in trainer.health.alarms],
+        "steps": trainer.step,
+        **{f"seconds_{phase}": trainer.timers[phase] for phase in ("generate", "score", "train", "sync", "eval")},
+        "rollout_engine": engine.name,
+        "engine_startup_seconds": getattr(engine, "startup_seconds", 0.0),
+        "reward_first_step": history[1]["reward/mean"] if len(history) > 1 else None,
+        "reward_last_step": history[-1].get("reward/mean"),
+        "eval_accuracy_curve": [(r["step"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r],
+        "torch_threads": torch.get_num_threads(),
+        "metrics_jsonl": str(trainer.metrics.path),
+    }
+
+
 def _forging_summary(forged: list[tuple[dict, float]], others: list[float]) -> dict:
     """Each forged completion's reward against the reward of the same wrong function, written honestly,
     on the same row (the forgery is worth something only where it earns more)."""
-    from grpo_fast.rewards import code_tests
 
     rows = {r["prompt"]: r for r, _ in forged}
     honest = dict(

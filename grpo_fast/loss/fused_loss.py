@@ -14,11 +14,12 @@ from torch import nn
 
 from ..backends import LogprobStats, get_backend
 from ..backends.chunked import accumulation_dtype
-from .batch import PreparedBatch, prepare_batch
+from .batch import PerTokenArguments, PreparedBatch, prepare_batch
 from .head import LogitHead
 from .logprobs import check_linear_inputs
 from .options import GRPOLossConfig
-from .token_math import SUM_NAMES, finalize_metrics, grpo_token_loss
+from .token_loss import select_token_loss
+from .token_math import SUM_NAMES, finalize_metrics
 
 
 def _sequence_aligned_chunks(layout, rows_per_chunk: int) -> list[slice] | None:
@@ -48,7 +49,7 @@ class _GRPOLossFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, batch: PreparedBatch, config, backend):
         needs_grad = any(ctx.needs_input_grad[:3])
-        token_loss = getattr(backend, "token_loss", grpo_token_loss)
+        token_loss = select_token_loss(backend, config)
         head = LogitHead(config.logit_scale, config.final_logit_softcapping)
         inv_temperature, softcap = head.tile(config.temperature)
         ctx.inv_temperature, ctx.softcap, ctx.backend, ctx.workspace_bytes = (
@@ -60,7 +61,7 @@ class _GRPOLossFunction(torch.autograd.Function):
         ctx.weight_dtype = weight.dtype
 
         chunks = None
-        if hasattr(backend, "forward_backward") and not config.needs_all_rows:  # entropy quantile: recompute
+        if backend.capabilities.fused_gradients and not config.needs_all_rows:  # entropy quantile: recompute
             rows = backend.rows_per_chunk(weight.shape[0], hidden.device, config.workspace_bytes)
             if not config.needs_whole_sequences:
                 chunks = backend.row_chunks(hidden.shape[0], weight.shape[0], hidden.device, config.workspace_bytes)
@@ -190,15 +191,9 @@ def grpo_loss(
 
 def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
     """Checked inputs of _GRPOLossFunction: ((hidden [N, H], weight, bias), PreparedBatch, backend)."""
-    completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights = per_token
     flat_hidden, _ = check_linear_inputs(hidden, weight, bias)
     batch = prepare_batch(
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        advantages=advantages,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        is_weights=is_weights,
+        PerTokenArguments(*per_token),
         num_items_in_batch=num_items_in_batch,
         cu_seqlens=cu_seqlens,
         config=config,
@@ -210,8 +205,7 @@ def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, co
     )
     backend = get_backend(config.backend, flat_hidden.device)
     if config.deterministic:
-        # Backends with a distinct atomic-free mode (triton) expose it as `deterministic_variant`.
-        backend = getattr(backend, "deterministic_variant", backend)
+        backend = backend.deterministic_variant()
     inputs = (flat_hidden, weight.contiguous(), None if bias is None else bias.contiguous())
     return inputs, batch, backend
 

@@ -49,7 +49,7 @@ def _backend_name(backend: str, device_type: str) -> str:
 
 def _resolve(backend: str, device: torch.device, deterministic: bool):
     impl = get_backend(backend, device)
-    return getattr(impl, "deterministic_variant", impl) if deterministic else impl
+    return impl.deterministic_variant() if deterministic else impl
 
 
 # Layer 1 as torch.library custom ops with fake implementations and a registered autograd formula,
@@ -197,3 +197,20 @@ def fused_logprobs(
     )
     logp = logp.view(leading)
     return (logp, entropy.view(leading)) if return_entropy else logp
+
+
+def logprobs_with_config(hidden, weight, targets, config, bias=None) -> torch.Tensor:
+    """`fused_logprobs` with every option of a GRPOLossConfig that layer 1 reads (temperature, the model's head,
+    backend, workspace, determinism), so that old- and reference-logprob passes run the loss's own layer 1."""
+    return fused_logprobs(
+        hidden,
+        weight,
+        targets,
+        temperature=config.temperature,
+        backend=config.backend,
+        bias=bias,
+        workspace_bytes=config.workspace_bytes,
+        deterministic=config.deterministic,
+        logit_scale=config.logit_scale,
+        final_logit_softcapping=config.final_logit_softcapping,
+    )

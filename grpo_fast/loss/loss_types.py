@@ -6,7 +6,9 @@ table: config validation, the token math (PyTorch and Triton), the fp64 referenc
 micro-batch scaling and the tests. An unknown name is an error wherever it is named.
 
 Adding a loss type that combines an existing objective and reduction is one `register_loss_type`
-call; a new objective or reduction also needs its math in `token_math.py` (and the Triton twin).
+call. A new objective is a member of `Objective` with its definition (TRL's formula, differentiated by
+autograd in the fp64 reference) in `DEFINITIONS` below, plus its gradient math in `token_math.py`; a Triton
+kernel for it is optional (without one, the token math runs in PyTorch on every backend).
 
 Notation: m_i the mask of token i, L_b = Σ_{i∈b} m_i the active tokens of sequence b, B sequences,
 N = Σ m the active tokens of the batch; ρ_i the ratio π/π_old (per token, or one per sequence at
@@ -16,8 +18,12 @@ stop-gradient. Every row mirrors TRL 1.16's `GRPOTrainer._compute_loss` for the 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+
+import torch
 
 
 class Objective(Enum):
@@ -118,6 +124,84 @@ def get_loss_type(name: str) -> LossType:
         return LOSS_TYPES[name]
     except (KeyError, TypeError):
         raise ValueError(f"loss_type: expected one of {tuple(LOSS_TYPES)}, got {name!r}") from None
+
+
+@dataclass(frozen=True)
+class SurrogateInputs:
+    """An objective's inputs in TRL's padded layout, all [B, T] (ratio and weights may be [B, 1]).
+
+    ratio: ρ = exp(log_ratio) at the configured importance-sampling level (differentiable); log_ratio: the token
+    log-ratios ℓ − o; advantages A; logprobs ℓ; mask m; is_weights w or None; config: the GRPOLossConfig."""
+
+    ratio: torch.Tensor
+    log_ratio: torch.Tensor
+    advantages: torch.Tensor
+    logprobs: torch.Tensor
+    mask: torch.Tensor
+    is_weights: torch.Tensor | None
+    config: object
+
+
+Definition = Callable[[SurrogateInputs], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""inputs -> (per-token surrogate p [B, T] before weights and reduction, low-clip flags, high-clip flags [B, T])."""
+
+
+def _clipped(x: SurrogateInputs):
+    c = x.config
+    clipped = torch.clamp(x.ratio, 1 - c.epsilon_low, 1 + c.clip_high)
+    unclipped = x.ratio if c.delta is None else torch.clamp(x.ratio, max=c.delta)
+    low = (x.ratio < 1 - c.epsilon_low) & (x.advantages < 0)
+    high = (x.ratio > 1 + c.clip_high) & (x.advantages > 0)
+    return -torch.min(unclipped * x.advantages, clipped * x.advantages), low, high
+
+
+def _cispo(x: SurrogateInputs):
+    capped = torch.clamp(x.ratio, max=x.config.clip_high).detach()
+    high = (x.ratio > x.config.clip_high) & (x.advantages > 0)
+    return -capped * x.advantages * x.logprobs, torch.zeros_like(high), high
+
+
+def _sapo(x: SurrogateInputs):
+    c, adv = x.config, x.advantages
+    tau = torch.where(adv > 0, adv.new_tensor(c.sapo_temperature_pos), adv.new_tensor(c.sapo_temperature_neg))
+    none = torch.zeros_like(adv, dtype=torch.bool)  # no clipping: TRL logs no clip ratios
+    return -torch.sigmoid(tau * (x.ratio - 1)) * 4 / tau * adv, none, none
+
+
+def _vespo(x: SurrogateInputs):
+    none = torch.zeros_like(x.advantages, dtype=torch.bool)
+    return -_gamma_weights(x) * x.advantages * x.logprobs, none, none
+
+
+@torch.no_grad()
+def _gamma_weights(x: SurrogateInputs) -> torch.Tensor:
+    """VESPO's φ, TRL's `GRPOTrainer.get_gamma_weights` (is_weights: its per-token importance_sampling_ratio
+    [B, T], here 0 at padding, so the log-weights are masked; or one ratio per sequence [B, 1], added once)."""
+    c, adv, mask = x.config, x.advantages, x.mask
+    lower_clamp = math.log(1e-8)
+    seq_log_ratio = torch.sum(torch.clamp(x.log_ratio, -20.0, 20.0) * mask, dim=-1, keepdim=True)
+    if x.is_weights is not None:
+        log_is_ratio = torch.clamp(torch.log(x.is_weights), lower_clamp, 20.0)
+        if x.is_weights.shape[-1] != 1 or mask.shape[-1] == 1:  # per token: masked (TRL's are 1 at padding)
+            log_is_ratio = log_is_ratio * mask
+        seq_log_ratio = seq_log_ratio + torch.sum(log_is_ratio, dim=-1, keepdim=True)  # per sequence: once
+    log_w_seq = torch.clamp(seq_log_ratio, lower_clamp, 20.0)
+    nonneg = adv >= 0
+    k = torch.where(nonneg, adv.new_tensor(c.vespo_k_pos), adv.new_tensor(c.vespo_k_neg))
+    lam = torch.where(nonneg, adv.new_tensor(c.vespo_lambda_pos), adv.new_tensor(c.vespo_lambda_neg)).clamp(min=1e-4)
+    phi = torch.exp(lam + k * log_w_seq - lam * torch.exp(log_w_seq))
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+DEFINITIONS: dict[Objective, Definition] = {
+    Objective.CLIPPED: _clipped,
+    Objective.CISPO: _cispo,
+    Objective.SAPO: _sapo,
+    Objective.VESPO: _vespo,
+}
+"""Each objective's definition as TRL 1.16 computes it, for the fp64 reference (autograd gives its gradient)."""
+WEIGHTS_INSIDE = frozenset({Objective.VESPO})
+"""Objectives whose importance weights enter the surrogate itself instead of multiplying it."""
 
 
 for _row in (

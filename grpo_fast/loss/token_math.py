@@ -104,6 +104,85 @@ def entropy_weights(layout: TokenLayout) -> torch.Tensor:
     return layout.mask / layout.mask.sum().clamp(min=1.0)
 
 
+@dataclass(frozen=True)
+class ObjectiveInputs:
+    """What an objective's token math reads, for the rows of one call ([R] each): ratio ρ, advantages A,
+    logprobs ℓ, reduction weights c, policy weights w·g (importance weight times TRL's masks), the masks g alone
+    (None when off), token log-ratios ℓ − o, and for whole-sequence terms the layout and the rows' sequences."""
+
+    ratio: torch.Tensor
+    advantages: torch.Tensor
+    logprobs: torch.Tensor
+    c: torch.Tensor
+    policy_weight: torch.Tensor
+    gate: torch.Tensor | None
+    token_log_ratio: torch.Tensor
+    inputs: TokenInputs
+    layout: TokenLayout
+    seq: torch.Tensor | None
+    rows: slice
+    config: GRPOLossConfig
+
+
+ObjectiveTerms = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""(c v p, d, q, low, high) [R]: the weighted loss terms, the direct gradient part d_i = c_i v_i ∂p_i/∂ℓ_i, the
+part through the ratio q_i = c_i v_i ∂p_i/∂s_i, and the clip flags (bool)."""
+
+
+def _clipped_terms(x: ObjectiveInputs) -> ObjectiveTerms:
+    config, ratio, adv = x.config, x.ratio, x.advantages
+    lo, hi = 1.0 - config.epsilon_low, 1.0 + config.clip_high
+    t1 = ratio if config.delta is None else torch.clamp(ratio, max=config.delta)
+    t2 = torch.clamp(ratio, lo, hi)
+    dt1 = ratio if config.delta is None else ratio * (ratio <= config.delta)
+    dt2 = ratio * ((ratio >= lo) & (ratio <= hi))
+    first = t1 * adv <= t2 * adv
+    per_token = -torch.minimum(t1 * adv, t2 * adv)
+    d_ratio = x.c * x.policy_weight * (-adv * torch.where(first, dt1, dt2))
+    low, high = (ratio < lo) & (adv < 0), (ratio > hi) & (adv > 0)
+    return x.c * x.policy_weight * per_token, torch.zeros_like(x.c), d_ratio, low, high
+
+
+def _cispo_terms(x: ObjectiveInputs) -> ObjectiveTerms:
+    capped = torch.clamp(x.ratio, max=x.config.clip_high)
+    per_token = -capped * x.advantages * x.logprobs
+    d_logp = x.c * x.policy_weight * (-capped * x.advantages)
+    high = (x.ratio > x.config.clip_high) & (x.advantages > 0)
+    return x.c * x.policy_weight * per_token, d_logp, torch.zeros_like(x.c), torch.zeros_like(high), high
+
+
+def _sapo_terms(x: ObjectiveInputs) -> ObjectiveTerms:
+    config, adv, c = x.config, x.advantages, x.c
+    tau = torch.where(adv > 0, c.new_tensor(config.sapo_temperature_pos), c.new_tensor(config.sapo_temperature_neg))
+    sig = torch.sigmoid(tau * (x.ratio - 1.0))
+    per_token = -(4.0 / tau) * sig * adv
+    d_ratio = c * x.policy_weight * (-4.0 * adv * sig * (1.0 - sig) * x.ratio)
+    none = torch.zeros_like(adv, dtype=torch.bool)
+    return c * x.policy_weight * per_token, torch.zeros_like(c), d_ratio, none, none
+
+
+def _vespo_terms(x: ObjectiveInputs) -> ObjectiveTerms:
+    inputs = x.inputs
+    mask = x.layout.mask[x.rows]
+    phi = vespo_weights(
+        x.token_log_ratio, inputs.is_weights, x.advantages, mask, x.seq, x.layout, x.config, x.rows,
+        inputs.is_weights_per_sequence,
+    )  # fmt: skip
+    per_token = -phi * x.advantages * x.logprobs
+    v = torch.ones_like(x.c) if x.gate is None else x.gate  # vespo's importance weights are inside φ
+    none = torch.zeros_like(mask, dtype=torch.bool)
+    return x.c * v * per_token, x.c * v * (-phi * x.advantages), torch.zeros_like(x.c), none, none
+
+
+TOKEN_TERMS = {
+    Objective.CLIPPED: _clipped_terms,
+    Objective.CISPO: _cispo_terms,
+    Objective.SAPO: _sapo_terms,
+    Objective.VESPO: _vespo_terms,
+}
+"""Each objective's token math (the formulas of the module docstring)."""
+
+
 def grpo_token_loss(
     logprobs: torch.Tensor,
     entropy: torch.Tensor | None,
@@ -125,63 +204,22 @@ def grpo_token_loss(
     token_log_ratio = logprobs - old
     log_ratio = token_log_ratio
     sequence_level = config.importance_sampling_level == "sequence"
-    if config.needs_whole_sequences:
-        seq = layout.seq_index[rows]
+    seq = layout.seq_index[rows] if config.needs_whole_sequences else None
     if sequence_level:
         seq_len = layout.active_per_seq.clamp(min=1.0)
-        seq_log_ratio = layout.seq_sum(token_log_ratio * mask, seq) / seq_len
-        log_ratio = seq_log_ratio[seq]
+        log_ratio = (layout.seq_sum(token_log_ratio * mask, seq) / seq_len)[seq]
     ratio = torch.exp(log_ratio)
 
-    objective = config.loss_spec.objective
-    e = inputs.entropy_weights[rows]
-    gate = None  # g_i ∈ {0, 1}: which tokens keep their policy term (TRL's off-policy and entropy masks)
-    if config.off_policy_mask_threshold is not None:
-        gate = off_policy_keep(logprobs, old, adv, mask, seq, layout, config.off_policy_mask_threshold)
-    if config.top_entropy_quantile < 1.0:
-        if rows != slice(None) and (rows.start not in (None, 0) or rows.stop not in (None, layout.num_tokens)):
-            raise ValueError("top_entropy_quantile: the entropy quantile needs every row of the call at once")
-        top = high_entropy_mask(entropy, mask, config.top_entropy_quantile)
-        gate = top if gate is None else gate * top
-        e = top / top.sum().clamp(min=1.0)  # the bonus acts on the same tokens (TRL's effective_mask)
+    gate, e = _token_masks(logprobs, entropy, old, adv, mask, seq, layout, config, rows)
+    e = inputs.entropy_weights[rows] if e is None else e
     policy_weight = weight if gate is None else weight * gate
-    zero = torch.zeros_like(c)
-    d_logp, d_ratio = zero, zero  # the d_i and q_i of the module docstring
-    low = high = torch.zeros_like(mask, dtype=torch.bool)
-    if objective is Objective.CISPO:
-        capped = torch.clamp(ratio, max=config.clip_high)
-        per_token = -capped * adv * logprobs
-        d_logp = c * policy_weight * (-capped * adv)
-        high = (ratio > config.clip_high) & (adv > 0)
-    elif objective is Objective.CLIPPED:
-        lo, hi = 1.0 - config.epsilon_low, 1.0 + config.clip_high
-        t1 = ratio if config.delta is None else torch.clamp(ratio, max=config.delta)
-        t2 = torch.clamp(ratio, lo, hi)
-        dt1 = ratio if config.delta is None else ratio * (ratio <= config.delta)
-        dt2 = ratio * ((ratio >= lo) & (ratio <= hi))
-        first = t1 * adv <= t2 * adv
-        per_token = -torch.minimum(t1 * adv, t2 * adv)
-        d_ratio = c * policy_weight * (-adv * torch.where(first, dt1, dt2))
-        low = (ratio < lo) & (adv < 0)
-        high = (ratio > hi) & (adv > 0)
-    elif objective is Objective.SAPO:
-        tau = torch.where(adv > 0, c.new_tensor(config.sapo_temperature_pos), c.new_tensor(config.sapo_temperature_neg))
-        sig = torch.sigmoid(tau * (ratio - 1.0))
-        per_token = -(4.0 / tau) * sig * adv
-        d_ratio = c * policy_weight * (-4.0 * adv * sig * (1.0 - sig) * ratio)
-    elif objective is Objective.VESPO:
-        phi = vespo_weights(
-            token_log_ratio, inputs.is_weights, adv, mask, seq, layout, config, rows, inputs.is_weights_per_sequence
-        )
-        per_token = -phi * adv * logprobs
-        d_logp = c * (-phi * adv)  # v = 1 (or g): vespo's importance weights are inside φ
-        if gate is not None:
-            d_logp = d_logp * gate
-    else:
+    objective = config.loss_spec.objective
+    if objective not in TOKEN_TERMS:
         raise NotImplementedError(f"loss_type {config.loss_type!r}: no token math for objective {objective.value!r}")
-
-    v = (torch.ones_like(c) if gate is None else gate) if objective is Objective.VESPO else policy_weight
-    loss_terms = c * v * per_token
+    x = ObjectiveInputs(
+        ratio, adv, logprobs, c, policy_weight, gate, token_log_ratio, inputs, layout, seq, rows, config
+    )
+    loss_terms, d_logp, d_ratio, low, high = TOKEN_TERMS[objective](x)
     kl = None
     if config.beta != 0.0:
         # Padding rows get ref − ℓ = 0 (kl = 0) so that exp cannot overflow where c = 0.
@@ -219,6 +257,22 @@ def grpo_token_loss(
         ]
     )
     return TokenLossOutput(sums.detach(), d_logp.detach(), grad_entropy)
+
+
+def _token_masks(logprobs, entropy, old, adv, mask, seq, layout, config: GRPOLossConfig, rows: slice):
+    """(g [R] | None, e [R] | None): which tokens keep their policy term under TRL's off-policy and entropy masks
+    (None: all), and the entropy weights when the entropy mask changes them (the bonus acts on the same tokens,
+    TRL's effective_mask)."""
+    gate = entropy_weights_of_top = None
+    if config.off_policy_mask_threshold is not None:
+        gate = off_policy_keep(logprobs, old, adv, mask, seq, layout, config.off_policy_mask_threshold)
+    if config.top_entropy_quantile < 1.0:
+        if rows != slice(None) and (rows.start not in (None, 0) or rows.stop not in (None, layout.num_tokens)):
+            raise ValueError("top_entropy_quantile: the entropy quantile needs every row of the call at once")
+        top = high_entropy_mask(entropy, mask, config.top_entropy_quantile)
+        gate = top if gate is None else gate * top
+        entropy_weights_of_top = top / top.sum().clamp(min=1.0)
+    return gate, entropy_weights_of_top
 
 
 def high_entropy_mask(entropy: torch.Tensor | None, mask: torch.Tensor, top_quantile: float) -> torch.Tensor:

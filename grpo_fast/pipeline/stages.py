@@ -12,7 +12,7 @@ directory, `model` the latest model an earlier stage produced. Outputs are paths
   JSONL, each source's rows tagged with constant `columns` (e.g. reward_type: open, to route the reward
   model); outputs prompts.
 - tiny_models: {seed, reward_model}: the local tiny policy (and a tiny random sequence classifier as a
-  reward model) of grpo_fast.demo.tiny, for runs without a hub; outputs model (and reward_model).
+  reward model) of grpo_fast.core.tiny_models, for runs without a hub; outputs model (and reward_model).
 
 More kinds: `STAGE_KINDS.register("name", fn)`.
 """
@@ -24,7 +24,17 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_fast.core import checkpoint as ckpt
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, build_tiny_reward_model, save_tiny
+from grpo_fast.curate.filtering import filter_pass_rates
+from grpo_fast.curate.journal import dumps, write_atomic
+from grpo_fast.curate.sampling import run_sampling
+from grpo_fast.data.loading import load_prompt_dataset
 from grpo_fast.registry import Registry
+from grpo_fast.sft.config import load_sft_config
+from grpo_fast.sft.trainer import run_sft
+from grpo_fast.trainer.config import load_config, load_sample_config
+from grpo_fast.trainer.launch import launch_checks, trainer_from_config
 
 
 @dataclass
@@ -45,14 +55,9 @@ STAGE_KINDS = Registry(
 def check_stage_config(kind: str, config: dict) -> None:
     """Loads a train / sample / sft stage's config as its command would (references left unresolved), so a
     typo fails before the first stage runs rather than hours later; other kinds are checked when they run."""
-    if kind in ("train", "sample"):
-        from grpo_fast.trainer.config import from_dict
-
-        from_dict(copy.deepcopy(config))
-    elif kind == "sft":
-        from grpo_fast.sft.config import load_sft_config
-
-        load_sft_config(copy.deepcopy(config))
+    loaders = {"train": load_config, "sample": load_sample_config, "sft": load_sft_config}
+    if kind in loaders:
+        loaders[kind](copy.deepcopy(config))
 
 
 def _with_defaults(config: dict, model: str | None, output_key: tuple[str, str], stage_dir: Path) -> dict:
@@ -66,21 +71,17 @@ def _with_defaults(config: dict, model: str | None, output_key: tuple[str, str],
 
 
 def train_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    from grpo_fast.cli.train import run_checks, trainer_from_config
-    from grpo_fast.trainer import checkpoint as ckpt
-    from grpo_fast.trainer.config import from_dict
-
     data = _with_defaults(config, model, ("run", "output_dir"), stage_dir)
     run = data["run"]
     run["save_final"] = True
     run["resume"] = bool(ckpt.saved_steps(Path(run["output_dir"]) / "checkpoints"))
     # A stage interrupted before its first checkpoint restarts from scratch: what it logged is its own.
     run["overwrite"] = not run["resume"]
-    cfg = from_dict(data)
+    cfg = load_config(data)
     trainer = trainer_from_config(cfg)
     try:
         if not cfg.run.resume:
-            run_checks(cfg, trainer)
+            launch_checks(cfg, trainer)
         trainer.train()
         history = trainer.metrics.history
     finally:
@@ -105,11 +106,7 @@ def _rl_summary(history: list[dict]) -> dict:
 
 
 def sample_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    from grpo_fast.curate.sampling import run_sampling
-    from grpo_fast.data.loading import load_prompt_dataset
-    from grpo_fast.trainer.config import from_dict
-
-    cfg = from_dict(_with_defaults(config, model, ("sample", "output_dir"), stage_dir))
+    cfg = load_sample_config(_with_defaults(config, model, ("sample", "output_dir"), stage_dir))
     rows = load_prompt_dataset(cfg.data.source, prompt_column=cfg.data.prompt_column, **cfg.data.task_kwargs)
     s = run_sampling(cfg, rows.to_list())
     keys = ("prompts", "pass_rate_mean", "frac_always_fail", "frac_always_pass", "frac_sometimes", "sft_rows")
@@ -117,8 +114,6 @@ def sample_stage(config: dict, stage_dir: Path, model: str | None) -> StageResul
 
 
 def filter_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    from grpo_fast.curate.filtering import filter_pass_rates
-
     unknown = sorted(set(config) - {"pass_rates", "low", "high"})
     if unknown or "pass_rates" not in config:
         raise ValueError(f"filter stage: expected keys pass_rates, low, high; got {sorted(config)}")
@@ -131,10 +126,6 @@ def filter_stage(config: dict, stage_dir: Path, model: str | None) -> StageResul
 
 
 def sft_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    from grpo_fast.sft.config import load_sft_config
-    from grpo_fast.sft.trainer import run_sft
-    from grpo_fast.trainer import checkpoint as ckpt
-
     data = _with_defaults(config, model, ("run", "output_dir"), stage_dir)
     data["run"]["resume"] = bool(ckpt.saved_steps(Path(data["run"]["output_dir"]) / "checkpoints"))
     s = run_sft(load_sft_config(data))
@@ -142,9 +133,6 @@ def sft_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
 
 
 def mix_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    from grpo_fast.curate.journal import dumps, write_atomic
-    from grpo_fast.data.loading import load_prompt_dataset
-
     sources = config.get("sources")
     if not isinstance(sources, list) or not sources:
         raise ValueError("mix stage: sources: expected a list of {source, task_kwargs, columns, max_rows}")
@@ -164,8 +152,6 @@ def mix_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
 
 
 def tiny_models_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model, build_tiny_reward_model, save_tiny
-
     seed = int(config.get("seed", 0))
     tokenizer = build_char_tokenizer()
     outputs = {"model": str(save_tiny(build_tiny_model(tokenizer, seed=seed), tokenizer, stage_dir / "policy"))}

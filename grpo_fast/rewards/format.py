@@ -13,12 +13,23 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_fast.rewards.registry import reward
+from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import completion_texts
 
 THINK_ANSWER = r"^\s*<think>(?:(?!</?think>).)*</think>\s*(?=\S)(?:(?!</?think>).)+$"
 MAX_FORMAT_BONUS = 0.2
 
 
+@reward(
+    "think_format",
+    kind="format",
+    range=lambda options: (0.0, float(options.get("bonus", MAX_FORMAT_BONUS))),
+    samples=(
+        Sample("think then answer", "<think>2 + 2 is 4.</think> \\boxed{4}", {}, True),
+        Sample("no reasoning block", "\\boxed{4}", {}, False),
+    ),
+)
 def think_format(
     prompts: Sequence[Any],
     completions: Sequence[Any],

@@ -15,6 +15,8 @@ from typing import Any
 
 import jsonschema
 
+from grpo_fast.rewards.registry import reward
+from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
 
 log = logging.getLogger(__name__)
@@ -28,6 +30,16 @@ def extract_json_text(text: str) -> str:
     return blocks[-1].strip() if blocks else text.strip()
 
 
+@reward(
+    "json_schema",
+    kind="accuracy",
+    range=(0.0, 1.0),
+    samples=(
+        Sample("valid object", '{"a": 1}', {"schema": {"type": "object", "required": ["a"]}}, True),
+        Sample("missing field", '{"b": 1}', {"schema": {"type": "object", "required": ["a"]}}, False),
+        Sample("not JSON", "a = 1", {"schema": {"type": "object", "required": ["a"]}}, False),
+    ),
+)
 def json_schema(
     prompts: Sequence[Any], completions: Sequence[Any], schema: Sequence[Any], **_: Any
 ) -> list[float | None]:

@@ -17,6 +17,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_fast.rewards.registry import reward
+from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
 
 SCRIPT_RANGES = {
@@ -74,6 +76,15 @@ def language_share(text: str, language: str) -> float | None:
     return sum(script_of(c) in scripts for c in letters) / len(letters)
 
 
+@reward(
+    "language_consistency",
+    kind="format",
+    range=(0.0, 1.0),
+    samples=(
+        Sample("one script", "<think>The sum of two and two is four.</think> 4", {"language": "en"}, True),
+        Sample("mixed scripts", "<think>两个加两个 is четыре.</think> 4", {"language": "en"}, False),
+    ),
+)
 def language_consistency(
     prompts: Sequence[Any], completions: Sequence[Any], language: str | Sequence[str] = "en", **_: Any
 ) -> list[float | None]:

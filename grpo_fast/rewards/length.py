@@ -7,9 +7,12 @@ completion text. Limits must be given in the same unit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_fast.rewards.registry import reward
+from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import completion_texts
 
 
@@ -34,6 +37,18 @@ def completion_lengths_of(
     return lengths
 
 
+_HUGE = list(range(1_000_000))  # far past any completion budget
+
+
+@reward(
+    "overlong_penalty",
+    kind="length",
+    range=lambda options: (-float(options.get("penalty_factor", 1.0)), 0.0),
+    samples=(
+        Sample("one token", "x", {"completion_ids": [1]}, True),
+        Sample("a million tokens", "x", {"completion_ids": _HUGE}, False),
+    ),
+)
 def overlong_penalty(
     prompts: Sequence[Any],
     completions: Sequence[Any],
@@ -65,6 +80,15 @@ def soft_overlong_penalty(length: int, max_length: int, buffer: int, factor: flo
     return -factor * min(max(length - (max_length - buffer), 0) / buffer, 1.0)
 
 
+@reward(
+    "length_penalty",
+    kind="length",
+    range=(-math.inf, 0.0),
+    samples=(
+        Sample("one token", "x", {"completion_ids": [1]}, True),
+        Sample("a million tokens", "x", {"completion_ids": _HUGE}, False),
+    ),
+)
 def length_penalty(
     prompts: Sequence[Any],
     completions: Sequence[Any],

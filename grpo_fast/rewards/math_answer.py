@@ -37,6 +37,8 @@ from typing import Any
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from grpo_fast.rewards.extract import answer_slots, normalize_slot
+from grpo_fast.rewards.registry import reward
+from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,18 @@ _REFERENCE_TIMEOUT_S = 5
 _POOL_GRACE_S = 5.0
 
 
+@reward(
+    "math_accuracy",
+    kind="accuracy",
+    range=(0.0, 1.0),
+    samples=(
+        Sample("boxed right answer", "So the answer is $\\boxed{\\frac{1}{2}}$.", {"answer": "0.5"}, True),
+        Sample("boxed wrong answer", "So the answer is $\\boxed{\\frac{1}{3}}$.", {"answer": "0.5"}, False),
+        Sample("many answers listed", " ".join(f"\\boxed{{{k / 10}}}" for k in range(1, 10)), {"answer": "0.5"}, False),
+        Sample("answer outside the slot", "The answer is 0.5, I think.", {"answer": "0.5"}, False),
+        Sample("answer inside longer text", "\\boxed{0.5 or maybe 0.7}", {"answer": "0.5"}, False),
+    ),
+)
 def math_accuracy(
     prompts: Sequence[Any],
     completions: Sequence[Any],

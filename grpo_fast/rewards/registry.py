@@ -6,19 +6,27 @@
 
 A spec is a callable (used as is), a name, or a mapping {"name": ..., <option>: <value>, ...}; the
 options are bound with functools.partial (picklable, so the function can run in a RewardPool
-worker) and must be keyword parameters of the function. A name is a built-in below, one added with
-`REWARD_FUNCTIONS.register("name", fn)`, or "package.module:function".
+worker) and must be keyword parameters of the function. A name is a built-in below, one declared with
+`@reward("name", ...)`, or "package.module:function".
+
+    @reward("my_accuracy", kind="accuracy", range=(0.0, 1.0), samples=[Sample("right", "4", {"answer": "4"}, True),
+                                                                     Sample("wrong", "5", {"answer": "4"}, False)])
+    def my_accuracy(prompts, completions, answer, **_): ...
+
+declares the function's kind, range and self-test samples (grpo_fast.rewards.self_test, read by the launch
+checklist) on the function object itself and registers it under the name.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from grpo_fast.registry import Registry
 from grpo_fast.rewards.columns import RewardFunc
+from grpo_fast.rewards.self_test import RewardInfo, Sample
 
 REWARD_FUNCTIONS = Registry(
     "reward function",
@@ -31,11 +39,33 @@ REWARD_FUNCTIONS = Registry(
         "json_schema": "grpo_fast.rewards.json_validation:json_schema",
         "sql_execution": "grpo_fast.rewards.sql:sql_execution",
         "language_consistency": "grpo_fast.rewards.language:language_consistency",
-        "exact_match": "grpo_fast.data.tasks:exact_match_reward",
-        "countdown": "grpo_fast.data.tasks:countdown_reward",
+        "exact_match": "grpo_fast.rewards.tasks:exact_match_reward",
+        "countdown": "grpo_fast.rewards.tasks:countdown_reward",
         "reward_model": "grpo_fast.rewards.reward_model:reward_model",
     },
 )
+
+
+def reward(
+    name: str | None = None,
+    *,
+    kind: str,
+    range: tuple[float, float] | Callable[[Mapping[str, Any]], tuple[float, float]],  # noqa: A002 (the option's name)
+    samples: Iterable[Sample] = (),
+) -> Callable[[RewardFunc], RewardFunc]:
+    """Decorator: declare a reward function's kind ("accuracy", "format", "length" or "other"), its range (lowest,
+    highest) — or a function of its bound options giving it — and its self-test samples; with a `name`, also
+    register it in REWARD_FUNCTIONS (a name is registered once)."""
+    reward_range = range if callable(range) else (lambda _options, bounds=tuple(range): bounds)
+    info = RewardInfo(kind, reward_range, tuple(samples))
+
+    def declare(fn: RewardFunc) -> RewardFunc:
+        fn.reward_info = info
+        if name is not None:
+            REWARD_FUNCTIONS.register(name, fn)
+        return fn
+
+    return declare
 
 
 def reward_from_spec(spec: Any) -> RewardFunc:

@@ -14,12 +14,15 @@ scores, within that completion's `reward.timeout`.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from grpo_fast.data.tokenizer import load_tokenizer
+from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.text import completion_text
 
 logger = logging.getLogger(__name__)
@@ -29,6 +32,9 @@ GPU_ROOM = 3  # device "auto" takes the GPU when its free memory is more than th
 _LOADED: dict[tuple[str, str, str], tuple[Any, Any]] = {}  # (path, device, dtype) -> (model, tokenizer)
 
 
+# A learned reward model pays for what its training data preferred, not for a verified answer; no model is bundled,
+# so it ships no samples (the launch checklist says so), and its logits are unbounded (the checklist warns).
+@reward("reward_model", kind="other", range=(-math.inf, math.inf))
 def reward_model(
     prompts: Sequence[Any],
     completions: Sequence[Any],
@@ -84,8 +90,6 @@ def load_reward_model(path: str, device: str = "auto", dtype: str = "auto") -> t
 
 def _load(path: str, device: str, dtype: str) -> tuple[Any, Any]:
     from transformers import AutoModelForSequenceClassification
-
-    from grpo_fast.data.tokenizer import load_tokenizer
 
     if device != "auto":
         try:

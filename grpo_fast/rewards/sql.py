@@ -36,6 +36,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_fast.rewards.registry import reward
+from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,20 @@ def outer_order_by(query: str) -> bool:
     return bool(_ORDER_BY.search("".join(outer)))
 
 
+_PEOPLE = "CREATE TABLE people (name TEXT, age INTEGER); INSERT INTO people VALUES ('ann', 31), ('bob', 25);"
+_SQL = {"db": _PEOPLE, "reference_sql": "SELECT name FROM people WHERE age > 30"}
+
+
+@reward(
+    "sql_execution",
+    kind="accuracy",
+    range=(0.0, 1.0),
+    samples=(
+        Sample("same result set", "SELECT name FROM people WHERE age >= 31", _SQL, True),
+        Sample("other result set", "SELECT name FROM people", _SQL, False),
+        Sample("a write", "DELETE FROM people", _SQL, False),
+    ),
+)
 def sql_execution(
     prompts: Sequence[Any],
     completions: Sequence[Any],

@@ -7,6 +7,7 @@ import abc
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
@@ -41,6 +42,15 @@ class Completion:
         return self.finish_reason == "length"
 
 
+@dataclass(frozen=True)
+class EngineSelection:
+    """Which engine a run uses and why: `requested` is rollout.engine as written ("auto", a name, a path)."""
+
+    requested: str
+    name: str
+    reason: str
+
+
 class RolloutEngine(abc.ABC):
     """Generates completions and receives the trainer's weights.
 
@@ -48,10 +58,16 @@ class RolloutEngine(abc.ABC):
     trainer) -> training -> `load_weights` (wakes the weights, pushes, wakes the KV cache) -> `generate` ...
 
     An engine is built by the trainer through `from_config`, so the trainer never needs to know an
-    engine's own options: each engine reads what it needs from the training config.
+    engine's own options: they are its `options` section (a grpo_fast.config_fields.ConfigSection dataclass):
+    `rollout.<name>` for the built-ins, `rollout.plugins.<name>` for a plug-in, where <name> is how
+    rollout.engine names it.
     """
 
     name: str = "base"
+    options: ClassVar[type | None] = None
+    """The engine's config section class (None: it has no options of its own)."""
+    selection: EngineSelection | None = None
+    """Set by `grpo_fast.rollout.registry.create_engine`: which engine rollout.engine resolved to and why."""
     shares_trainer_model: bool = False
     """True when the engine generates with the trainer's own model object: its parameters must then stay
     resident on the device during generation (the trainer does not offload them)."""
@@ -67,10 +83,11 @@ class RolloutEngine(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> RolloutEngine:
-        """Build the engine for a run. config: the TrainConfig (rollout / run sections); model, tokenizer: the
-        trainer's; export_model(): writes the policy's current weights as a Hugging Face directory and returns
-        its path (call it only if the engine loads the model from disk)."""
+    def from_config(cls, config, *, options: Any, model, tokenizer, export_model: Callable[[], str]) -> RolloutEngine:
+        """Build the engine for a run. config: the TrainConfig (rollout / run sections); options: the engine's own
+        section (an instance of `options`, or None); model, tokenizer: the trainer's; export_model(): writes the
+        policy's current weights as a Hugging Face directory and returns its path (call it only if the engine
+        loads the model from disk)."""
 
     @abc.abstractmethod
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingSpec) -> list[list[Completion]]:

@@ -11,17 +11,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
+from grpo_fast.config_fields import ConfigSection, option
 from grpo_fast.distributed.fsdp import is_sharded
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 from grpo_fast.rollout.weight_check import WeightNameCheck
 from grpo_fast.rollout.weight_sync import trainer_weights
 
 
+@dataclass
+class HFOptions(ConfigSection):
+    """The transformers engine's own options (`rollout.hf`)."""
+
+    key = "rollout.hf"
+    batch_size: int = option(256, "sequences per `generate` call (prompts x completions, in order)", low=1)
+
+
 class HFEngine(RolloutEngine):
     name = "hf"
+    options = HFOptions
     shares_trainer_model = True
 
     def __init__(self, model, tokenizer, batch_size: int = 256, owns_model: bool = False) -> None:
@@ -31,16 +42,14 @@ class HFEngine(RolloutEngine):
         self.shares_trainer_model = not owns_model
 
     @classmethod
-    def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> HFEngine:
-        if config.rollout.tensor_parallel_size != 1:
-            raise ValueError("rollout.tensor_parallel_size: the hf engine is not tensor-parallel; set it to 1")
+    def from_config(cls, config, *, options: HFOptions, model, tokenizer, export_model: Callable[[], str]) -> HFEngine:
         if not is_sharded(model):
-            return cls(model, tokenizer)
+            return cls(model, tokenizer, options.batch_size)
         from transformers import AutoModelForCausalLM
 
         first = next(model.parameters())
         copy = AutoModelForCausalLM.from_config(model.config, dtype=first.dtype).to(first.device)
-        engine = cls(copy.eval().requires_grad_(False), tokenizer, owns_model=True)
+        engine = cls(copy.eval().requires_grad_(False), tokenizer, options.batch_size, owns_model=True)
         engine.load_weights(trainer_weights(model))  # every rank builds its engine at once: a collective gather
         return engine
 

@@ -12,12 +12,14 @@ installed. The engine built by `create_engine` carries the choice (`engine.selec
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
+from grpo_fast.config_fields import build
 from grpo_fast.registry import Registry
-from grpo_fast.rollout.base import RolloutEngine
+from grpo_fast.rollout.base import EngineSelection, RolloutEngine
 
 logger = logging.getLogger(__name__)
 
@@ -34,15 +36,6 @@ included) and with vLLM from there on. Measured with one thread (benchmarks/resu
 2.5M parameters transformers is faster on every shape (about 2x at the demo's 0.3M, 1.1-1.6x at 2.5M);
 from 7M on vLLM is faster on training-step shapes (1.1-1.6x at 7M and 45M), while short greedy evaluation
 stays slightly faster with transformers (0.8x at 7M, 1.0x at 45M)."""
-
-
-@dataclass(frozen=True)
-class EngineSelection:
-    """Which engine a run uses and why: `requested` is rollout.engine as written ("auto", a name, a path)."""
-
-    requested: str
-    name: str
-    reason: str
 
 
 def choose_engine(name: str, model=None) -> EngineSelection:
@@ -97,6 +90,23 @@ def create_engine(name: str, config, *, model, tokenizer, export_model: Callable
         )
     if name == "auto":
         logger.info("rollout engine 'auto' -> %s: %s", selection.name, selection.reason)
-    engine = engine_cls.from_config(config, model=model, tokenizer=tokenizer, export_model=export_model)
+    options = engine_options(config.rollout, selection.name, engine_cls)
+    engine = engine_cls.from_config(
+        config, options=options, model=model, tokenizer=tokenizer, export_model=export_model
+    )
     engine.selection = selection
     return engine
+
+
+def engine_options(rollout, name: str, engine_cls: type[RolloutEngine]) -> Any:
+    """The options section of engine `name`: `rollout.plugins[name]` checked against the engine's `options` class
+    when given; else the rollout section of that class (`rollout.vllm` for the vLLM engine and its subclasses,
+    `rollout.hf` ...); else the class's defaults. None for an engine without options."""
+    if engine_cls.options is None:
+        if rollout.plugins.get(name):
+            raise ValueError(f"rollout.plugins.{name}: the engine {name!r} takes no options")
+        return None
+    if name in rollout.plugins:
+        return build(engine_cls.options, dict(rollout.plugins[name] or {}), f"rollout.plugins.{name}")
+    sections = (getattr(rollout, f.name) for f in dataclasses.fields(rollout))
+    return next((s for s in sections if type(s) is engine_cls.options), None) or engine_cls.options()

@@ -24,15 +24,47 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
+from grpo_fast.config_fields import ConfigSection, option
 from grpo_fast.distributed.context import consecutive_group
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 from grpo_fast.rollout.weight_check import WeightNameCheck, checkpoint_weight_names, synced_names
 from grpo_fast.rollout.weight_sync import iter_weight_buckets
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class VLLMOptions(ConfigSection):
+    """The vLLM engine's own options (`rollout.vllm`)."""
+
+    key = "rollout.vllm"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto", "vLLM's weight and activation dtype (auto: the checkpoint's)"
+    )
+    gpu_memory_utilization: float = option(
+        0.3, "share of GPU memory vLLM may take for weights and KV cache", low=0, low_open=True, high=1
+    )
+    kv_cache_memory_bytes: int | None = option(
+        None, "KV cache size in bytes, instead of gpu_memory_utilization (set it on CPU)", low=0
+    )
+    sleep_level: int = option(
+        2,
+        "between generations on GPU: 2 discards the weights (the trainer re-pushes them before every generation "
+        "anyway), 1 copies them to host memory and back each step, 0 never sleeps",
+        choices=(0, 1, 2),
+    )
+    sync_bucket_mb: int = option(256, "bound on the weight copies alive during a weight sync (MiB)", low=1)
+    tensor_parallel_size: int = option(
+        1,
+        "under torchrun: one engine per this many consecutive ranks, each holding 1/tensor_parallel_size of the "
+        "weights (vLLM's external launcher); 1: an engine per rank",
+        low=1,
+    )
 
 
 class _QuietParameterlessReload(logging.Filter):
@@ -51,7 +83,7 @@ def launcher_kwargs(tensor_parallel_size: int = 1) -> dict:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         if tensor_parallel_size != 1:
             raise ValueError(
-                f"rollout.tensor_parallel_size: {tensor_parallel_size} needs a torchrun launch of a multiple of "
+                f"rollout.vllm.tensor_parallel_size: {tensor_parallel_size} needs a torchrun launch of a multiple of "
                 f"{tensor_parallel_size} processes (each holds one shard of the engine); set it to 1 in one process"
             )
         return {}
@@ -86,6 +118,7 @@ class VLLMEngine(RolloutEngine):
     """
 
     name = "vllm"
+    options = VLLMOptions
     weight_names: frozenset[str] | None = None
     """Set by `__init__`; None only on an engine object built without it (a test's stand-in): no name check."""
 
@@ -165,9 +198,10 @@ class VLLMEngine(RolloutEngine):
         return importlib.util.find_spec("vllm") is not None
 
     @classmethod
-    def from_config(cls, config, *, model, tokenizer, export_model: Callable[[], str]) -> VLLMEngine:
-        """The engine for a training run: the `rollout` section's vLLM options, the run's seed."""
-        r = config.rollout
+    def from_config(
+        cls, config, *, options: VLLMOptions, model, tokenizer, export_model: Callable[[], str]
+    ) -> VLLMEngine:
+        """The engine for a training run: `rollout.vllm`, rollout.max_model_len, the run's seed."""
         try:  # before the model is exported: a missing vLLM leaves nothing written
             import vllm  # noqa: F401
         except ImportError as exc:
@@ -177,14 +211,14 @@ class VLLMEngine(RolloutEngine):
             ) from exc
         return cls(
             export_model(),
-            dtype=r.dtype,
-            max_model_len=r.max_model_len,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            kv_cache_memory_bytes=r.kv_cache_memory_bytes,
-            sleep_level=r.sleep_level,
+            dtype=options.dtype,
+            max_model_len=config.rollout.max_model_len,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            kv_cache_memory_bytes=options.kv_cache_memory_bytes,
+            sleep_level=options.sleep_level,
             seed=config.run.seed,
-            sync_bucket_bytes=r.sync_bucket_mb << 20,
-            extra_kwargs=launcher_kwargs(r.tensor_parallel_size),
+            sync_bucket_bytes=options.sync_bucket_mb << 20,
+            extra_kwargs=launcher_kwargs(options.tensor_parallel_size),
         )
 
     # -- generation -------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Both layouts pass no attention mask, only position_ids, so every row is causal a
 - packed: examples concatenated into rows of at most max_length tokens (best-fit decreasing; no example is
   split), position_ids restarting at 0 for each example. transformers reads the restarts as example
   boundaries (masking_utils.find_packed_sequence_indices) and builds a block-diagonal causal mask, so each
-  example sees only its own tokens (grpo_fast.sft.packing_check verifies this for the model at hand).
+  example sees only its own tokens (grpo_fast.core.packing verifies this for the model at hand).
 - padded: one example per row, rows of similar length together: the examples of a mega-batch are sorted
   by length, cut into micro-batches, and the micro-batches shuffled.
 Rows are right-padded to the micro-batch's widest row; the padding continues the last example's positions,
@@ -17,18 +17,18 @@ fewer). The order is a pure function of (seed, epoch), so a resumed run continue
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from grpo_fast.core.packing import Row, pack
 
 if TYPE_CHECKING:  # a type only: importing sft.data here would close the loop sft.data -> trainer -> here
     from grpo_fast.sft.data import SFTExample
 
 MEGA_BATCH = 50  # micro-batches' worth of examples sorted by length together (transformers' group_by_length)
 
-Row = list[int]  # indices of the examples in one row, in order
 MicroBatch = list[Row]
 
 
@@ -70,28 +70,6 @@ def collate(examples: list[SFTExample], rows: MicroBatch, pad_id: int) -> TokenB
         last = len(examples[row[-1]])  # the padding continues the last example's positions
         position_ids[r, start:] = torch.arange(last, last + width - start)
     return TokenBatch(input_ids, position_ids, loss_mask, sum(widths))
-
-
-def pack(lengths: list[int], capacity: int) -> list[Row]:
-    """Best-fit decreasing bin packing: examples (longest first, ties by index) each go into the fullest row
-    that still has room, or a new row. Returns rows of example indices, each summing to <= capacity."""
-    rows: list[Row] = []
-    free: list[tuple[int, int]] = []  # (room left, row index), sorted
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        n = lengths[i]
-        if n > capacity:
-            raise ValueError(f"example {i} has {n} tokens, more than the row capacity {capacity}")
-        k = bisect.bisect_left(free, (n, -1))  # the smallest room that fits
-        if k == len(free):
-            rows.append([i])
-            room, r = capacity - n, len(rows) - 1
-        else:
-            room, r = free.pop(k)
-            rows[r].append(i)
-            room -= n
-        if room:
-            bisect.insort(free, (room, r))
-    return rows
 
 
 def cut(widths: list[int], max_tokens: int | None, max_rows: int | None) -> list[slice]:

@@ -1,5 +1,6 @@
-"""The SFT configuration: a dataclass tree in the style of `TrainConfig` (grpo_fast.trainer.config), loaded
-from YAML (or a dict) and `--set key=value` overrides, validated with errors that name the key.
+"""The SFT configuration: a tree of sections in the style of `TrainConfig` (grpo_fast.trainer.config), fields
+with their own help and bounds (grpo_fast.config_fields), loaded from YAML (or a dict) and `--set key=value`
+overrides.
 
 Sections: model and optim (the GRPO config's own `ModelConfig` / `OptimConfig`), data, run.
 """
@@ -7,65 +8,73 @@ Sections: model and optim (the GRPO config's own `ModelConfig` / `OptimConfig`),
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from grpo_fast.trainer.config import ModelConfig, OptimConfig, check_fields, load_tree
-
-
-@dataclass
-class SFTDataConfig:
-    """source: a local .jsonl/.parquet/.csv or a hub name (its `split`), in one of TRL's SFT conventions
-    (grpo_fast.sft.data), chosen by `format` ("auto": prompt_column + completion_column, else `messages`,
-    else `text`; other columns are ignored). use_chat_template / system_prompt: how prompts are encoded,
-    exactly as the GRPO run encodes them (grpo_fast.trainer.rollout_phase.PromptEncoder). max_length: tokens
-    per example, longer ones lose their end (None: no truncation; packing needs a length). packing: examples
-    concatenated into rows of at most max_length tokens (falls back to padded batches where the model's
-    attention cannot keep packed examples apart). add_eos: EOS after every string completion and text."""
-
-    source: str = ""
-    split: str = "train"
-    format: str = "auto"
-    prompt_column: str = "prompt"
-    completion_column: str = "completion"
-    use_chat_template: str = "auto"
-    system_prompt: str | None = None
-    max_length: int | None = 1024
-    packing: bool = True
-    add_eos: bool = True
+from grpo_fast.config_fields import Auto, ConfigSection, option
+from grpo_fast.core.config_tree import load_tree
+from grpo_fast.core.optim import OptimConfig
+from grpo_fast.core.policy import ModelConfig
 
 
 @dataclass
-class SFTRunConfig:
-    """One optimizer step accumulates `grad_accum` micro-batches; a micro-batch holds at most
-    `micro_batch_tokens` tokens counted with padding (rows x widest row) and at most `micro_batch_size` rows
-    (None: no bound; at least one of the two must be set). Training lasts `max_steps` optimizer steps, or
-    `epochs` passes over the data when max_steps is None. save_every: steps between checkpoints (0: only
-    the final model); keep_checkpoints: how many to keep (None: all). bf16: "auto" = autocast on GPU."""
+class SFTDataConfig(ConfigSection):
+    """The examples, in one of TRL's SFT conventions (grpo_fast.sft.data), and how they are encoded."""
 
-    output_dir: str = "runs/sft"
-    epochs: int = 1
-    max_steps: int | None = None
-    micro_batch_tokens: int | None = 8192
-    micro_batch_size: int | None = None
-    grad_accum: int = 1
-    seed: int = 0
-    log_every: int = 1
-    save_every: int = 0
-    keep_checkpoints: int | None = None
-    resume: bool = False
-    bf16: str = "auto"
-    tensorboard: bool = True
-    progress: bool = True
-    plots: bool = True
+    key = "data"
+    source: str = option("", "a local .jsonl / .parquet / .csv file or a hub dataset name")
+    split: str = option("train", "the hub dataset's split")
+    format: Literal["auto", "prompt_completion", "messages", "text"] = option(
+        "auto", "auto: prompt_column + completion_column, else `messages`, else `text`; other columns are ignored"
+    )
+    prompt_column: str = option("prompt", "the prompt column (prompt_completion)")
+    completion_column: str = option("completion", "the completion column (prompt_completion)")
+    use_chat_template: bool | Auto = option(
+        "auto", "encode prompts through the chat template, exactly as the GRPO run does (auto: when it has one)"
+    )
+    system_prompt: str | None = option(None, "a system message put before every chat prompt")
+    max_length: int | None = option(
+        1024, "tokens per example; longer ones lose their end (null: no truncation; packing needs a length)", low=1
+    )
+    packing: bool = option(
+        True, "examples concatenated into rows of at most max_length tokens (padded where the model cannot pack)"
+    )
+    add_eos: bool = option(True, "EOS after every string completion and text")
 
 
 @dataclass
-class SFTConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: SFTDataConfig = field(default_factory=SFTDataConfig)
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5))
-    run: SFTRunConfig = field(default_factory=SFTRunConfig)
+class SFTRunConfig(ConfigSection):
+    """Steps, micro-batches, output: one optimizer step accumulates grad_accum micro-batches."""
+
+    key = "run"
+    output_dir: str = option("runs/sft", "checkpoints, metrics, plots, the final model and summary.json")
+    epochs: int = option(1, "passes over the data when max_steps is null", low=1)
+    max_steps: int | None = option(None, "optimizer steps (null: epochs)", low=1)
+    micro_batch_tokens: int | None = option(
+        8192, "tokens per micro-batch counted with padding, rows x widest row (null: no bound)", low=1
+    )
+    micro_batch_size: int | None = option(None, "rows per micro-batch (null: no bound)", low=1)
+    grad_accum: int = option(1, "micro-batches per optimizer step", low=1)
+    seed: int = option(0, "seed of the data order", low=0, high=2**32 - 1)
+    log_every: int = option(1, "steps between progress lines", low=1)
+    save_every: int = option(0, "steps between checkpoints (0: only the final model)", low=0)
+    keep_checkpoints: int | None = option(None, "keep the newest K checkpoints (null: all)", low=1)
+    resume: bool = option(False, "continue from the latest checkpoint under output_dir")
+    bf16: bool | Auto = option("auto", "bf16 autocast (auto: on GPU, off on CPU)")
+    tensorboard: bool = option(True, "TensorBoard events beside metrics.jsonl")
+    progress: bool = option(True, "a progress bar")
+    plots: bool = option(True, "PNG plots of the metrics")
+
+
+@dataclass
+class SFTConfig(ConfigSection):
+    """The whole SFT run."""
+
+    model: ModelConfig = option(help="the model", factory=ModelConfig)
+    data: SFTDataConfig = option(help="the examples", factory=SFTDataConfig)
+    optim: OptimConfig = option(help="the optimizer", factory=lambda: OptimConfig(lr=2e-5))
+    run: SFTRunConfig = option(help="the run", factory=SFTRunConfig)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -74,29 +83,8 @@ class SFTConfig:
         return dataclasses.asdict(self)
 
 
-_CHOICES = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "data.format": ("auto", "prompt_completion", "messages", "text"),
-    "data.use_chat_template": ("auto", "true", "false"),
-    "optim.lr_scheduler": ("constant", "linear", "cosine"),
-    "run.bf16": ("auto", "true", "false"),
-}
-_POSITIVE = (
-    "data.max_length",
-    "optim.lr",
-    "run.epochs",
-    "run.max_steps",
-    "run.micro_batch_tokens",
-    "run.micro_batch_size",
-    "run.grad_accum",
-    "run.log_every",
-    "run.keep_checkpoints",
-)
-
-
 def validate(cfg: SFTConfig) -> None:
-    """Raises ValueError naming the key for a bad value (types are checked by `from_dict`)."""
-    check_fields(cfg, _CHOICES, _POSITIVE)
+    """The rules between fields; ValueError naming the key."""
     run, data = cfg.run, cfg.data
     if run.micro_batch_tokens is None and run.micro_batch_size is None:
         raise ValueError("run.micro_batch_tokens: set it or run.micro_batch_size (both are null)")
@@ -107,10 +95,6 @@ def validate(cfg: SFTConfig) -> None:
             f"run.micro_batch_tokens: {run.micro_batch_tokens} cannot hold one example of data.max_length "
             f"{data.max_length} tokens"
         )
-    if run.save_every < 0:
-        raise ValueError(f"run.save_every: expected >= 0 (0: final model only), got {run.save_every}")
-    if cfg.optim.warmup_steps < 0:
-        raise ValueError(f"optim.warmup_steps: expected >= 0, got {cfg.optim.warmup_steps}")
 
 
 def load_sft_config(source: str | Path | dict | None = None, overrides: list[str] | None = None) -> SFTConfig:

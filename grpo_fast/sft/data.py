@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from grpo_fast.trainer.rollout_phase import PromptEncoder
+from grpo_fast.data.loading import load_table
+from grpo_fast.rollout.prompts import PromptEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,6 @@ def load_sft_rows(source, split: str = "train") -> list[dict]:
         return source.to_list()
     if not source:
         raise ValueError("data.source: required (a .jsonl/.parquet/.csv file or a hub dataset name)")
-    from grpo_fast.data.loading import load_table
 
     return load_table(source, split).to_list()
 

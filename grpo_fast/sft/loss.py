@@ -8,10 +8,10 @@ from dataclasses import asdict
 
 import torch
 
+from grpo_fast.core.policy import backbone, lm_head_params
 from grpo_fast.loss.head import logit_head
 from grpo_fast.loss.logprobs import fused_logprobs
 from grpo_fast.sft.batching import TokenBatch
-from grpo_fast.trainer.policy import backbone, lm_head_params
 
 
 def loss_token_logprobs(model: torch.nn.Module, batch: TokenBatch, autocast: bool = False) -> torch.Tensor:

@@ -7,9 +7,9 @@ negative logprob over the loss tokens of the whole step:
     loss = -(1 / N) sum_{micro-batches m} sum_{loss tokens t in m} log p(t),  N = the step's loss tokens,
 
 so each micro-batch backpropagates its own sum divided by N and the accumulated gradient is that of the
-step's mean. Then gradient clipping, AdamW and the lr schedule (grpo_fast.trainer.optim).
+step's mean. Then gradient clipping, AdamW and the lr schedule (grpo_fast.core.optim).
 
-`run_sft` adds the run around it: checkpoints (grpo_fast.trainer.checkpoint; `run.resume` continues the
+`run_sft` adds the run around it: checkpoints (grpo_fast.core.checkpoint; `run.resume` continues the
 latest), metrics.jsonl (loss, tokens/s, lr, grad norm), plots, `<output_dir>/final` (the model and tokenizer
 as a Hugging Face directory) and summary.json.
 """
@@ -23,13 +23,18 @@ from pathlib import Path
 
 import torch
 
+from grpo_fast.core import checkpoint as ckpt
+from grpo_fast.core.metrics import MetricsLogger
+from grpo_fast.core.optim import build_optimizer, build_scheduler
+from grpo_fast.core.packing import packing_error
+from grpo_fast.core.plots import save_plots
+from grpo_fast.core.policy import load_policy
+from grpo_fast.core.seeding import set_rng_state, set_seed
+from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.sft.batching import BatchPlan, MicroBatch, collate
 from grpo_fast.sft.config import SFTConfig
 from grpo_fast.sft.data import load_sft_rows, tokenize_rows
 from grpo_fast.sft.loss import sft_loss
-from grpo_fast.sft.packing_check import packing_error
-from grpo_fast.trainer import checkpoint as ckpt
-from grpo_fast.trainer.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +54,6 @@ class SFTTrainer:
     only on run.seed; dropout (if any) draws from the global torch RNG, which `run_sft` seeds."""
 
     def __init__(self, config: SFTConfig, model=None, tokenizer=None, dataset=None) -> None:
-        from grpo_fast.data.tokenizer import load_tokenizer
-        from grpo_fast.trainer.policy import load_policy
 
         self.config = cfg = config
         if model is None:
@@ -65,7 +68,7 @@ class SFTTrainer:
             model.config.use_cache = False
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.device = next(model.parameters()).device
-        self.autocast = self.device.type == "cuda" and str(cfg.run.bf16).lower() in ("auto", "true")
+        self.autocast = self.device.type == "cuda" and cfg.run.bf16 in ("auto", True)
 
         rows = load_sft_rows(dataset if dataset is not None else cfg.data.source, cfg.data.split)
         self.examples, self.data_stats = tokenize_rows(rows, self.tokenizer, cfg.data)
@@ -143,13 +146,12 @@ class SFTTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.plan.load_state_dict(state["plan"])
         self.step = state["step"]
-        ckpt.set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         logger.info("resumed from %s (step %d)", path, self.step)
         return True
 
     def train(self) -> dict:
         """Runs to `total_steps` with checkpoints, metrics, plots and the final model; returns the summary."""
-        from grpo_fast.trainer.metrics import MetricsLogger
 
         cfg, out = self.config.run, Path(self.config.run.output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -172,8 +174,6 @@ class SFTTrainer:
             bar.close()
         metrics.close()
         if cfg.plots:
-            from grpo_fast.trainer.plots import save_plots
-
             save_plots(metrics.history, out / "plots", PLOT_PANELS)
         final = out / "final"
         self.model.save_pretrained(final, safe_serialization=True)
@@ -195,7 +195,6 @@ class SFTTrainer:
 
 def run_sft(config: SFTConfig, model=None, tokenizer=None, dataset=None) -> dict:
     """Seeds the global RNGs with run.seed, then trains (see SFTTrainer); returns the run's summary."""
-    from grpo_fast.trainer.trainer import set_seed
 
     set_seed(config.run.seed)
     trainer = SFTTrainer(config, model, tokenizer, dataset)

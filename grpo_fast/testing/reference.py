@@ -5,11 +5,9 @@ of the tests (run in fp64) and the "naive" baseline of the benchmarks. Padded la
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..loss.loss_types import Objective, Reduction
+from ..loss.loss_types import DEFINITIONS, WEIGHTS_INSIDE, Reduction, SurrogateInputs
 from ..loss.options import GRPOLossConfig
 
 
@@ -54,82 +52,29 @@ def loss_from_logprobs(
     config: GRPOLossConfig = GRPOLossConfig(),
 ):
     """TRL's `_compute_loss` from per-token logprobs and entropies [B, T] (however they were computed):
-    the loss type's objective and reduction (the loss-type table) pick TRL's formulas."""
-    objective, reduction = config.loss_spec.objective, config.loss_spec.reduction
+    the loss type's objective (its definition in the loss-type table) and reduction pick TRL's formulas."""
+    objective = config.loss_spec.objective
     mask = completion_mask.to(logp.dtype)
-    adv = advantages.to(logp.dtype)
-    adv = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    adv = _per_sequence_column(advantages.to(logp.dtype))
     old = logp.detach() if old_logprobs is None else old_logprobs.to(logp.dtype)
-    weights = None
-    if is_weights is not None:
-        weights = is_weights.to(logp.dtype)
-        weights = weights.unsqueeze(1) if weights.dim() == 1 else weights
-    entropy_mask = None
-    if config.top_entropy_quantile < 1.0:  # TRL's get_high_entropy_mask (one process)
-        local = entropy.detach()[mask.bool()].float()
-        if local.numel() == 0:
-            entropy_mask = torch.zeros_like(mask, dtype=torch.bool)
-        else:
-            threshold = torch.quantile(local, 1 - config.top_entropy_quantile)
-            entropy_mask = (entropy.detach() * mask >= threshold) & mask.bool()
-    if config.off_policy_mask_threshold is not None:  # TRL's get_off_policy_mask, against the old logprobs
-        kl_div = torch.nan_to_num(old - logp.detach(), nan=0.0)
-        avg_seq_kl = (kl_div * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)
-        off_policy_mask = ((adv >= 0) | (avg_seq_kl <= config.off_policy_mask_threshold)).to(mask.dtype)
+    weights = None if is_weights is None else _per_sequence_column(is_weights.to(logp.dtype))
     log_ratio = logp - old
     if config.importance_sampling_level == "token":
-        log_weights = log_ratio
+        ratio = torch.exp(log_ratio)
     else:
-        log_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
-    coef_1 = torch.exp(log_weights)
-    if config.beta != 0.0:
-        ref = ref_logprobs.to(logp.dtype)
-        per_token_kl = torch.exp(ref - logp) - (ref - logp) - 1
-        if config.use_bias_correction_kl:
-            per_token_kl = per_token_kl * coef_1
-    eps_high = config.clip_high
-
-    def scalar(value):  # hyper-parameters as tensors of the computation's dtype (fp64 stays fp64)
-        return logp.new_tensor(value)
-
-    if objective is Objective.CISPO:
-        clamped = torch.clamp(coef_1, max=eps_high).detach()
-        per_token_loss = -clamped * adv * logp
-    elif objective is Objective.CLIPPED:
-        coef_2 = torch.clamp(coef_1, 1 - config.epsilon_low, 1 + eps_high)
-        if config.delta is not None:
-            coef_1 = torch.clamp(coef_1, max=config.delta)
-        per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
-    elif objective is Objective.SAPO:
-        tau = torch.where(adv > 0, scalar(config.sapo_temperature_pos), scalar(config.sapo_temperature_neg))
-        per_token_loss = -torch.sigmoid(tau * (coef_1 - 1)) * 4 / tau * adv
-    elif objective is Objective.VESPO:
-        phi = _gamma_weights(adv, log_ratio, mask, weights, config, scalar)
-        per_token_loss = -phi * adv * logp
-    else:
-        raise NotImplementedError(f"reference: no objective {objective.value!r}")
-    if config.off_policy_mask_threshold is not None:
-        per_token_loss = per_token_loss * off_policy_mask
-    if entropy_mask is not None:
-        per_token_loss = per_token_loss * entropy_mask
-    if weights is not None and objective is not Objective.VESPO:  # vespo folds them into phi
+        ratio = torch.exp(((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1))
+    inputs = SurrogateInputs(ratio, log_ratio, adv, logp, mask, weights, config)
+    per_token_loss, low, high = DEFINITIONS[objective](inputs)
+    keep = _kept_tokens(logp, entropy, old, adv, mask, config)
+    if keep is not None:
+        per_token_loss = per_token_loss * keep
+    if weights is not None and objective not in WEIGHTS_INSIDE:
         per_token_loss = per_token_loss * weights
     if config.beta != 0.0:
+        per_token_kl = _k3_kl(logp, ref_logprobs.to(logp.dtype), ratio, config)
         per_token_loss = per_token_loss + config.beta * per_token_kl
-    batch, length = mask.shape
-    if reduction is Reduction.SEQUENCE_MEAN:
-        loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    elif reduction is Reduction.TOKEN_MEAN:
-        loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-    elif reduction is Reduction.CONSTANT_LENGTH:
-        loss = (per_token_loss * mask).sum() / (batch * (config.max_completion_length or length))
-    elif reduction is Reduction.GLOBAL_TOKEN_MEAN:
-        normaliser = mask.sum() if num_items_in_batch is None else logp.new_tensor(float(num_items_in_batch))
-        loss = (per_token_loss * mask).sum() / normaliser.clamp(min=1.0)
-    elif reduction is Reduction.SEQUENCE_SUM:
-        loss = (per_token_loss * mask).sum(-1).mean()
-    else:
-        raise NotImplementedError(f"reference: no reduction {reduction.value!r}")
+    loss = _reduce(per_token_loss, mask, num_items_in_batch, config)
+    entropy_mask = _high_entropy_mask(entropy, mask, config)
     if config.entropy_coef != 0.0:
         effective = mask if entropy_mask is None else mask * entropy_mask
         loss = loss - config.entropy_coef * (entropy * effective).sum() / effective.sum().clamp(min=1.0)
@@ -137,22 +82,14 @@ def loss_from_logprobs(
     count = mask.sum().clamp(min=1.0)
 
     def masked_mean(x):
-        return ((x.expand_as(mask) * mask).sum() / count).detach()
+        return ((x.to(logp.dtype).expand_as(mask) * mask).sum() / count).detach()
 
     metrics = {}
     if config.beta != 0.0:
         metrics["kl"] = masked_mean(per_token_kl)
-    if objective is Objective.CISPO:
-        high = ((coef_1 > eps_high) & (adv > 0)).to(logp.dtype)
-        low = torch.zeros_like(high)
-    elif objective in (Objective.SAPO, Objective.VESPO):  # no clipping: TRL logs no clip ratios
-        low = high = torch.zeros_like(mask)
-    else:
-        low = ((coef_1 < 1 - config.epsilon_low) & (adv < 0)).to(logp.dtype)
-        high = ((coef_1 > 1 + eps_high) & (adv > 0)).to(logp.dtype)
     metrics["clip_ratio/low_mean"] = masked_mean(low)
     metrics["clip_ratio/high_mean"] = masked_mean(high)
-    metrics["clip_ratio/region_mean"] = masked_mean(torch.clamp(low + high, max=1.0))
+    metrics["clip_ratio/region_mean"] = masked_mean(low | high)
     metrics["entropy"] = masked_mean(entropy)
     metrics["logprob_mean"] = masked_mean(logp)
     if weights is not None:
@@ -160,23 +97,53 @@ def loss_from_logprobs(
     return loss, metrics
 
 
-@torch.no_grad()
-def _gamma_weights(adv, log_ratio, mask, is_weights, config: GRPOLossConfig, scalar):
-    """VESPO's φ, TRL's `GRPOTrainer.get_gamma_weights` line for line (is_weights: its per-token
-    importance_sampling_ratio [B, T], here 0 at padding, so the log-weights are masked; or one ratio per
-    sequence [B, 1], added once)."""
-    lower_clamp = math.log(1e-8)
-    seq_log_ratio = torch.sum(torch.clamp(log_ratio, -20.0, 20.0) * mask, dim=-1, keepdim=True)
-    if is_weights is not None:
-        log_is_ratio = torch.clamp(torch.log(is_weights), lower_clamp, 20.0)
-        if is_weights.shape[-1] != 1 or mask.shape[-1] == 1:  # per token: masked (TRL's are 1 at padding)
-            log_is_ratio = log_is_ratio * mask
-        # per sequence ([B, 1], TRL's sequence_* modes): log w_b once, as TRL's sum over its last dim
-        seq_log_ratio = seq_log_ratio + torch.sum(log_is_ratio, dim=-1, keepdim=True)
-    log_w_seq = torch.clamp(seq_log_ratio, lower_clamp, 20.0)
-    w_seq = torch.exp(log_w_seq)
-    nonneg = adv >= 0
-    k = torch.where(nonneg, scalar(config.vespo_k_pos), scalar(config.vespo_k_neg))
-    lam = torch.where(nonneg, scalar(config.vespo_lambda_pos), scalar(config.vespo_lambda_neg)).clamp(min=1e-4)
-    phi = torch.exp(lam + k * log_w_seq - lam * w_seq)
-    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+def _per_sequence_column(x: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, 1] (one value per sequence, broadcast over its tokens); [B, T] as is."""
+    return x.unsqueeze(1) if x.dim() == 1 else x
+
+
+def _high_entropy_mask(entropy, mask, config: GRPOLossConfig):
+    """TRL's get_high_entropy_mask (one process), or None when top_entropy_quantile is off."""
+    if config.top_entropy_quantile >= 1.0:
+        return None
+    local = entropy.detach()[mask.bool()].float()
+    if local.numel() == 0:
+        return torch.zeros_like(mask, dtype=torch.bool)
+    threshold = torch.quantile(local, 1 - config.top_entropy_quantile)
+    return (entropy.detach() * mask >= threshold) & mask.bool()
+
+
+def _kept_tokens(logp, entropy, old, adv, mask, config: GRPOLossConfig):
+    """The product of TRL's off-policy mask (against the old logprobs) and its entropy mask; None when both are
+    off."""
+    keep = _high_entropy_mask(entropy, mask, config)
+    if config.off_policy_mask_threshold is not None:  # TRL's get_off_policy_mask
+        kl_div = torch.nan_to_num(old - logp.detach(), nan=0.0)
+        avg_seq_kl = (kl_div * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1.0)
+        off_policy = ((adv >= 0) | (avg_seq_kl <= config.off_policy_mask_threshold)).to(mask.dtype)
+        keep = off_policy if keep is None else off_policy * keep
+    return keep
+
+
+def _k3_kl(logp, ref, ratio, config: GRPOLossConfig):
+    """exp(r − ℓ) − (r − ℓ) − 1, times the ratio with use_bias_correction_kl."""
+    kl = torch.exp(ref - logp) - (ref - logp) - 1
+    return kl * ratio if config.use_bias_correction_kl else kl
+
+
+def _reduce(per_token_loss, mask, num_items_in_batch, config: GRPOLossConfig):
+    """The loss type's reduction of the masked per-token losses [B, T]."""
+    reduction = config.loss_spec.reduction
+    batch, length = mask.shape
+    if reduction is Reduction.SEQUENCE_MEAN:
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if reduction is Reduction.TOKEN_MEAN:
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if reduction is Reduction.CONSTANT_LENGTH:
+        return (per_token_loss * mask).sum() / (batch * (config.max_completion_length or length))
+    if reduction is Reduction.GLOBAL_TOKEN_MEAN:
+        normaliser = mask.sum() if num_items_in_batch is None else per_token_loss.new_tensor(float(num_items_in_batch))
+        return (per_token_loss * mask).sum() / normaliser.clamp(min=1.0)
+    if reduction is Reduction.SEQUENCE_SUM:
+        return (per_token_loss * mask).sum(-1).mean()
+    raise NotImplementedError(f"reference: no reduction {reduction.value!r}")

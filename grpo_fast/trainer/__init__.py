@@ -1,6 +1,11 @@
-"""The GRPO training loop: config tree, advantages, policy forward, checkpoints, offload, metrics."""
+"""The GRPO training loop: the config tree, the rollout phase, the loss step, advantages, checkpoints, offload,
+health alarms and the run report. The names load on first use (importing a submodule, e.g. the config, does
+not build the whole trainer)."""
 
-from grpo_fast.trainer.config import TrainConfig, load_config
-from grpo_fast.trainer.trainer import GRPOTrainer
+from grpo_fast.registry import lazy_exports
 
-__all__ = ["GRPOTrainer", "TrainConfig", "load_config"]
+_EXPORTS = {"GRPOTrainer": "trainer", "TrainConfig": "config", "load_config": "config"}
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

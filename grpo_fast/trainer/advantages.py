@@ -1,22 +1,11 @@
-"""Rewards -> advantages: weighted sum of reward functions, group-mean baseline with group / batch / no
-std scaling, and the zero-variance group filter of dynamic sampling."""
+"""Rewards -> advantages: group-mean baseline with group / batch / no std scaling, and the zero-variance group
+filter of dynamic sampling (grpo_fast.rewards.reward_set combines the reward functions first)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-
-
-def combine_rewards(per_func: torch.Tensor, weights: list[float] | None = None) -> torch.Tensor:
-    """per_func [N, F] with NaN where a function returned None -> weighted sum [N] (NaN-as-0, TRL's nansum).
-    A row where every function returned None is unscorable and stays NaN (TRL): `group_advantages` leaves it
-    out of its group's baseline and gives it advantage 0."""
-    w = torch.ones(per_func.shape[1]) if weights is None else torch.tensor(weights, dtype=torch.float32)
-    out = torch.nansum(per_func * w, dim=1)
-    if per_func.shape[1]:
-        out[torch.isnan(per_func).all(dim=1)] = math.nan
-    return out
 
 
 def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:

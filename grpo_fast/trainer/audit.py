@@ -9,7 +9,7 @@ import json
 import math
 from pathlib import Path
 
-from grpo_fast.trainer.metrics import read_jsonl, write_jsonl
+from grpo_fast.core.metrics import read_jsonl, write_jsonl
 
 
 class AuditTrail:

@@ -1,302 +1,258 @@
-"""The training configuration: a typed dataclass tree, loaded from YAML and `--set key=value` overrides,
-validated with errors that name the offending key.
+"""The training configuration: a tree of sections whose fields carry their own type, default, bounds and help
+(grpo_fast.config_fields), loaded from YAML and `--set key=value` overrides (grpo_fast.core.config_tree).
 
-Sections: model, data, reward, rollout, loss (the fused loss's own `GRPOLossConfig`: its options and
-defaults are documented once, there), grpo (the algorithm around the loss), optim, run.
+Sections: model, data, reward, rollout (with the engines' own sections rollout.vllm, rollout.hf and
+rollout.plugins), loss (the fused loss's own `GRPOLossConfig`), grpo (the algorithm around the loss), optim,
+run, check, health, curriculum. `grpo-fast train --help-config` prints every key; docs/config.md is generated
+from the same fields. `validate` holds the rules between fields; each field's own bounds are checked wherever a
+value arrives, from YAML or by assignment.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import math
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
-
+from grpo_fast.config_fields import Auto, ConfigSection, option
+from grpo_fast.core.config_tree import load_tree, move_key
+from grpo_fast.core.optim import OptimConfig
+from grpo_fast.core.policy import ModelConfig
+from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.rollout.hf_engine import HFOptions
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES
-from grpo_fast.trainer.health import HealthThresholds
+from grpo_fast.rollout.vllm_engine import VLLMOptions
+from grpo_fast.trainer.health import ALARMS, HealthThresholds
 
 
 @dataclass
-class ModelConfig:
-    """path: HF directory or hub name of the policy. dtype: training parameter dtype ("float32" keeps fp32
-    master weights; bf16 autocast on GPU is `run.bf16`). attn_implementation: transformers' name
-    ("sdpa", "flash_attention_2" for the packed micro-batches on GPU, ...; None: transformers' default).
-    liger_kernels: patch the policy with Liger-Kernel's RMSNorm, RoPE and SwiGLU kernels (GPU, needs
-    liger-kernel); the lm_head and loss stay grpo_fast's fused path."""
+class DataConfig(ConfigSection):
+    """The prompts to train on and to evaluate with."""
 
-    path: str = ""
-    dtype: str = "float32"
-    gradient_checkpointing: bool = False
-    attn_implementation: str | None = None
-    liger_kernels: bool = False
-
-
-@dataclass
-class DataConfig:
-    """source: "task:modular_arithmetic" / "task:countdown" (built-in), a local .jsonl/.parquet/.csv, or a hub
-    name. task_kwargs go to the built-in task builder. eval_*: the held-out set (same forms).
-    use_chat_template: "auto" = when the tokenizer has one."""
-
-    source: str = "task:modular_arithmetic"
-    task_kwargs: dict = field(default_factory=dict)
-    eval_source: str | None = None
-    eval_task_kwargs: dict = field(default_factory=dict)
-    prompt_column: str = "prompt"
-    use_chat_template: str = "auto"
-    system_prompt: str | None = None
+    key = "data"
+    source: str = option(
+        "task:modular_arithmetic",
+        "task:<name> (a built-in task: modular_arithmetic, countdown, code_functions), a local .jsonl / .parquet / "
+        ".csv file, or a hub dataset name",
+    )
+    task_kwargs: dict = option(help="keyword arguments of the built-in task's builder (n, seed, ...)", factory=dict)
+    eval_source: str | None = option(None, "the held-out set, in the same forms as source (null: no evaluation)")
+    eval_task_kwargs: dict = option(help="task_kwargs of the held-out set", factory=dict)
+    prompt_column: str = option("prompt", "the column holding the prompts (text or chat messages)")
+    use_chat_template: bool | Auto = option("auto", "encode prompts through the chat template (auto: when it has one)")
+    system_prompt: str | None = option(None, "a system message put before every chat prompt")
 
 
 @dataclass
-class RewardConfig:
-    """funcs: reward specs of grpo_fast.rewards.registry: names ("math_accuracy", "exact_match" ...),
-    {name: ..., <option>: value} mappings (`in_process: true` scores that function in the trainer's
-    process; `when: {column: value or [values]}` scores only the rows that match), or
-    "package.module:function"; weights: one per function (default all 1).
-    workers: processes of the reward pool (0 scores everything in-process); timeout: seconds one
-    completion may take in one function before it costs its reward (failure_reward, None = skipped).
-    overlap_chunks: each generation round is split into this many chunks, the pool scoring one chunk
-    while the engine generates the next (1: generate everything, then score)."""
+class RewardConfig(ConfigSection):
+    """The reward functions and the process pool that scores them."""
 
-    funcs: list = field(default_factory=lambda: ["exact_match"])
-    weights: list | None = None
-    workers: int = 2
-    timeout: float = 30.0
-    failure_reward: float | None = None
-    overlap_chunks: int = 2
-
-
-@dataclass
-class RolloutConfig:
-    """engine: a name of grpo_fast.rollout.registry ("vllm", "hf", a plug-in or "package.module:Class") or
-    "auto" (by model size and hardware: grpo_fast.rollout.registry.choose_engine). temperature is also the
-    loss's temperature. max_completion_length is also dr_grpo's normaliser. vLLM's options: dtype, max_model_len,
-    gpu_memory_utilization, kv_cache_memory_bytes (set it on CPU), sleep_level (between generations on GPU:
-    2 discards the weights, which the trainer re-pushes before every generation anyway, where 1 would copy
-    them to host memory and back each step; 0 disables), sync_bucket_mb (bound on the weight copies alive
-    during a sync). tensor_parallel_size: under torchrun, vLLM engines shared by this many consecutive ranks,
-    each holding 1/tensor_parallel_size of the weights (vLLM's external launcher); 1 = an engine per rank."""
-
-    engine: str = "auto"
-    num_generations: int = 8
-    max_completion_length: int = 32
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    stop: list = field(default_factory=list)
-    dtype: str = "auto"
-    max_model_len: int = 512
-    gpu_memory_utilization: float = 0.3
-    kv_cache_memory_bytes: int | None = None
-    sleep_level: int = 2
-    sync_bucket_mb: int = 256
-    tensor_parallel_size: int = 1
+    key = "reward"
+    funcs: list = option(
+        help="reward specs: names of grpo_fast.rewards.registry (math_accuracy, exact_match, ...), mappings "
+        "{name: ..., <option>: value} (in_process: true scores in the trainer's process; when: {column: value} "
+        "scores only matching rows), or package.module:function",
+        factory=lambda: ["exact_match"],
+    )
+    weights: list[float] | None = option(None, "one weight per function (null: all 1)")
+    workers: int = option(2, "processes of the reward pool (0: score everything in-process)", low=0)
+    timeout: float = option(
+        30.0, "seconds one completion may take in one function before it costs its reward", low=0, low_open=True
+    )
+    failure_reward: float | None = option(None, "the reward of a completion its verifier failed on (null: skipped)")
+    overlap_chunks: int = option(
+        2, "generation rounds split into this many chunks, scored while the next generates (1: no overlap)", low=1
+    )
 
 
 @dataclass
-class GRPOConfig:
-    """The algorithm around the loss (the loss's own options are the `loss` section).
+class RolloutConfig(ConfigSection):
+    """Sampling, and the engine that samples."""
 
-    scale_rewards: "group" | "batch" | "none" (Dr. GRPO). num_iterations: policy updates per generation (μ).
-    dynamic_sampling: DAPO's filter of groups whose rewards are all equal, refilling the batch from new
-    prompts for at most max_resample_rounds extra generations. mask_truncated_completions: truncated
-    completions get no loss. overlong_buffer: DAPO's soft overlong penalty over the last `overlong_buffer`
-    tokens before max_completion_length (0 disables), up to -overlong_penalty_factor.
-    Rollout correction (TRL's names; grpo_fast.trainer.importance): vllm_importance_sampling_correction turns
-    on importance weights π_old / π_engine from the engine's sampling logprobs (any engine that returns them,
-    not only vLLM; default False here, TRL's True: it costs an old-logprob forward per step);
-    vllm_importance_sampling_mode "token_truncate" | "token_mask" | "sequence_truncate" | "sequence_mask"
-    (TRL's default): per-token ratios or one per sequence (exp of the summed log-ratio), clamped to
-    [clip_min, clip_max] (truncate) or set to 0 outside it (mask); vllm_importance_sampling_clip_max (3.0) /
-    _clip_min (None): the bounds, None = unbounded on that side; vllm_importance_sampling_cap: TRL's
-    deprecated name of clip_max (overrides it). is_correction ("none" | "token" | "sequence") with is_cap
-    is the older spelling of the truncate modes with clip_max = is_cap.
-    Adaptive entropy (Skywork-OR1, TRL's names; grpo_fast.trainer.entropy_control): with use_adaptive_entropy
-    the loss's entropy_coef is the initial coefficient, applied only while the last optimizer step's mean
-    entropy was <= entropy_target (so not on the first step), and moved after every optimizer step by
-    +entropy_coef_delta (entropy <= target) or -entropy_coef_delta, within [entropy_coef_min, entropy_coef_max].
-    old_logprobs: where the old policy's logprobs come from when the loss needs them (num_iterations > 1):
-    "recompute" (a forward pass of the policy before the first update, once per step) or "rollout" (the
-    engine's sampling logprobs, as verl and prime-rl offer: no extra forward at all, but the ratio then
-    also carries the engine/trainer numeric mismatch, which clipping treats as policy change; nothing is
-    left for is_correction to correct, so it must be "none"). On-policy (num_iterations 1, no
-    is_correction) no old-logprob pass runs: the ratio is 1 by construction, and the rollout/trainer
-    mismatch metrics come from the training forward.
-    """
+    key = "rollout"
+    MOVED = {name: f"rollout.vllm.{name}" for name in VLLMOptions.__dataclass_fields__}
+    engine: str = option(
+        "auto",
+        "a registered engine (vllm, hf, a plug-in), package.module:Class, or auto (by model size and hardware: "
+        "grpo_fast.rollout.registry.choose_engine)",
+    )
+    num_generations: int = option(8, "completions per prompt (G); GRPO needs at least 2", low=2)
+    max_completion_length: int = option(32, "tokens per completion at most (also dr_grpo's normaliser)", low=1)
+    temperature: float = option(1.0, "sampling temperature, also the loss's (0: greedy)", low=0)
+    top_p: float = option(1.0, "nucleus sampling", low=0, low_open=True, high=1)
+    top_k: int = option(-1, "top-k sampling (-1: off)", low=-1)
+    stop: list[str] = option(help="strings that end a completion (each a single token)", factory=list)
+    max_model_len: int = option(512, "prompt + completion tokens at most", low=1)
+    vllm: VLLMOptions = option(help="the vLLM engine's options", factory=VLLMOptions)
+    hf: HFOptions = option(help="the transformers engine's options", factory=HFOptions)
+    plugins: dict = option(
+        help="options of plug-in engines, by the name rollout.engine gives them, checked against the engine's own "
+        "options section",
+        factory=dict,
+    )
 
-    scale_rewards: str = "group"
-    num_iterations: int = 1
-    dynamic_sampling: bool = False
-    max_resample_rounds: int = 2
-    mask_truncated_completions: bool = False
-    overlong_buffer: int = 0
-    overlong_penalty_factor: float = 1.0
-    is_correction: str = "none"
-    is_cap: float = 2.0
-    vllm_importance_sampling_correction: bool = False
-    vllm_importance_sampling_mode: str = "sequence_mask"
-    vllm_importance_sampling_clip_max: float | None = 3.0
-    vllm_importance_sampling_clip_min: float | None = None
-    vllm_importance_sampling_cap: float | None = None
-    use_adaptive_entropy: bool = False
-    entropy_coef_min: float = 0.0
-    entropy_coef_max: float = 1.0
-    entropy_coef_delta: float = 0.005
-    entropy_target: float = 0.2
+
+_LOSS_OPTIONS = {name: f"loss.{name}" for name in GRPOLossConfig.__dataclass_fields__}
+_OLD_CORRECTION = "grpo.vllm_importance_sampling_correction / _mode / _clip_max"
+
+
+@dataclass
+class AlgorithmConfig(ConfigSection):
+    """The algorithm around the loss (the loss's own options are the `loss` section). TRL's names.
+
+    Rollout correction (grpo_fast.trainer.importance): importance weights π_old / π_engine from the engine's
+    sampling logprobs, per token or one per sequence (exp of the summed log-ratio), clamped to [clip_min,
+    clip_max] (truncate) or set to 0 outside it (mask). old_logprobs "rollout" makes the engine the old policy (no
+    extra forward, but the ratio then also carries the engine/trainer numeric mismatch, which clipping treats as
+    policy change). On-policy (num_iterations 1, no correction) no old-logprob pass runs: the ratio is 1 by
+    construction. Adaptive entropy (Skywork-OR1): loss.entropy_coef is the initial coefficient, applied only
+    while the last step's mean entropy was <= entropy_target, moved by ±entropy_coef_delta after every step
+    within [entropy_coef_min, entropy_coef_max]."""
+
+    key = "grpo"
+    MOVED = {
+        **_LOSS_OPTIONS,
+        "is_correction": _OLD_CORRECTION,
+        "is_cap": "grpo.vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_cap": "grpo.vllm_importance_sampling_clip_max",
+    }
+    scale_rewards: Literal["group", "batch", "none"] = option(
+        "group", "advantage scaling: by the group's reward std, the batch's, or none (Dr. GRPO)"
+    )
+    num_iterations: int = option(1, "policy updates per generation (μ)", low=1)
+    dynamic_sampling: bool = option(False, "DAPO: replace groups whose rewards are all equal with new prompts")
+    max_resample_rounds: int = option(2, "dynamic sampling: extra generation rounds at most", low=0)
+    mask_truncated_completions: bool = option(False, "truncated completions get no loss")
+    overlong_buffer: int = option(
+        0, "DAPO's soft overlong penalty over this many tokens before max_completion_length (0: off)", low=0
+    )
+    overlong_penalty_factor: float = option(1.0, "the overlong penalty at the length limit (negated)", low=0)
+    vllm_importance_sampling_correction: bool = option(
+        False, "importance weights against the engine's sampling logprobs (TRL's default True; costs a forward)"
+    )
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
+        option("sequence_mask", "per-token or per-sequence ratios, truncated or masked outside the bounds")
+    )
+    vllm_importance_sampling_clip_max: float | None = option(3.0, "upper bound of the weights (null: none)", low=0)
+    vllm_importance_sampling_clip_min: float | None = option(None, "lower bound of the weights (null: none)", low=0)
+    use_adaptive_entropy: bool = option(False, "the adaptive entropy coefficient (Skywork-OR1)")
+    entropy_coef_min: float = option(0.0, "adaptive entropy: the coefficient's floor", low=0)
+    entropy_coef_max: float = option(1.0, "adaptive entropy: the coefficient's ceiling", low=0)
+    entropy_coef_delta: float = option(0.005, "adaptive entropy: the step of the coefficient", low=0)
+    entropy_target: float = option(0.2, "adaptive entropy: the target mean entropy", low=0)
+    old_logprobs: Literal["recompute", "rollout"] = option(
+        "recompute", "where the old policy's logprobs come from when needed: a forward pass, or the engine's"
+    )
 
     def rollout_correction(self) -> tuple[str, float | None, float | None] | None:
         """(mode, clip_min, clip_max) of the importance weights against the engine, or None when off."""
-        if self.is_correction != "none":
-            return f"{self.is_correction}_truncate", None, self.is_cap
         if not self.vllm_importance_sampling_correction:
             return None
-        clip_max = self.vllm_importance_sampling_clip_max
-        if self.vllm_importance_sampling_cap is not None:
-            clip_max = self.vllm_importance_sampling_cap
-        return self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, clip_max
+        return self.vllm_importance_sampling_mode, self.vllm_importance_sampling_clip_min, self.clip_max
 
-    old_logprobs: str = "recompute"
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.99
-    eps: float = 1e-8
-    lr_scheduler: str = "constant"
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
+    @property
+    def clip_max(self) -> float | None:
+        return self.vllm_importance_sampling_clip_max
 
 
 @dataclass
-class RunConfig:
-    """prompts_per_step x num_generations completions per step.
+class RunConfig(ConfigSection):
+    """The run: batch shape, micro-batches, output, checkpoints, logging.
 
-    Micro-batches of the loss step: with packing ("auto": when the probe of grpo_fast.sft.packing_check
-    finds that the model keeps packed sequences apart; "true" fails otherwise) the sequences are
-    concatenated padding-free into micro-batches of at most micro_batch_tokens tokens (None:
-    micro_batch_size x the batch's longest sequence); without it, micro_batch_size padded sequences per
-    forward. As in TRL, bnpo's token mean and the entropy bonus (a token mean) are each micro-batch's own, and a
-    micro-batch weighs by its share of the batch's sequences (TRL: 1 / gradient_accumulation_steps, equal-row
-    micro-batches); so with packing, bnpo depends on how the token budget groups sequences (dapo does not).
-    share_prompt: run each group's prompt through the backbone once and reuse its keys/values
-    for the G completions ("auto": when the prompts are long enough for it to pay, see
-    grpo_fast.trainer.prefix_sharing).
-    offload_optimizer / offload_params: trainer state to pinned CPU memory during generation (GPU only).
-    bf16: "auto" = autocast on GPU, off on CPU.
-    keep_checkpoints: keep only the newest K checkpoints (None: all; TRL's save_total_limit); the one the
-    run resumed from is never deleted. resume: continue from the latest checkpoint under output_dir; the
-    config must match the checkpoint's in the model, loss and batch shape (trainer/checkpoint.py lists the
-    options). overwrite: a fresh run in an output_dir that holds an earlier run's metrics or checkpoints
-    deletes them (checkpoints, metrics, audit trail, report, TensorBoard events, plots); without it such a
-    run is refused. max_bad_steps: a step whose loss or gradient is NaN/inf skips its optimizer update (and
-    its checkpoint) and the run goes on; this many such steps in a row stop the run with an error, the last
-    good checkpoint kept (0: never stop)."""
+    Micro-batches: with packing the sequences are concatenated padding-free into micro-batches of at most
+    micro_batch_tokens tokens; without it, micro_batch_size padded sequences per forward. As in TRL, bnpo's
+    token mean and the entropy bonus are each micro-batch's own, and a micro-batch weighs by its share of the
+    batch's sequences."""
 
-    output_dir: str = "runs/train"
-    max_steps: int = 100
-    prompts_per_step: int = 16
-    micro_batch_size: int = 64
-    micro_batch_tokens: int | None = None
-    packing: str = "auto"
-    share_prompt: str = "false"
-    seed: int = 0
-    eval_every: int = 10
-    eval_max_prompts: int | None = None
-    log_every: int = 1
-    save_every: int = 0
-    save_final: bool = True
-    keep_checkpoints: int | None = None
-    resume: bool = False
-    overwrite: bool = False
-    offload_optimizer: bool = True
-    offload_params: bool = False
-    bf16: str = "auto"
-    tensorboard: bool = True
-    progress: bool = True
-    plots: bool = True
-    max_bad_steps: int = 3
+    key = "run"
+    output_dir: str = option("runs/train", "checkpoints, metrics, plots and the run report")
+    max_steps: int = option(100, "training steps", low=1)
+    prompts_per_step: int = option(16, "prompts per step (x rollout.num_generations completions)", low=1)
+    micro_batch_size: int = option(64, "sequences per padded micro-batch", low=1)
+    micro_batch_tokens: int | None = option(
+        None, "tokens per packed micro-batch (null: micro_batch_size x the batch's longest sequence)", low=1
+    )
+    packing: bool | Auto = option(
+        "auto", "pack sequences padding-free (auto: when the packing probe finds the model keeps them apart)"
+    )
+    share_prompt: bool | Auto = option(
+        False, "run each group's prompt through the backbone once (auto: when the prompts are long enough to pay)"
+    )
+    seed: int = option(0, "seed of sampling, data order and initialisation", low=0, high=2**32 - 1)
+    eval_every: int = option(10, "steps between held-out evaluations (0: none)", low=0)
+    eval_max_prompts: int | None = option(None, "held-out prompts per evaluation (null: all)", low=1)
+    log_every: int = option(1, "steps between progress lines", low=1)
+    save_every: int = option(0, "steps between checkpoints (0: only the final one)", low=0)
+    save_final: bool = option(True, "save a checkpoint at the end")
+    keep_checkpoints: int | None = option(
+        None, "keep the newest K checkpoints (null: all; the one resumed from is never deleted)", low=1
+    )
+    resume: bool = option(False, "continue from the latest checkpoint under output_dir")
+    overwrite: bool = option(False, "a fresh run in an output_dir of an earlier run deletes that run's files")
+    offload_optimizer: bool = option(True, "optimizer state to pinned CPU memory during generation (GPU)")
+    offload_params: bool = option(False, "parameters to pinned CPU memory during generation (GPU)")
+    bf16: bool | Auto = option("auto", "bf16 autocast (auto: on GPU, off on CPU)")
+    tensorboard: bool = option(True, "TensorBoard events beside metrics.jsonl")
+    progress: bool = option(True, "a progress bar")
+    plots: bool = option(True, "PNG plots of the metrics")
+    max_bad_steps: int = option(
+        3,
+        "a step with a non-finite loss or gradient skips its update; this many in a row stop the run (0: never)",
+        low=0,
+    )
 
 
 @dataclass
-class CheckConfig:
-    """The checks before a run (grpo_fast.trainer.preflight): difficulty_prompts x difficulty_samples
-    completions probe the prompts' pass rates (0 prompts skips it); sft_control_source, a dataset of
-    prompt/completion rows, adds an SFT-control baseline trained for sft_control_steps."""
+class CheckConfig(ConfigSection):
+    """The launch checklist (grpo_fast.trainer.preflight)."""
 
-    difficulty_prompts: int = 16
-    difficulty_samples: int = 8
-    sft_control_source: str | None = None
-    sft_control_steps: int = 60
-
-
-@dataclass
-class HealthConfig(HealthThresholds):
-    """Alarms during the run (grpo_fast.trainer.health; thresholds documented there). stop_on: alarm names
-    that save a checkpoint and end the run. audit_every: steps between audit-trail entries (0 disables);
-    audit_samples: best and worst completions kept per entry."""
-
-    stop_on: list = field(default_factory=list)
-    audit_every: int = 10
-    audit_samples: int = 2
+    key = "check"
+    difficulty_prompts: int = option(16, "prompts of the difficulty probe (0: skip it)", low=0)
+    difficulty_samples: int = option(8, "completions per prompt of the difficulty probe", low=0)
+    sft_control_source: str | None = option(None, "prompt/completion rows for an SFT-control baseline")
+    sft_control_steps: int = option(60, "steps of the SFT-control baseline", low=0)
 
 
 @dataclass
-class SampleConfig:
-    """`grpo-fast sample` (grpo_fast.curate.sampling): samples_per_prompt completions of each of the first
-    max_prompts rows (None: all) at the rollout section's sampling settings, generated and committed
-    chunk_prompts at a time (a killed run resumes at the first unfinished chunk). The SFT set keeps the
-    verified-correct completions by grpo_fast.curate.rejection's rules: at most max_per_prompt (0: all),
-    prefer_shortest, dedupe, drop_truncated, and with `language` set only reasoning whose share in that
-    language is at least min_language_share."""
+class HealthConfig(ConfigSection, HealthThresholds):
+    """Alarms during the run (grpo_fast.trainer.health) and the audit trail."""
 
-    output_dir: str = "runs/sample"
-    samples_per_prompt: int = 8
-    max_prompts: int | None = None
-    chunk_prompts: int = 64
-    max_per_prompt: int = 1
-    prefer_shortest: bool = True
-    dedupe: bool = True
-    drop_truncated: bool = True
-    language: str | None = None
-    min_language_share: float = 0.95
+    key = "health"
+    stop_on: list[Literal[ALARMS]] = option(help="alarms that save a checkpoint and end the run", factory=list)
+    audit_every: int = option(10, "steps between audit-trail entries (0: none)", low=0)
+    audit_samples: int = option(2, "best and worst completions kept per entry", low=0)
 
 
 @dataclass
-class CurriculumConfig:
-    """The online pass-rate curriculum (grpo_fast.trainer.curriculum): before step 0 and every `every`
-    steps (0 disables), samples completions of the training prompts (at most max_prompts of them, drawn at
-    random; None: all) and trains only on the prompts whose pass rate lies in [low, high]."""
+class CurriculumConfig(ConfigSection):
+    """The online pass-rate curriculum (grpo_fast.trainer.curriculum)."""
 
-    every: int = 0
-    low: float = 0.1
-    high: float = 0.9
-    samples: int = 8
-    max_prompts: int | None = None
+    key = "curriculum"
+    every: int = option(0, "steps between pass-rate probes (0: off); the first runs before step 0", low=0)
+    low: float = option(0.1, "train only on prompts whose pass rate is at least this", low=0, high=1)
+    high: float = option(0.9, "... and at most this", low=0, high=1)
+    samples: int = option(8, "completions per prompt of a probe", low=1)
+    max_prompts: int | None = option(None, "prompts probed at most, drawn at random (null: all)", low=1)
 
 
 @dataclass
-class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    loss: GRPOLossConfig = field(default_factory=GRPOLossConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    check: CheckConfig = field(default_factory=CheckConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)
-    sample: SampleConfig = field(default_factory=SampleConfig)
-    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+class TrainConfig(ConfigSection):
+    """The whole run (TRL's GRPOConfig's role), as sections."""
+
+    MOVED = {"sample": "a section of the `sample` command's config (SampleRunConfig, load_sample_config)"}
+    model: ModelConfig = option(help="the policy", factory=ModelConfig)
+    data: DataConfig = option(help="prompts", factory=DataConfig)
+    reward: RewardConfig = option(help="rewards", factory=RewardConfig)
+    rollout: RolloutConfig = option(help="sampling", factory=RolloutConfig)
+    loss: GRPOLossConfig = option(help="the fused loss", factory=GRPOLossConfig)
+    grpo: AlgorithmConfig = option(help="the algorithm around the loss", factory=AlgorithmConfig)
+    optim: OptimConfig = option(help="the optimizer", factory=OptimConfig)
+    run: RunConfig = option(help="the run", factory=RunConfig)
+    check: CheckConfig = option(help="the launch checklist", factory=CheckConfig)
+    health: HealthConfig = option(help="alarms", factory=HealthConfig)
+    curriculum: CurriculumConfig = option(help="the pass-rate curriculum", factory=CurriculumConfig)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -314,182 +270,85 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-_CHOICES = {
-    "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "grpo.scale_rewards": ("group", "batch", "none"),
-    "grpo.is_correction": ("none", "token", "sequence"),
-    "grpo.vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
-    "grpo.old_logprobs": ("recompute", "rollout"),
-    "optim.lr_scheduler": ("constant", "linear", "cosine"),
-    "run.bf16": ("auto", "true", "false"),
-    "run.packing": ("auto", "true", "false"),
-    "run.share_prompt": ("auto", "true", "false"),
-    "data.use_chat_template": ("auto", "true", "false"),
-}
-_POSITIVE = (
-    "rollout.num_generations",
-    "rollout.max_completion_length",
-    "rollout.max_model_len",
-    "rollout.sync_bucket_mb",
-    "reward.timeout",
-    "reward.overlap_chunks",
-    "grpo.num_iterations",
-    "run.max_steps",
-    "run.prompts_per_step",
-    "run.micro_batch_size",
-    "run.micro_batch_tokens",
-    "run.keep_checkpoints",
-    "optim.lr",
-    "sample.samples_per_prompt",
-    "sample.chunk_prompts",
-    "curriculum.samples",
-)
+@dataclass
+class SampleRunConfig(TrainConfig):
+    """`grpo-fast sample`'s tree: a training config (model, data, reward, rollout) and the `sample` section."""
 
-
-_NON_NEGATIVE = (
-    "run.save_every",
-    "run.eval_every",
-    "rollout.kv_cache_memory_bytes",
-    "grpo.max_resample_rounds",
-    "grpo.overlong_penalty_factor",
-    "optim.weight_decay",
-    "optim.warmup_steps",
-    "check.difficulty_prompts",
-    "check.difficulty_samples",
-    "check.sft_control_steps",
-    "health.audit_every",
-    "health.audit_samples",
-    "sample.max_per_prompt",
-)
-_POSITIVE_MORE = ("run.log_every", "optim.eps", "optim.max_grad_norm", "rollout.tensor_parallel_size")
-_RANGES = {  # inclusive bounds
-    "rollout.top_p": (1e-12, 1.0),
-    "rollout.gpu_memory_utilization": (1e-12, 1.0),
-    "optim.beta1": (0.0, 1.0 - 1e-12),
-    "optim.beta2": (0.0, 1.0 - 1e-12),
-    "sample.min_language_share": (0.0, 1.0),
-    "run.seed": (0, 2**32 - 1),  # numpy's seed range
-}
+    MOVED = {}
+    sample: SampleConfig = option(help="sampling and rejection", factory=SampleConfig)
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Raises ValueError naming the key for a bad value (types are checked by `from_dict`)."""
-    check_fields(cfg, _CHOICES, _POSITIVE + _POSITIVE_MORE)
-    for key in _NON_NEGATIVE:
-        value = _get(cfg, key)
-        if value is not None and not value >= 0:
-            raise ValueError(f"{key}: expected >= 0, got {value!r}")
-    for key, (low, high) in _RANGES.items():
-        value = _get(cfg, key)
-        if not low <= value <= high:
-            raise ValueError(f"{key}: expected a value in [{low:g}, {high:g}], got {value!r}")
-    if cfg.rollout.max_completion_length >= cfg.rollout.max_model_len:
+    """The rules between fields (each field's own type and bounds are checked where it is set); ValueError
+    naming the key."""
+    r, g = cfg.rollout, cfg.grpo
+    if r.max_completion_length >= r.max_model_len:
         raise ValueError(
-            f"rollout.max_completion_length: {cfg.rollout.max_completion_length} leaves no room for the prompt in "
-            f"rollout.max_model_len ({cfg.rollout.max_model_len}); lower it or raise rollout.max_model_len"
+            f"rollout.max_completion_length: {r.max_completion_length} leaves no room for the prompt in "
+            f"rollout.max_model_len ({r.max_model_len}); lower it or raise rollout.max_model_len"
         )
-    if cfg.rollout.top_k < -1:
-        raise ValueError(f"rollout.top_k: expected -1 (off) or a positive count, got {cfg.rollout.top_k}")
-    for key in ("data.prompt_column", "data.source", "run.output_dir"):
-        if not str(_get(cfg, key)).strip():
+    for key, value in (("data.prompt_column", cfg.data.prompt_column), ("data.source", cfg.data.source)):
+        if not value.strip():
             raise ValueError(f"{key}: expected a non-empty string")
-    _check_items("rollout.stop", cfg.rollout.stop, lambda v: isinstance(v, str) and v != "", "non-empty strings")
-    _check_items(
-        "reward.funcs",
-        cfg.reward.funcs,
-        lambda v: (
-            callable(v) or (isinstance(v, str) and v != "") or (isinstance(v, dict) and isinstance(v.get("name"), str))
-        ),
-        "reward names, {name: ..., <option>: value} mappings or callables",
-    )
-    if not cfg.reward.funcs:
-        raise ValueError("reward.funcs: expected at least one reward function")
-    if cfg.reward.weights is not None:
-        _check_items(
-            "reward.weights",
-            cfg.reward.weights,
-            lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-            "finite numbers",
-        )
-    engine = cfg.rollout.engine
-    if engine != "auto" and engine not in ROLLOUT_ENGINES and ":" not in engine:
+    if not cfg.run.output_dir.strip():
+        raise ValueError("run.output_dir: expected a non-empty string")
+    _check_items("rollout.stop", r.stop, lambda v: v != "", "non-empty strings")
+    _check_reward_specs(cfg.reward)
+    if r.engine != "auto" and r.engine not in ROLLOUT_ENGINES and ":" not in r.engine:
         raise ValueError(
             f"rollout.engine: expected 'auto', one of {ROLLOUT_ENGINES.names()} or 'package.module:Class', "
-            f"got {engine!r}"
+            f"got {r.engine!r}"
         )
     if cfg.loss.temperature != 1.0:
         raise ValueError("loss.temperature: set by rollout.temperature (the loss must see the sampling temperature)")
     if cfg.loss.max_completion_length is not None:
         raise ValueError("loss.max_completion_length: set by rollout.max_completion_length")
-    if cfg.rollout.num_generations < 2:
-        raise ValueError("rollout.num_generations: GRPO needs at least 2 completions per prompt")
-    if cfg.rollout.sleep_level not in (0, 1, 2):
-        raise ValueError(f"rollout.sleep_level: expected 0, 1 or 2, got {cfg.rollout.sleep_level!r}")
-    if not 0 <= cfg.rollout.temperature:
-        raise ValueError("rollout.temperature: expected >= 0")
-    if cfg.reward.weights is not None and len(cfg.reward.weights) != len(cfg.reward.funcs):
-        raise ValueError(
-            f"reward.weights: {len(cfg.reward.weights)} weights for {len(cfg.reward.funcs)} reward functions"
-        )
-    if cfg.grpo.overlong_buffer < 0 or cfg.grpo.overlong_buffer >= cfg.rollout.max_completion_length:
+    if g.overlong_buffer >= r.max_completion_length:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
-    alarms = ("entropy_collapse", "length_inflation", "reward_hacking", "off_policy_drift", "collapse")
-    for name in cfg.health.stop_on:
-        if name not in alarms:
-            raise ValueError(f"health.stop_on: expected names among {alarms}, got {name!r}")
-    if cfg.health.window < 1:
-        raise ValueError(f"health.window: expected a positive value, got {cfg.health.window}")
-    if cfg.reward.workers < 0:
-        raise ValueError(f"reward.workers: expected >= 0, got {cfg.reward.workers}")
-    if cfg.grpo.is_cap <= 0:
-        raise ValueError("grpo.is_cap: expected > 0")
-    if cfg.grpo.old_logprobs == "rollout" and cfg.grpo.is_correction != "none":
-        raise ValueError("grpo.old_logprobs: 'rollout' makes the engine the old policy; set grpo.is_correction: none")
-    validate_rollout_correction(cfg)
-    validate_adaptive_entropy(cfg)
-    for section in ("sample", "curriculum"):
-        limit = _get(cfg, f"{section}.max_prompts")
-        if limit is not None and limit < 1:
-            raise ValueError(f"{section}.max_prompts: expected a positive count or null, got {limit!r}")
-    if not 0.0 <= cfg.curriculum.low <= cfg.curriculum.high <= 1.0:
+    _check_rollout_correction(g)
+    if g.entropy_coef_min > g.entropy_coef_max:
         raise ValueError(
-            "curriculum.low / curriculum.high: expected 0 <= low <= high <= 1, got "
-            f"{cfg.curriculum.low}, {cfg.curriculum.high}"
+            f"grpo.entropy_coef_min: ({g.entropy_coef_min}) must be <= entropy_coef_max ({g.entropy_coef_max})"
         )
-    if cfg.run.max_bad_steps < 0:
-        raise ValueError(f"run.max_bad_steps: expected >= 0 (0: never stop), got {cfg.run.max_bad_steps}")
-    if cfg.curriculum.every < 0:
-        raise ValueError(f"curriculum.every: expected >= 0 (0 disables), got {cfg.curriculum.every}")
+    if g.use_adaptive_entropy and cfg.loss.top_entropy_quantile < 1.0:
+        raise ValueError(
+            "grpo.use_adaptive_entropy: not supported with loss.top_entropy_quantile < 1 (TRL measures the "
+            "entropy over the kept tokens; this controller measures all completion tokens)"
+        )
+    if not cfg.curriculum.low <= cfg.curriculum.high:
+        raise ValueError(
+            f"curriculum.low / curriculum.high: expected low <= high, got {cfg.curriculum.low}, {cfg.curriculum.high}"
+        )
 
 
-def validate_rollout_correction(cfg: TrainConfig) -> None:
+def _check_reward_specs(reward: RewardConfig) -> None:
+    if not reward.funcs:
+        raise ValueError("reward.funcs: expected at least one reward function")
+    _check_items(
+        "reward.funcs",
+        reward.funcs,
+        _is_reward_spec,
+        "reward names, {name: ..., <option>: value} mappings or callables",
+    )
+    if reward.weights is not None and len(reward.weights) != len(reward.funcs):
+        raise ValueError(f"reward.weights: {len(reward.weights)} weights for {len(reward.funcs)} reward functions")
+
+
+def _is_reward_spec(value: Any) -> bool:
+    named = isinstance(value, dict) and isinstance(value.get("name"), str)
+    return callable(value) or (isinstance(value, str) and value != "") or named
+
+
+def _check_rollout_correction(g: AlgorithmConfig) -> None:
     """TRL's checks of the vllm_importance_sampling_* options (GRPOConfig.__post_init__), naming the key."""
-    g = cfg.grpo
-    if g.is_correction != "none" and g.vllm_importance_sampling_correction:
-        raise ValueError(
-            "grpo.is_correction: the older spelling of grpo.vllm_importance_sampling_correction; set only one"
-        )
-    for name in ("clip_max", "clip_min", "cap"):
-        value = getattr(g, f"vllm_importance_sampling_{name}")
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            raise ValueError(
-                f"grpo.vllm_importance_sampling_{name}: expected a finite value >= 0 or null, got {value!r}"
-            )
     clip_min, clip_max = g.vllm_importance_sampling_clip_min, g.vllm_importance_sampling_clip_max
-    if g.vllm_importance_sampling_cap is not None:  # TRL's deprecated name of clip_max
-        clip_max = g.vllm_importance_sampling_cap
     if clip_min is not None and clip_max is not None and clip_min >= clip_max:
         raise ValueError(
             f"grpo.vllm_importance_sampling_clip_min: ({clip_min}) must be less than "
             f"vllm_importance_sampling_clip_max ({clip_max})"
         )
-    if (
-        g.vllm_importance_sampling_correction
-        and g.vllm_importance_sampling_mode.endswith("_truncate")
-        and clip_min is None
-        and clip_max is None
-    ):
+    truncate = g.vllm_importance_sampling_mode.endswith("_truncate")
+    if g.vllm_importance_sampling_correction and truncate and clip_min is None and clip_max is None:
         raise ValueError(
             "grpo.vllm_importance_sampling_mode: a *_truncate mode needs vllm_importance_sampling_clip_min or _clip_max"
         )
@@ -500,158 +359,47 @@ def validate_rollout_correction(cfg: TrainConfig) -> None:
         )
 
 
-def validate_adaptive_entropy(cfg: TrainConfig) -> None:
-    """The adaptive entropy controller's options (TRL does not check them; here they must make sense)."""
-    g = cfg.grpo
-    for name in ("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target"):
-        value = getattr(g, name)
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"grpo.{name}: expected a finite value >= 0, got {value!r}")
-    if g.entropy_coef_min > g.entropy_coef_max:
-        raise ValueError(
-            f"grpo.entropy_coef_min: ({g.entropy_coef_min}) must be <= entropy_coef_max ({g.entropy_coef_max})"
-        )
-    if g.use_adaptive_entropy and cfg.loss.top_entropy_quantile < 1.0:
-        raise ValueError(
-            "grpo.use_adaptive_entropy: not supported with loss.top_entropy_quantile < 1 (TRL measures the "
-            "entropy over the kept tokens; this controller measures all completion tokens)"
-        )
-
-
 def _check_items(key: str, values: list, ok, expected: str) -> None:
     for i, value in enumerate(values):
         if not ok(value):
             raise ValueError(f"{key}[{i}]: expected {expected}, got {value!r}")
 
 
-def check_fields(cfg, choices: dict[str, tuple[str, ...]], positive: tuple[str, ...]) -> None:
-    """Raises ValueError naming the key of the first value outside its `choices` (dotted key -> allowed
-    strings, compared lower-case) or not > 0 among the dotted keys `positive` (None passes: unset)."""
-    for key, allowed in choices.items():
-        value = _get(cfg, key)
-        if str(value).lower() not in allowed:
-            raise ValueError(f"{key}: expected one of {allowed}, got {value!r}")
-    for key in positive:
-        value = _get(cfg, key)
-        if value is not None and not value > 0:
-            raise ValueError(f"{key}: expected a positive value, got {value!r}")
+def upgrade_spellings(data: dict) -> list[str]:
+    """Old spellings of a TrainConfig dict rewritten in place to the current ones; a warning per change."""
+    warnings = []
+    for name in VLLMOptions.__dataclass_fields__:
+        warnings += move_key(data, f"rollout.{name}", f"rollout.vllm.{name}")
+    warnings += move_key(data, "grpo.vllm_importance_sampling_cap", "grpo.vllm_importance_sampling_clip_max")
+    grpo = data.get("grpo")
+    if isinstance(grpo, dict) and ("is_correction" in grpo or "is_cap" in grpo):
+        warnings.append(_upgrade_is_correction(grpo))
+    return warnings
 
 
-def _get(cfg, dotted: str):
-    obj = cfg
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def from_dict(data: dict, cls: type = TrainConfig, prefix: str = ""):
-    """Builds `cls` from a nested dict; unknown keys and wrongly typed values raise ValueError."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(map(str, set(data) - names))
-    if unknown:
-        raise ValueError(f"{prefix or 'config'}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{prefix}.{key}" if prefix else key
-        kwargs[key] = _coerce(value, hints[key], path)
-    try:
-        return cls(**kwargs)
-    except ValueError as exc:  # a section's own checks (GRPOLossConfig) name the key within the section
-        raise ValueError(f"{prefix}.{exc}" if prefix else str(exc)) from None
-
-
-def _coerce(value: Any, hint: Any, path: str):
-    if dataclasses.is_dataclass(hint):
-        return from_dict(value or {}, hint, path)
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, path)
-            except ValueError as exc:
-                errors.append(str(exc))
-        raise ValueError(errors[0])
-    target = origin or hint
-    if target in (int, float) and isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
-        raise ValueError(f"{path}: {value} is out of range (beyond a 64-bit integer)")
-    if target is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if target is float and isinstance(value, str):
-        try:  # YAML 1.1 reads "3e-4" (no dot) as a string
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"{path}: expected float, got str {value!r}") from None
-    if target is float and isinstance(value, float) and math.isnan(value):
-        raise ValueError(f"{path}: expected a number, got NaN")
-    if target is str and isinstance(value, bool):
-        return str(value).lower()  # YAML turns `true` into a bool; choice fields take "true"/"false"
-    if target in (list, dict, str, int, float, bool):
-        if not isinstance(value, target) or (target is int and isinstance(value, bool)):
-            raise ValueError(f"{path}: expected {target.__name__}, got {type(value).__name__} {value!r}")
-        return value
-    return value
-
-
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """`key.sub=value` strings (value parsed as YAML) merged into the nested dict `data`."""
-    for item in overrides:
-        if "=" not in item:
-            raise ValueError(f"--set {item!r}: expected key=value")
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ValueError(f"--set {key}: the value {raw!r} is not valid YAML ({_first_line(exc)})") from None
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {key}: {part!r} is not a section")
-        node[parts[-1]] = value
-    return data
-
-
-def _first_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:200]
-
-
-def _read_yaml(source: str | Path):
-    """The YAML file `source` as Python data; ValueError naming the file for bytes that are not UTF-8 text
-    or text that is not YAML."""
-    try:
-        text = Path(source).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"config file {source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"config file {source}: not valid YAML ({_first_line(exc)})") from None
-
-
-def load_tree(cls: type, source: str | Path | dict | None = None, overrides: list[str] | None = None):
-    """A config dataclass tree `cls` from a YAML file or a nested dict (copied, not modified), then
-    `--set key=value` overrides."""
-    data: dict = {}
-    if isinstance(source, dict):
-        data = copy.deepcopy(source)
-    elif source is not None:
-        data = _read_yaml(source)
-        data = {} if data is None else data
-    return from_dict(apply_overrides(data, overrides or []), cls)
+def _upgrade_is_correction(grpo: dict) -> str:
+    """grpo.is_correction ("none" | "token" | "sequence") with is_cap: the truncate modes with clip_max = is_cap."""
+    level, cap = grpo.pop("is_correction", "none"), grpo.pop("is_cap", 2.0)
+    if level not in ("none", "token", "sequence"):
+        raise ValueError(f"grpo.is_correction: expected one of ('none', 'token', 'sequence'), got {level!r}")
+    if level != "none":
+        if grpo.get("vllm_importance_sampling_correction"):
+            raise ValueError(f"grpo.is_correction: the old spelling of {_OLD_CORRECTION}; set only the new keys")
+        grpo["vllm_importance_sampling_correction"] = True
+        grpo["vllm_importance_sampling_mode"] = f"{level}_truncate"
+        grpo["vllm_importance_sampling_clip_max"] = cap
+        grpo["vllm_importance_sampling_clip_min"] = None
+    return f"grpo.is_correction / is_cap are the old spelling of {_OLD_CORRECTION}; write those"
 
 
 def load_config(path: str | Path | dict | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    return load_tree(TrainConfig, path, overrides)
+    """The TrainConfig of a YAML file or nested dict, then `key=value` overrides (old spellings upgraded)."""
+    return load_tree(TrainConfig, path, overrides, upgrades=(upgrade_spellings,))
+
+
+def load_sample_config(path: str | Path | dict | None = None, overrides: list[str] | None = None) -> SampleRunConfig:
+    """The `sample` command's SampleRunConfig, as `load_config`."""
+    return load_tree(SampleRunConfig, path, overrides, upgrades=(upgrade_spellings,))
 
 
 def check_distributed_config(cfg: TrainConfig, world_size: int) -> None:
@@ -663,9 +411,16 @@ def check_distributed_config(cfg: TrainConfig, world_size: int) -> None:
         )
     if cfg.curriculum.every > 0:
         raise ValueError("curriculum.every: the pass-rate curriculum runs in a single process only; set it to 0")
-    tp = cfg.rollout.tensor_parallel_size
+    tp = cfg.rollout.vllm.tensor_parallel_size
     if world_size % tp:
         raise ValueError(
-            f"rollout.tensor_parallel_size: {tp} does not divide the {world_size} processes (each vLLM engine spans "
-            f"{tp} consecutive ranks)"
+            f"rollout.vllm.tensor_parallel_size: {tp} does not divide the {world_size} processes (each vLLM engine "
+            f"spans {tp} consecutive ranks)"
         )
+
+
+def config_key(cfg: Any, dotted: str) -> Any:
+    """The value of a dotted key of a config tree."""
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg

@@ -14,7 +14,7 @@ import time
 
 from grpo_fast.curate.pass_rates import in_band, sample_prompts
 from grpo_fast.rewards.columns import TrainerState
-from grpo_fast.trainer.rollout_phase import training_sampling
+from grpo_fast.rollout.prompts import training_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class PassRateCurriculum:
             index = sorted(random.Random(self.seed * 7919 + step).sample(index, cfg.max_prompts))
         ids = trainer.prompts.encode_rows(trainer.train_rows, index, cache=True)
         seed = (self.seed * 1_000_003 + step * 10_007) * 1000 + 999  # apart from the rollout phase's seeds
-        spec = training_sampling(trainer.config, trainer.stop_ids, cfg.samples, seed)
+        spec = training_sampling(trainer.config.rollout, trainer.stop_ids, cfg.samples, seed)
         state = TrainerState(global_step=step, max_steps=trainer.config.run.max_steps)
         for result in sample_prompts(trainer.engine, ids, trainer.train_rows, index, trainer.rewards, spec, state):
             self.pass_rates[result.row] = result.pass_rate

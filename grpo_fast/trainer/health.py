@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from grpo_fast.config_fields import option
+
 logger = logging.getLogger(__name__)
 
 REMEDIES = {
@@ -39,7 +41,7 @@ REMEDIES = {
     "reward_hacking": "read the audit samples of the rising verifier, run its self-test with adversarial samples, "
     "and lower the weight of format-style rewards",
     "off_policy_drift": "lower the learning rate or num_iterations, turn on importance-sampling correction "
-    "(grpo.is_correction), and check that the engine's weights are synced every step",
+    "(grpo.vllm_importance_sampling_correction), and check that the engine's weights are synced every step",
     "collapse": "resume from the named checkpoint with a lower learning rate, or stop the run",
 }
 
@@ -54,18 +56,21 @@ class Alarm:
         return f"[health] step {self.step}: {self.name}: {self.message}. Remedies: {REMEDIES[self.name]}."
 
 
+ALARMS = tuple(REMEDIES)
+
+
 @dataclass
 class HealthThresholds:
-    """See the module doc; fractions are relative changes unless noted."""
+    """The rules' thresholds (module doc)."""
 
-    window: int = 10
-    entropy_drop: float = 0.25
-    zero_var_rise: float = 0.2  # absolute
-    length_rise: float = 0.3
-    reward_rise: float = 0.1  # absolute
-    clip_ratio_max: float = 0.2  # absolute
-    mismatch_max: float = 0.05  # nats per token
-    collapse_drop: float = 0.2  # absolute accuracy
+    window: int = option(10, "steps per window of the windowed rules (they need 2 x window steps)", low=1)
+    entropy_drop: float = option(0.25, "entropy_collapse: relative fall of the entropy", low=0)
+    zero_var_rise: float = option(0.2, "entropy_collapse: absolute rise of the share of stuck groups", low=0)
+    length_rise: float = option(0.3, "length_inflation: relative rise of mean and p95 completion length", low=0)
+    reward_rise: float = option(0.1, "reward_hacking / entropy_collapse: absolute rise of a reward", low=0)
+    clip_ratio_max: float = option(0.2, "off_policy_drift: clipped fraction of tokens above this", low=0)
+    mismatch_max: float = option(0.05, "off_policy_drift: rollout/trainer logprob mismatch (nats per token)", low=0)
+    collapse_drop: float = option(0.2, "collapse: absolute fall of held-out accuracy below its best", low=0)
 
 
 class HealthMonitor:

@@ -13,20 +13,22 @@ import copy
 import dataclasses
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
+from grpo_fast.core.packing import packing_error
+from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, lm_head_params
 from grpo_fast.distributed.context import Distributed
 from grpo_fast.distributed.fsdp import full_tensor, is_sharded
-from grpo_fast.loss import fused_logprobs, grpo_loss
+from grpo_fast.loss import grpo_loss
 from grpo_fast.loss.head import with_model_head
-from grpo_fast.sft.packing_check import packing_error
+from grpo_fast.loss.logprobs import logprobs_with_config
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.entropy_control import AdaptiveEntropy
 from grpo_fast.trainer.importance import rollout_importance_weights
 from grpo_fast.trainer.micro_batches import idle_copy, packed_micro_batches, padded_micro_batches, sequence_lengths
-from grpo_fast.trainer.policy import SequenceBatch, build_sequence_batch, lm_head_params
 from grpo_fast.trainer.prefix_sharing import prefix_sharing_error, shared_completion_hidden, worth_sharing
 from grpo_fast.trainer.rollout_phase import RolloutBatch
 
@@ -58,6 +60,24 @@ def check_step_inputs(batch: SequenceBatch, advantages: torch.Tensor, vocab: int
         raise ValueError("advantages: NaN or inf (a reward function returned a non-finite reward?)")
 
 
+@dataclass
+class _StepInputs:
+    """What every update of one step reads: the batch [B, P+T] and its micro-batch plan, advantages [B], the
+    completion mask [B, T], the old-policy, reference and engine logprobs [B, T] (None where unused), importance
+    weights ([B, T] or [B], or None), and the step's device metrics so far."""
+
+    batch: SequenceBatch
+    plan: list
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    old_lp: torch.Tensor | None
+    ref_lp: torch.Tensor | None
+    is_weights: torch.Tensor | None
+    measure_from: torch.Tensor | None
+    stats: dict[str, torch.Tensor]
+    real_micro_batches: int
+
+
 class LossStep:
     """Owns the policy's update: the model, its optimizer and scheduler, and the frozen reference policy
     (a copy of the model when beta > 0, none for a PEFT model, whose reference is the model without its
@@ -83,7 +103,7 @@ class LossStep:
         self.loss_config = with_model_head(config.loss_config(), model)  # the model's logit scale / soft cap
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
-        self.autocast = self.device.type == "cuda" and config.run.bf16 in ("auto", "true")
+        self.autocast = self.device.type == "cuda" and config.run.bf16 in ("auto", True)
         self.head_dtype = torch.bfloat16 if self.autocast else None
         self.ref_model = ref_model
         if ref_model is None and config.loss.beta > 0 and not hasattr(model, "disable_adapter"):
@@ -107,30 +127,30 @@ class LossStep:
         """Whether micro-batches are packed padding-free (run.packing; "auto" asks the packing probe once)."""
         if self._packing is None:
             mode = self.config.run.packing
-            error = None if mode == "false" else packing_error(self.model)
-            if mode == "true" and error:
+            error = None if mode is False else packing_error(self.model)
+            if mode is True and error:
                 raise ValueError(f"run.packing: true, but {error}; set run.packing: auto or false")
             if mode == "auto" and error:
                 logger.warning("packing off, micro-batches padded: %s", error)
-            self._packing = mode != "false" and error is None
+            self._packing = mode is not False and error is None
         return self._packing
 
     def shares_prompts(self, batch: SequenceBatch) -> bool:
         """Whether this batch's micro-batches run each group's prompt once (run.share_prompt; "auto": when
         the prompt-sharing probe passes, asked once, and `worth_sharing` expects a saving for the batch)."""
         mode = self.config.run.share_prompt
-        if mode == "false" or self.sharded:  # two backbone passes per micro-batch: not through FSDP's root
+        if mode is False or self.sharded:  # two backbone passes per micro-batch: not through FSDP's root
             return False
         if not self._sharing_probed:
             self._sharing_error, self._sharing_probed = prefix_sharing_error(self.model), True
-            if mode == "true" and self._sharing_error:
+            if mode is True and self._sharing_error:
                 raise ValueError(f"run.share_prompt: true, but {self._sharing_error}; set it to auto or false")
             if self._sharing_error:
                 logger.warning("prompts not shared: %s", self._sharing_error)
         if self._sharing_error:
             return False
         prompt_lens, completion_lens = sequence_lengths(batch)
-        return mode == "true" or worth_sharing(prompt_lens, completion_lens, self.group_rows()[1])
+        return mode is True or worth_sharing(prompt_lens, completion_lens, self.group_rows()[1])
 
     def group_rows(self) -> tuple[int, int]:
         """(rows per shared-prompt micro-batch: whole groups, at least one; completions per prompt in one)."""
@@ -167,7 +187,7 @@ class LossStep:
         return hidden if self.head_dtype is None else hidden.to(self.head_dtype)
 
     def head(self, model) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The lm_head weight and bias in the loss's compute dtype (cast once per call; see `head_for_step`)."""
+        """The lm_head weight and bias in the loss's compute dtype (bf16 under autocast: cast once per call)."""
         weight, bias = lm_head_params(model)
         if self.head_dtype is None or weight.dtype == self.head_dtype:
             return weight, bias
@@ -188,16 +208,7 @@ class LossStep:
                     weight, bias = self.head(model)
                 if mb.idle:
                     continue
-                lp = fused_logprobs(
-                    hidden,
-                    weight,
-                    mb.completion_ids,
-                    temperature=self.loss_config.temperature,
-                    logit_scale=self.loss_config.logit_scale,
-                    final_logit_softcapping=self.loss_config.final_logit_softcapping,
-                    backend=self.loss_config.backend,
-                    bias=bias,
-                )
+                lp = logprobs_with_config(hidden, weight, mb.completion_ids, self.loss_config, bias)
                 mb.scatter(out, lp.float())
             return out
         finally:
@@ -229,6 +240,43 @@ class LossStep:
         parameters, optimizer state and schedule stay bit-identical); `train/nonfinite` counts the skipped
         updates. The last update's check rides on the step's one read of the metrics; with num_iterations > 1
         each earlier update reads one flag."""
+        cfg = self.config
+        step = self._step_inputs(rollout)
+        agg: dict[str, list[torch.Tensor]] = defaultdict(list)
+        grad_norms: list[torch.Tensor] = []
+        skipped = 0
+        for iteration in range(cfg.grpo.num_iterations):
+            finite = self._update(step, iteration, agg, grad_norms)
+            if iteration < cfg.grpo.num_iterations - 1:  # an extra read only when num_iterations > 1
+                ok = bool(finite)
+            else:  # the last update's flag comes with the step's one read of the metrics
+                out = self._read_step_metrics(step, agg, grad_norms, finite)
+                ok = out.pop("_finite") == 1.0
+            if ok:
+                self.optimizer.step()
+                self.scheduler.step()
+            else:  # skipped: parameters, optimizer state and schedule stay exactly as they were
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+        if skipped:
+            logger.warning(
+                "non-finite loss or gradient norm: skipped %d of %d optimizer step(s) of this batch",
+                skipped,
+                cfg.grpo.num_iterations,
+            )
+        out["train/nonfinite"] = float(skipped)
+        out["lr"] = self.scheduler.get_last_lr()[0]
+        if self.entropy_control is not None:
+            out["entropy_coef"] = self.entropy_control.coef
+        batch, plan = step.batch, step.plan
+        out["train_tokens"] = float(batch.attention_mask.sum()) * cfg.grpo.num_iterations
+        out["completion/padded_width"] = float(batch.completion_ids.shape[1])
+        out["train/micro_batches"] = float(step.real_micro_batches)
+        out["train/backbone_tokens"] = float(sum(mb.input_ids.numel() for mb in plan if not mb.idle))
+        return out
+
+    def _step_inputs(self, rollout: RolloutBatch) -> _StepInputs:
+        """The batch, its micro-batch plan, advantages, and the old / reference / engine logprobs the updates use."""
         cfg, device = self.config, self.device
         comps = rollout.completions
         batch = build_sequence_batch(rollout.prompt_ids, [c.token_ids for c in comps], self.pad_token_id)
@@ -259,66 +307,53 @@ class LossStep:
             stats.update(mismatch_metrics(old_lp, rollout_lp, mask))
             if correction is not None:  # [B, T] (token_*) or [B] (sequence_*), TRL's importance_sampling_ratio
                 is_weights = rollout_importance_weights(old_lp, rollout_lp, mask, *correction)
-        # Otherwise the first update's forward runs the policy the engine sampled from: measure there.
-        measure_from = rollout_lp if has_rollout_lp and not recompute else None
+        return _StepInputs(
+            batch=batch,
+            plan=plan,
+            advantages=advantages,
+            mask=mask,
+            old_lp=old_lp if cfg.grpo.num_iterations > 1 or from_rollout else None,
+            ref_lp=ref_lp,
+            is_weights=is_weights,
+            # Otherwise the first update's forward runs the policy the engine sampled from: measure there.
+            measure_from=rollout_lp if has_rollout_lp and not recompute else None,
+            stats=stats,
+            real_micro_batches=sum(not mb.idle for mb in plan),
+        )
 
-        agg: dict[str, list[torch.Tensor]] = defaultdict(list)
-        real = sum(not mb.idle for mb in plan)
-        grad_norms = []
-        skipped = 0
-        last = cfg.grpo.num_iterations - 1
-        for iteration in range(cfg.grpo.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            old = old_lp if cfg.grpo.num_iterations > 1 or from_rollout else None
-            current = torch.zeros_like(rollout_lp) if iteration == 0 and measure_from is not None else None
-            control = self.entropy_control
-            coef = None if control is None else control.applied_coef()
-            entropy_sum, entropy_tokens = self.accumulate_gradients(
-                batch, advantages, old, ref_lp, is_weights, agg, current, plan, entropy_coef=coef
-            )
-            if control is not None:  # TRL's update at the optimizer-step boundary (one read of the device)
-                entropy_sum = self.dist.sum(
-                    torch.stack([entropy_sum.float(), torch.tensor(entropy_tokens, device=device, dtype=torch.float)])
-                )
-                control.update(float(entropy_sum[0]), float(entropy_sum[1]))
-            if current is not None:
-                stats.update(mismatch_metrics(current, measure_from, mask))
-            norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.max_grad_norm))
-            grad_norms.append(norm.to(device))
-            losses = agg["loss"][len(agg["loss"]) - real :]  # this update's
-            loss_sum = torch.stack(losses).sum() if losses else torch.zeros((), device=device)
-            finite = torch.isfinite(norm) & torch.isfinite(self.dist.sum(loss_sum))
-            if iteration < last:  # an extra read only when num_iterations > 1
-                ok = bool(finite)
-            else:  # the last update's flag comes with the step's one read of the metrics
-                losses = agg.pop("loss", [])
-                stats["loss"] = (torch.stack(losses).sum() if losses else loss_sum) / cfg.grpo.num_iterations
-                for k, v in agg.items():
-                    stats[k] = torch.stack(v).mean()
-                stats["grad_norm"] = torch.stack(grad_norms).mean()
-                out = read_metrics({**stats, "_finite": finite})  # the step's one read of the device
-                ok = out.pop("_finite") == 1.0
-            if ok:
-                self.optimizer.step()
-                self.scheduler.step()
-            else:  # skipped: parameters, optimizer state and schedule stay exactly as they were
-                self.optimizer.zero_grad(set_to_none=True)
-                skipped += 1
-        if skipped:
-            logger.warning(
-                "non-finite loss or gradient norm: skipped %d of %d optimizer step(s) of this batch",
-                skipped,
-                cfg.grpo.num_iterations,
-            )
-        out["train/nonfinite"] = float(skipped)
-        out["lr"] = self.scheduler.get_last_lr()[0]
-        if self.entropy_control is not None:
-            out["entropy_coef"] = self.entropy_control.coef
-        out["train_tokens"] = float(batch.attention_mask.sum()) * cfg.grpo.num_iterations
-        out["completion/padded_width"] = float(batch.completion_ids.shape[1])
-        out["train/micro_batches"] = float(real)
-        out["train/backbone_tokens"] = float(sum(mb.input_ids.numel() for mb in plan if not mb.idle))
-        return out
+    def _update(self, step: _StepInputs, iteration: int, agg: dict, grad_norms: list) -> torch.Tensor:
+        """One update's gradient over the micro-batches, clipped; -> whether its loss and gradient norm are
+        finite (a device flag)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        measuring = iteration == 0 and step.measure_from is not None
+        current = torch.zeros_like(step.measure_from) if measuring else None
+        control = self.entropy_control
+        coef = None if control is None else control.applied_coef()
+        entropy_sum, entropy_tokens = self.accumulate_gradients(
+            step.batch, step.advantages, step.old_lp, step.ref_lp, step.is_weights, agg, current, step.plan, coef
+        )
+        if control is not None:  # TRL's update at the optimizer-step boundary (one read of the device)
+            totals = torch.stack([entropy_sum.float(), torch.tensor(entropy_tokens, device=self.device).float()])
+            totals = self.dist.sum(totals)
+            control.update(float(totals[0]), float(totals[1]))
+        if current is not None:
+            step.stats.update(mismatch_metrics(current, step.measure_from, step.mask))
+        norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.max_grad_norm))
+        grad_norms.append(norm.to(self.device))
+        losses = agg["loss"][len(agg["loss"]) - step.real_micro_batches :]  # this update's
+        loss_sum = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
+        return torch.isfinite(norm) & torch.isfinite(self.dist.sum(loss_sum))
+
+    def _read_step_metrics(self, step: _StepInputs, agg: dict, grad_norms: list, finite: torch.Tensor) -> dict:
+        """The step's metrics as host numbers (its one read of the device), with the last update's `_finite` flag."""
+        stats = step.stats
+        losses = agg.pop("loss", [])
+        loss_sum = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)
+        stats["loss"] = loss_sum / self.config.grpo.num_iterations
+        for k, v in agg.items():
+            stats[k] = torch.stack(v).mean()
+        stats["grad_norm"] = torch.stack(grad_norms).mean()
+        return read_metrics({**stats, "_finite": finite})
 
     def accumulate_gradients(
         self,
@@ -333,22 +368,17 @@ class LossStep:
         entropy_coef: float | None = None,
     ) -> tuple[torch.Tensor, int]:
         """Backward of the loss of the whole `batch` as micro-batches (`plan`, default `micro_batches(batch)`),
-        so that the accumulated gradient equals the gradient of `grpo_loss` on the whole batch at once.
-        Per-token arguments are [B, T] (advantages and sequence-level is_weights [B]). `agg` (a dict of
-        lists) gets each micro-batch's loss and metrics as device tensors. With `current_logprobs` (a [B, T]
-        tensor), the micro-batches' logprobs under the current policy are written into it, from the same
-        forward (an extra lm_head pass without gradient, no backbone pass).
+        adding up to TRL 1.16's gradient (`GRPOTrainer._compute_loss` per micro-batch, summed). Per-token arguments
+        are [B, T] (advantages and sequence-level is_weights [B]); `agg` (a dict of lists) gets each micro-batch's
+        loss and metrics as device tensors; with `current_logprobs` ([B, T]) the micro-batches' logprobs under the
+        current policy are written into it from the same forward (an extra lm_head pass, no backbone pass).
 
-        The accumulated gradient is TRL 1.16's: `GRPOTrainer._compute_loss` per micro-batch, summed. Each
-        micro-batch's loss is scaled by the share the loss type's reduction gives
-        (`Reduction.micro_batch_share`: rows / B for the per-sequence reductions and for bnpo, whose token
-        mean is the micro-batch's own as in TRL; 1 for the global ones, which get the batch's token count as
-        num_items_in_batch). The entropy bonus is, as in TRL and for every loss type, the mean over each
-        micro-batch's own tokens weighted like a micro-batch (TRL: / gradient_accumulation_steps; here
-        rows / B, the same for equal-row micro-batches): its coefficient becomes coef * (rows / B) / share.
-        `entropy_coef` overrides the loss config's (the adaptive-entropy controller's current value).
-        Returns (Σ entropy over the batch's active tokens as a device tensor, their count; this rank's):
-        what the adaptive-entropy controller measures."""
+        Each micro-batch's loss is scaled by its reduction's `micro_batch_share` (rows / B for the per-sequence
+        reductions and bnpo, whose token mean is the micro-batch's own as in TRL; 1 for the global ones, given the
+        batch's token count). The entropy bonus is each micro-batch's own token mean weighted like a micro-batch
+        (TRL: / gradient_accumulation_steps; here rows / B): its coefficient becomes coef (rows / B) / share.
+        `entropy_coef` overrides the loss config's (the adaptive controller's value). Returns (Σ entropy over this
+        rank's active tokens, a device tensor; their count): what the adaptive-entropy controller measures."""
         plan = self.micro_batches(batch) if plan is None else plan
         agg = defaultdict(list) if agg is None else agg
         row_tokens = batch.completion_mask.sum(1).tolist()
@@ -373,15 +403,14 @@ class LossStep:
             if coef != 0.0 or config.entropy_coef != 0.0:
                 mb_coef = coef * (rows / max(n_rows, 1)) / share if share else 0.0
                 config = dataclasses.replace(config, entropy_coef=mb_coef)
+            per_token = [None if t is None else mb.tokens(t, device) for t in (old_lp, ref_lp, is_weights)]
             loss, metrics = grpo_loss(
                 hidden,
                 weight,
                 mb.completion_ids,
                 mb.completion_mask,
                 mb.tokens(advantages, device),
-                old_logprobs=None if old_lp is None else mb.tokens(old_lp, device),
-                ref_logprobs=None if ref_lp is None else mb.tokens(ref_lp, device),
-                is_weights=None if is_weights is None else mb.tokens(is_weights, device),
+                *per_token,
                 num_items_in_batch=max(num_items, 1),  # every completion masked (all truncated): loss 0
                 config=config,
                 bias=bias,
@@ -392,16 +421,8 @@ class LossStep:
                 loss = loss * share
             if current_logprobs is not None:
                 with torch.no_grad():
-                    lp = fused_logprobs(
-                        hidden.detach(),
-                        weight.detach(),
-                        mb.completion_ids,
-                        temperature=config.temperature,
-                        logit_scale=config.logit_scale,
-                        final_logit_softcapping=config.final_logit_softcapping,
-                        backend=config.backend,
-                        bias=None if bias is None else bias.detach(),
-                    )
+                    frozen_bias = None if bias is None else bias.detach()
+                    lp = logprobs_with_config(hidden.detach(), weight.detach(), mb.completion_ids, config, frozen_bias)
                 mb.scatter(current_logprobs, lp.float())
             # FSDP averages the ranks' gradients of their shares of the batch's loss: scale to the sum.
             (loss * self.dist.world_size if self.dist.enabled else loss).backward()

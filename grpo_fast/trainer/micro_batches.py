@@ -9,7 +9,7 @@ the matching layout:
   (grpo_fast.trainer.prefix_sharing).
 - `PackedMicroBatch`: whole sequences concatenated padding-free into one row of at most a token budget
   (position ids restarting at 0 for each sequence, no attention mask: transformers reads the restarts as
-  sequence boundaries, and grpo_fast.sft.packing_check verifies the model keeps them apart), the loss in
+  sequence boundaries, and grpo_fast.core.packing verifies the model keeps them apart), the loss in
   its packed layout ([N, H] hidden states, `cu_seqlens`). A completion the loss ignores entirely (every
   token masked, e.g. a truncated one under mask_truncated_completions) is not run through the backbone:
   it stays in the loss as an empty sequence, where it contributes nothing, as it would padded.
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_fast.sft.batching import pack
-from grpo_fast.trainer.policy import SequenceBatch, completion_hidden, last_hidden
+from grpo_fast.core.packing import pack
+from grpo_fast.core.policy import SequenceBatch, completion_hidden, last_hidden
 
 
 @dataclass

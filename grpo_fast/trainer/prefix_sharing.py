@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from grpo_fast.trainer.policy import SequenceBatch, backbone, build_sequence_batch, completion_hidden
+from grpo_fast.core.policy import SequenceBatch, backbone, build_sequence_batch, completion_hidden
 
 # Share when the backbone tokens saved are at least this fraction of the unshared forward's tokens. Measured
 # (benchmarks/results/prefix_sharing_cpu.json: Qwen2 4 layers, hidden 512, vocab 32k, G = 8, completions of

@@ -27,8 +27,9 @@ from grpo_fast.curate.pass_rates import sample_prompts
 from grpo_fast.rewards.columns import TrainerState, call_reward
 from grpo_fast.rewards.routing import unrouted
 from grpo_fast.rewards.self_test import info_of
+from grpo_fast.rollout.prompts import training_sampling
+from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer.advantages import group_advantages
-from grpo_fast.trainer.rollout_phase import training_sampling
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ def verifier_self_test(rewards, report: PreflightReport) -> None:
         fn = unrouted(fn)  # the samples test the verifier, not the rows its `when` routes to it
         info, _ = info_of(fn)
         if info is None or not info.samples:
-            report.warnings.append(f"reward {name} has no self-test samples (grpo_fast.rewards.self_test.describe)")
+            report.warnings.append(f"reward {name} has no self-test samples (declare them: grpo_fast.rewards.reward)")
             continue
         scored = []
         for sample in info.samples:
@@ -142,7 +143,7 @@ def difficulty_probe(trainer, prompts: int, samples: int, report: PreflightRepor
     rng = random.Random(cfg.run.seed)
     index = rng.sample(range(len(trainer.train_rows)), min(prompts, len(trainer.train_rows)))
     ids = trainer.prompts.encode_rows(trainer.train_rows, index, cache=False)
-    spec = training_sampling(cfg, trainer.stop_ids, samples, cfg.run.seed)
+    spec = training_sampling(cfg.rollout, trainer.stop_ids, samples, cfg.run.seed)
     state = TrainerState(global_step=0, max_steps=cfg.run.max_steps)
     results = sample_prompts(trainer.engine, ids, trainer.train_rows, index, trainer.rewards, spec, state)
     passed = torch.tensor([r.pass_rate for r in results])
@@ -174,7 +175,6 @@ def baselines(trainer, sft_control_rows: list[dict] | None, sft_steps: int, repo
     report.baselines["start/reward_mean"] = start["eval/reward_mean"]
     if not sft_control_rows:
         return
-    from grpo_fast.trainer.sft import sft_train
 
     policy = copy.deepcopy(trainer.model.state_dict())
     pairs = [(r["prompt"], r["completion"]) for r in sft_control_rows]

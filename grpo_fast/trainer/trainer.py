@@ -11,42 +11,47 @@ from __future__ import annotations
 
 import copy
 import logging
-import random
 import shutil
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from grpo_fast.distributed.checkpoint import (
+from grpo_fast.core import checkpoint as ckpt
+from grpo_fast.core.metrics import MetricsLogger
+from grpo_fast.core.optim import build_optimizer, build_scheduler
+from grpo_fast.core.plots import save_plots
+from grpo_fast.core.policy import load_policy
+from grpo_fast.core.seeding import set_rng_state, set_seed
+from grpo_fast.core.sharded_checkpoint import (
     SHARDED_DIR,
     full_model_state,
     load_full_checkpoint,
     load_sharded,
     save_sharded,
 )
+from grpo_fast.data.loading import validate_prompt_rows
+from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.distributed.context import init_distributed
 from grpo_fast.distributed.fsdp import shard_policy
+from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
+from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
 from grpo_fast.rollout.registry import create_engine
 from grpo_fast.rollout.weight_sync import trainer_weights
-from grpo_fast.trainer import checkpoint as ckpt
 from grpo_fast.trainer.audit import AuditTrail
 from grpo_fast.trainer.config import TrainConfig, check_distributed_config
 from grpo_fast.trainer.curriculum import PassRateCurriculum
 from grpo_fast.trainer.data_sampler import PromptSampler
 from grpo_fast.trainer.health import HealthMonitor
 from grpo_fast.trainer.loss_step import LossStep
-from grpo_fast.trainer.metrics import MetricsLogger, step_metrics
+from grpo_fast.trainer.metrics import step_metrics
 from grpo_fast.trainer.offload import TrainerStateOffloader, memory_snapshot
-from grpo_fast.trainer.optim import build_optimizer, build_scheduler
 from grpo_fast.trainer.preflight import PreflightReport, run_preflight
 from grpo_fast.trainer.report import write_report
-from grpo_fast.trainer.rollout_phase import PromptEncoder, RolloutPhase, stop_token_ids
-from grpo_fast.trainer.scoring import RewardSet, TrainerState
+from grpo_fast.trainer.rollout_phase import RolloutPhase
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +71,9 @@ class NonFiniteTrainingError(RuntimeError):
     """run.max_bad_steps steps in a row had a non-finite loss or gradient norm."""
 
 
-def set_seed(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)  # noqa: NPY002 (global RNG)
-    torch.manual_seed(seed)
-
-
 class GRPOTrainer:
-    """GRPO / DAPO / Dr. GRPO / GSPO / CISPO trainer.
+    """The GRPO-family trainer: every loss type of grpo_fast.loss.loss_types (GRPO, BNPO, Dr. GRPO, DAPO, CISPO,
+    SAPO, LUSPO, VESPO), GSPO's sequence-level ratios, and the options of the `grpo` section.
 
     model: a transformers CausalLM or a path/hub name. reward_funcs: reward specs (callables with TRL's
     signature `fn(prompts, completions, **columns) -> list[float | None]`, names or {name: ..., options}; see
@@ -95,8 +95,6 @@ class GRPOTrainer:
         engine: RolloutEngine | None = None,
         callbacks: Sequence[Callable] = (),
     ) -> None:
-        from grpo_fast.data.tokenizer import load_tokenizer
-        from grpo_fast.trainer.policy import load_policy
 
         self.config = cfg = config or TrainConfig()
         self.dist = init_distributed()
@@ -197,7 +195,7 @@ class GRPOTrainer:
 
     def _write_weights(self, directory: Path) -> None:
         """A checkpoint's weights under `directory`: the model in Hugging Face format; with several ranks, also
-        the model and optimizer shards (grpo_fast.distributed.checkpoint). Every rank must call it."""
+        the model and optimizer shards (grpo_fast.core.sharded_checkpoint). Every rank must call it."""
         if self.dist.enabled:
             save_sharded(directory / SHARDED_DIR, self.model, self.optimizer)
         self._write_hf_model(directory)
@@ -226,8 +224,8 @@ class GRPOTrainer:
         except torch.OutOfMemoryError as exc:
             raise torch.OutOfMemoryError(
                 f"the {self.engine.name} rollout engine ran out of accelerator memory waking up for the weight "
-                f"sync ({exc}). Give it less: lower rollout.gpu_memory_utilization (now "
-                f"{self.config.rollout.gpu_memory_utilization}) or set rollout.kv_cache_memory_bytes, lower "
+                f"sync ({exc}). Give it less: lower rollout.vllm.gpu_memory_utilization (now "
+                f"{self.config.rollout.vllm.gpu_memory_utilization}) or set rollout.vllm.kv_cache_memory_bytes, lower "
                 "rollout.max_model_len; or free the trainer's share: run.offload_optimizer: true, "
                 "run.offload_params: true, a smaller run.micro_batch_size."
             ) from exc
@@ -361,7 +359,7 @@ class GRPOTrainer:
         self.skipped_steps = state.get("skipped_steps", 0)
         if self.loss_step.entropy_control is not None and "entropy_control" in state:
             self.loss_step.entropy_control.load_state_dict(state["entropy_control"])
-        ckpt.set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         self.resumed_from = path
         logger.info("resumed from %s (step %d)", path, self.step)
 
@@ -456,8 +454,6 @@ class GRPOTrainer:
         if cfg.run.save_final and not stop:
             self.save()
         if cfg.run.plots and main:
-            from grpo_fast.trainer.plots import save_plots
-
             save_plots(self.metrics.history, self.output_dir / "plots")
         if main:
             write_report(
@@ -554,7 +550,6 @@ def check_model_path(path: str) -> None:
 
 
 def _as_rows(dataset) -> list[dict]:
-    from grpo_fast.data.loading import validate_prompt_rows
 
     if dataset is None:
         return []

@@ -87,13 +87,16 @@ def test_probe_on_cpu_and_on_failures(monkeypatch):
     def raising(*args, **kwargs):
         raise RuntimeError("self and mat2 must have the same dtype, but got Float and BFloat16")  # torch 2.8/2.9
 
-    def ignores_c(c, a, b, *, out_dtype, alpha, out):  # beta = 0 semantics: would drop the accumulated dW
+    def ignores_c(c, a, b, *, out_dtype, beta=1.0, alpha, out):  # beta = 0 always: would drop the accumulated dW
         return out.copy_(alpha * (a.float() @ b.float()))
 
-    def correct(c, a, b, *, out_dtype, alpha, out):
-        return out.add_(a.float() @ b.float(), alpha=alpha)
+    def reads_c_at_beta_0(c, a, b, *, out_dtype, beta=1.0, alpha, out):  # 0 * NaN: a NaN workspace leaks
+        return out.mul_(beta).add_(a.float() @ b.float(), alpha=alpha)
 
-    for fn, expected in ((raising, False), (ignores_c, False), (correct, True)):
+    def correct(c, a, b, *, out_dtype, beta=1.0, alpha, out):
+        return (out.mul_(beta) if beta else out.zero_()).add_(a.float() @ b.float(), alpha=alpha)
+
+    for fn, expected in ((raising, False), (ignores_c, False), (reads_c_at_beta_0, False), (correct, True)):
         monkeypatch.setattr(chunked.torch, "addmm", fn)
         assert chunked._probe_fp32_addmm(torch.device("cpu")) is expected, fn.__name__
 

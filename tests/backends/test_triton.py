@@ -27,6 +27,7 @@ from grpo_fast.backends.chunked import TORCH_BACKEND  # noqa: E402
 from grpo_fast.backends.triton import TRITON_BACKEND, TRITON_DETERMINISTIC_BACKEND  # noqa: E402
 from grpo_fast.loss import LOSS_TYPES, Objective  # noqa: E402
 from grpo_fast.loss.layout import packed_layout, padded_layout  # noqa: E402
+from grpo_fast.loss.token_loss import select_token_loss  # noqa: E402
 from grpo_fast.loss.token_math import TokenInputs, entropy_weights, grpo_token_loss, reduction_weights  # noqa: E402
 from grpo_fast.testing.reference import naive_logprobs_and_entropy  # noqa: E402
 from grpo_fast.testing.tolerance import assert_within_rule  # noqa: E402
@@ -207,7 +208,7 @@ def test_token_kernel_matches_twin(loss_type, level, full):
         entropy_weights=entropy_weights(layout),
     )
     want = grpo_token_loss(x["logp"], x["entropy"], inputs, layout, config)
-    got = TRITON_BACKEND.token_loss(x["logp"], x["entropy"], inputs, layout, config)
+    got = select_token_loss(TRITON_BACKEND, config)(x["logp"], x["entropy"], inputs, layout, config)
     torch.testing.assert_close(got.sums, want.sums, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.grad_logprobs, want.grad_logprobs, rtol=1e-5, atol=1e-7)
     assert (got.grad_entropy is None) == (want.grad_entropy is None)
@@ -232,7 +233,7 @@ def test_token_kernel_padded_layout_with_fully_masked_sequence():
         entropy_weights=entropy_weights(layout),
     )
     want = grpo_token_loss(logp, None, inputs, layout, config)
-    got = TRITON_BACKEND.token_loss(logp, None, inputs, layout, config)
+    got = select_token_loss(TRITON_BACKEND, config)(logp, None, inputs, layout, config)
     torch.testing.assert_close(got.sums, want.sums, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.grad_logprobs, want.grad_logprobs, rtol=1e-5, atol=1e-7)
 
@@ -288,7 +289,7 @@ def test_grpo_loss_triton_matches_torch(options, packed, deterministic):
 
 
 def test_deterministic_flag_selects_atomic_free_backend():
-    assert TRITON_BACKEND.deterministic_variant is TRITON_DETERMINISTIC_BACKEND
+    assert TRITON_BACKEND.deterministic_variant() is TRITON_DETERMINISTIC_BACKEND
     assert TRITON_DETERMINISTIC_BACKEND.deterministic and not TRITON_BACKEND.deterministic
     assert TRITON_BACKEND.name == TRITON_DETERMINISTIC_BACKEND.name == "triton"
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from grpo_fast.bench.common import REPO_ROOT
-from grpo_fast.bench.step import PHASES, step_config
+from grpo_fast.bench.step.configs import PHASES, step_config
 
 HAS_TRL = importlib.util.find_spec("trl") is not None
 

@@ -1,21 +1,29 @@
-"""benchmarks/gpu_check.sh on a CPU machine: its dry run executes every phase's command line (tiny shapes),
-and the GPU tests it runs import on an image without the reward verifiers' dependencies."""
+"""benchmarks/gpu_check.sh on a CPU machine: its dry run executes every phase's command line (tiny shapes) in the
+GPU run's order and keeps the budget (at most 8 files, 6 of them JSON, nothing below $OUT; phase limits and
+elapsed time within 480 s); the budget check itself fails when broken; and the GPU tests it runs import on an
+image without the reward verifiers' dependencies."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 GPU_TESTS = [
     "tests/backends/test_native_gpu.py",
     "tests/backends/test_triton_gpu.py",
     "tests/trainer/test_offload_gpu.py",
+    "tests/trainer/test_model_kernels.py",
 ]
+PHASES = ["machine", "gate", "loss", "cuda", "step", "trl_step", "n65536", "gpu_tests", "dw", "model_kernels"]
+FILES = ["bench_loss_cpu.json", "dw_accumulation_cpu.json", "gpu_check.log", "model_kernels_cpu.json",
+         "summary.json", "trainer_step_cpu.json", "trl_step_cpu.json"]  # fmt: skip
 
 
 def _env(**extra) -> dict[str, str]:
@@ -24,22 +32,53 @@ def _env(**extra) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **extra}
 
 
-def test_dry_run_writes_every_phase_s_results(tmp_path):
+def test_dry_run_runs_every_phase_within_the_budget(tmp_path):
     assert shutil.which("python3", path=_env()["PATH"]).startswith(str(Path(sys.executable).parent))
-    script = ROOT / "benchmarks" / "gpu_check.sh"
     done = subprocess.run(
-        ["bash", str(script), "--dry-run"], env=_env(OUT=str(tmp_path)), capture_output=True, text=True, timeout=600
+        ["bash", str(SCRIPT), "--dry-run"], env=_env(OUT=str(tmp_path)), capture_output=True, text=True, timeout=600
     )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "exit status" not in done.stdout, done.stdout[-3000:]  # no phase failed
-    assert "auto ->" in (tmp_path / "backends.txt").read_text()
-    tests = (tmp_path / "gpu_tests.xml").read_text()
-    assert 'errors="0"' in tests and 'failures="0"' in tests
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == FILES
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [p["phase"] for p in summary["phases"]] == PHASES
+    assert all(p["status"] == "0" for p in summary["phases"]), summary["phases"]
+    assert sum(p["limit_s"] for p in summary["phases"]) <= 480 and summary["elapsed_s"] <= 3 * 480  # CPU slack
+    assert summary["facts"]["budget"].startswith("budget kept: 7 files (6 JSON)")
+    log = (tmp_path / "gpu_check.log").read_text()
+    assert log.index("[gpu_check") < log.index("gate (limit") < log.index("loss (limit") < log.index("cuda (limit")
     loss = json.loads((tmp_path / "bench_loss_cpu.json").read_text())
-    assert {row["variant"] for row in loss["results"]} >= {"naive", "torch", "gemm3"}
-    assert all("median_s" in row for row in loss["results"]), loss["results"]
-    offload = json.loads((tmp_path / "offload_dry_run.json").read_text())
-    assert offload["failures"] == []
+    measured = {row["variant"] for row in loss["results"] if "median_s" in row}
+    assert measured == {"gemm3", "triton", "torch", "naive", "trl", "liger", "cpu"}, loss["results"]
+    assert len(loss["runs"]) == 2  # the loss and n65536 phases (cuda: no CUDA kernels on CPU) merged in one JSON
+    for name in ("trainer_step_cpu.json", "trl_step_cpu.json", "dw_accumulation_cpu.json", "model_kernels_cpu.json"):
+        assert json.loads((tmp_path / name).read_text()), name
+
+
+def test_only_runs_the_named_phases(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), "--dry-run"], env=_env(OUT=str(tmp_path), ONLY="dw"),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    statuses = {p["phase"]: p["status"] for p in json.loads((tmp_path / "summary.json").read_text())["phases"]}
+    assert statuses == {name: "0" if name in ("machine", "dw") else "not run (ONLY)" for name in PHASES}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dw_accumulation_cpu.json", "gpu_check.log", "summary.json"]
+
+
+def test_budget_check_fails_when_broken(tmp_path):
+    def check(**env):
+        return subprocess.run(["bash", str(SCRIPT), "--check-budget"], env=_env(OUT=str(tmp_path), **env),
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+
+    kept = check()
+    assert kept.returncode == 0 and "budget kept: 0 files" in kept.stdout and "limits 475s" in kept.stdout
+    for i in range(9):
+        (tmp_path / f"r{i}.json").write_text("{}")
+    (tmp_path / "deeper").mkdir()
+    (tmp_path / "deeper" / "x.txt").write_text("")
+    broken = check(BUDGET_S="400")
+    assert broken.returncode == 1
+    for problem in ("10 files in", "9 JSON files", "1 files below", "limits add up to 475s > 400s"):
+        assert problem in broken.stdout, broken.stdout
+    assert subprocess.run(["bash", str(SCRIPT), "--bogus"], capture_output=True, timeout=60).returncode == 2
 
 
 def test_gpu_tests_collect_without_the_verifiers_dependencies(tmp_path):
@@ -51,6 +90,6 @@ def test_gpu_tests_collect_without_the_verifiers_dependencies(tmp_path):
     cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *GPU_TESTS]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "tests collected" in done.stdout and "error" not in done.stdout.lower()
+    assert re.fullmatch(r"\d+ tests collected in [\d.]+s", done.stdout.strip().splitlines()[-1]), done.stdout[-2000:]
     probe = "import grpo_fast.rewards, grpo_fast.trainer, grpo_fast.rewards.registry as r; r.REWARD_FUNCTIONS.names()"
     assert subprocess.run([sys.executable, "-c", probe], env=env, timeout=300).returncode == 0

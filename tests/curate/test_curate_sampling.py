@@ -12,7 +12,7 @@ from grpo_fast.cli import main
 from grpo_fast.curate.sampling import run_sampling
 from grpo_fast.data.tasks import modular_arithmetic_dataset
 from grpo_fast.rewards.text import completion_text
-from grpo_fast.trainer.config import load_config
+from grpo_fast.trainer.config import load_sample_config
 
 ROWS = modular_arithmetic_dataset(10, seed=0)
 
@@ -23,7 +23,7 @@ def starts_low(prompts, completions, **_):
 
 
 def _config(out, *extra):
-    return load_config(
+    return load_sample_config(
         None,
         [
             "rollout.engine=hf",

@@ -87,16 +87,27 @@ def test_trl_options_reach_the_trainer_config_by_their_names():
         load_config(None, ["loss.sapo_temperature_neg=0"])
 
 
-def test_unknown_loss_type_is_an_error_in_the_triton_launcher():
-    pytest.importorskip("triton")
-    from grpo_fast.kernels.grpo_token_loss import grpo_token_loss_triton
+def test_an_objective_without_a_kernel_falls_back_to_pytorch_with_one_line(monkeypatch, caplog):
+    """A user objective has no code in the layer-2 kernels: a backend with such a kernel runs its token math in
+    PyTorch (one logged line), with the same numbers as the torch backend, instead of raising."""
+    import logging
 
-    x = torch.zeros(4)
-    with pytest.raises(ValueError, match="loss_type: expected one of"):
-        grpo_token_loss_triton(
-            x, None, None, None, x, None, x, x, x, torch.tensor([0, 4]), loss_type="nope", sequence_level=False,
-            clip_low=0.2, clip_high=0.2, delta=None, beta=0.0, entropy_coef=0.0,
-        )  # fmt: skip
+    from grpo_fast.backends import Capabilities
+    from grpo_fast.loss import token_loss
+    from grpo_fast.loss.token_math import grpo_token_loss
+
+    class WithKernel:  # a backend that declares a layer-2 kernel
+        name = "with_kernel"
+        capabilities = Capabilities(token_loss_kernel=lambda *args: pytest.fail("the kernel must not run"))
+
+    monkeypatch.setattr(token_loss, "KERNEL_OBJECTIVE_CODES", {})  # as for an objective without a kernel code
+    monkeypatch.setattr(token_loss, "_LOGGED_FALLBACKS", set())
+    config = _config("dapo")
+    with caplog.at_level(logging.INFO, logger="grpo_fast.loss.token_loss"):
+        chosen = [token_loss.select_token_loss(WithKernel(), config) for _ in range(3)]
+    assert all(c is grpo_token_loss for c in chosen)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "has no with_kernel layer-2 kernel" in lines[0], lines
 
 
 def test_unknown_loss_type_is_an_error_in_the_trainer_config():

@@ -25,9 +25,9 @@ import pytest  # noqa: E402
 import transformers  # noqa: E402
 
 from grpo_fast import GRPOLossConfig, fused_logprobs  # noqa: E402
+from grpo_fast.core.policy import backbone, lm_head_params  # noqa: E402
 from grpo_fast.loss.head import LogitHead, logit_head, with_model_head  # noqa: E402
 from grpo_fast.testing.tolerance import ATOL, assert_within_rule, max_error  # noqa: E402
-from grpo_fast.trainer.policy import backbone, lm_head_params  # noqa: E402
 
 VOCAB = 97
 TEMPERATURE = 0.7
@@ -166,9 +166,9 @@ def test_head_in_every_backend_fp32(name, backend):
 
 def test_trainer_loss_step_uses_the_head():
     """The GRPO loss step's config and logprobs carry the model's soft cap (a Gemma-2 policy)."""
+    from grpo_fast.core.policy import build_sequence_batch
     from grpo_fast.trainer.config import load_config
     from grpo_fast.trainer.loss_step import LossStep
-    from grpo_fast.trainer.policy import build_sequence_batch
 
     model, head = _model("gemma2", torch.float32)
     overrides = ["rollout.num_generations=2", "run.micro_batch_size=2", f"rollout.temperature={TEMPERATURE}"]

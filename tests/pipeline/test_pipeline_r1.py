@@ -9,8 +9,8 @@ import json
 
 from transformers import AutoModelForCausalLM
 
-from grpo_fast.data.tasks import exact_match_reward
 from grpo_fast.pipeline import load_pipeline_config, run_pipeline
+from grpo_fast.rewards.tasks import exact_match_reward
 
 TASK = {"ops": "+*", "fixed_b": 7, "max_operand": 500}
 SMALL_RUN = {"tensorboard": False, "progress": False, "plots": False}

@@ -10,14 +10,13 @@ import pickle
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
-from grpo_fast.demo.tiny import build_char_tokenizer
+from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, random_qwen2
 from grpo_fast.rewards import reward_model as rm_module
 from grpo_fast.rewards.reward_model import reward_model
+from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rewards.routing import RoutedReward
 from grpo_fast.trainer.preflight import PreflightReport, reward_scale_warnings, verifier_self_test
-from grpo_fast.trainer.scoring import RewardSet, TrainerState
 
 STATE = TrainerState(global_step=0, max_steps=1)
 PROMPTS = ["(12+7)%10=", "what is 3*4? ", "a", "(99-1)%7=", "say hi: "]
@@ -27,17 +26,8 @@ TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }} {% endf
 
 def _classifier(tokenizer, num_labels: int, seed: int = 0):
     """Random-init classifier; its config names no pad token (the reward function must set one)."""
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=128,
-        num_labels=num_labels,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForSequenceClassification(config).eval()
+    shape = TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128)
+    return random_qwen2(len(tokenizer), shape, seed=seed, num_labels=num_labels).eval()
 
 
 def _save(path, num_labels: int = 1, chat_template: str | None = None):

@@ -9,7 +9,8 @@ import pytest
 
 import grpo_fast.rewards as rewards
 from grpo_fast.rewards import RewardPool
-from grpo_fast.rewards.registry import REWARD_FUNCTIONS, reward_from_spec
+from grpo_fast.rewards.registry import REWARD_FUNCTIONS, reward, reward_from_spec
+from grpo_fast.rewards.self_test import Sample, info_of
 
 
 def test_every_builtin_reward_of_the_package_is_available_by_name():
@@ -52,7 +53,7 @@ def test_plug_in_rewards_by_registration_or_import_path():
 
     REWARD_FUNCTIONS.register("shouting_test_only", shouting)
     assert reward_from_spec("shouting_test_only")(["p"], ["HI"]) == [1.0]
-    assert reward_from_spec("grpo_fast.data.tasks:exact_match_reward")(["p"], ["4"], answer=["4"]) == [1.0]
+    assert reward_from_spec("grpo_fast.rewards.tasks:exact_match_reward")(["p"], ["4"], answer=["4"]) == [1.0]
 
 
 def test_code_tests_takes_its_sandbox_limits_from_a_config_mapping():
@@ -60,3 +61,29 @@ def test_code_tests_takes_its_sandbox_limits_from_a_config_mapping():
     slow = "import time\ntime.sleep(5)\ndef f(x):\n    return x\n"
     assert fn(["p"], [slow], tests=[["assert f(1) == 1"]]) == [0.0]  # killed at 0.5 s
     assert fn(["p"], ["def f(x):\n    return x\n"], tests=[["assert f(1) == 1"]]) == [1.0]
+
+
+def test_a_declaration_travels_with_the_function_not_its_name():
+    """A user function named like a built-in inherits nothing of the built-in's self-test (the launch checklist
+    then warns that it has no samples); `@reward` declares and registers, once per name."""
+
+    def math_accuracy(prompts, completions, **_):  # same __name__ as the built-in
+        return [1.0] * len(completions)
+
+    assert info_of(math_accuracy) == (None, {})
+    builtin, options = info_of(reward_from_spec({"name": "math_accuracy", "timeout_s": 2}))
+    assert builtin.kind == "accuracy" and len(builtin.samples) >= 5 and options == {"timeout_s": 2}
+
+    samples = [Sample("upper", "HI", {}, True), Sample("lower", "hi", {}, False)]
+
+    @reward("shouting_declared_test_only", kind="format", range=(0.0, 1.0), samples=samples)
+    def shouting(prompts, completions, **_):
+        return [float(c.isupper()) for c in completions]
+
+    assert reward_from_spec("shouting_declared_test_only") is shouting
+    info, _ = info_of(shouting)
+    assert info.samples == tuple(samples) and info.reward_range({}) == (0.0, 1.0)
+    with pytest.raises(ValueError, match="'shouting_declared_test_only' is already registered"):
+        reward("shouting_declared_test_only", kind="format", range=(0.0, 1.0))(math_accuracy)
+    with pytest.raises(ValueError, match="'math_accuracy' is already registered"):
+        reward("math_accuracy", kind="accuracy", range=(0.0, 1.0))(math_accuracy)

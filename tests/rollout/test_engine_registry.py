@@ -5,24 +5,35 @@ records the choice and the reason, which is logged."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
 import torch
 
+from grpo_fast.config_fields import ConfigSection, option
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.rollout import ROLLOUT_ENGINES, RolloutEngine, create_engine, registry
 from grpo_fast.rollout.hf_engine import HFEngine
 from grpo_fast.rollout.registry import EngineSelection, choose_engine, resolve_engine_name
 from grpo_fast.trainer import GRPOTrainer, load_config
 
 
+@dataclasses.dataclass
+class CountingOptions(ConfigSection):
+    """A plug-in engine's own options section (`rollout.plugins.counting`)."""
+
+    key = "rollout.plugins.counting"
+    seed_offset: int = option(0, "added to the run's seed", low=0)
+
+
 class CountingEngine(HFEngine):
-    """A plug-in engine: transformers generation that counts its calls and reads its own option from
-    the run config (the trainer does not know it)."""
+    """A plug-in engine: transformers generation that counts its calls and reads its own options from
+    the run config (the trainer does not know them)."""
 
     name = "counting"
+    options = CountingOptions
     built: list[CountingEngine] = []
 
     def __init__(self, model, tokenizer, seed: int) -> None:
@@ -31,8 +42,8 @@ class CountingEngine(HFEngine):
         CountingEngine.built.append(self)
 
     @classmethod
-    def from_config(cls, config, *, model, tokenizer, export_model):
-        return cls(model, tokenizer, seed=config.run.seed)
+    def from_config(cls, config, *, options, model, tokenizer, export_model):
+        return cls(model, tokenizer, seed=config.run.seed + options.seed_offset)
 
     def generate(self, prompt_token_ids, sampling):
         self.generate_calls += 1
@@ -149,3 +160,21 @@ def test_unknown_or_wrong_engines_are_errors(tmp_path):
     with pytest.raises(ValueError, match="already registered"):
         ROLLOUT_ENGINES.register("hf", CountingEngine)
     assert issubclass(CountingEngine, RolloutEngine)
+
+
+def test_a_plug_in_engine_gets_its_own_options_section(tmp_path):
+    tok = build_char_tokenizer()
+    model = build_tiny_model(tok)
+    config = _config(tmp_path, "counting")
+    config.rollout.plugins = {"counting": {"seed_offset": 3}}
+    engine = create_engine("counting", config, model=model, tokenizer=tok, export_model=str)
+    assert engine.seed == 5 + 3
+    config.rollout.plugins = {"counting": {"seed_ofset": 3}}
+    with pytest.raises(ValueError, match=r"rollout.plugins.counting: unknown key\(s\) \['seed_ofset'\]"):
+        create_engine("counting", config, model=model, tokenizer=tok, export_model=str)
+    config.rollout.plugins = {"counting": {"seed_offset": -1}}
+    with pytest.raises(ValueError, match="rollout.plugins.counting.seed_offset: expected a value >= 0"):
+        create_engine("counting", config, model=model, tokenizer=tok, export_model=str)
+    config.rollout.plugins = {}
+    hf = create_engine("hf", config, model=model, tokenizer=tok, export_model=str)
+    assert hf.batch_size == config.rollout.hf.batch_size == 256  # a built-in reads its own section

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.rollout.weight_sync import trainer_weights
 
 peft = pytest.importorskip("peft")
@@ -35,8 +35,8 @@ def test_trainer_weights_of_a_lora_model_are_the_merged_base_weights():
 def test_lora_reference_is_the_base_without_dropout(tmp_path):
     """beta > 0 with a PEFT model: no deep copy; the reference is the policy with adapters disabled, computed
     in eval mode even though the policy is training (its dropout must not make the KL noisy)."""
+    from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
     from grpo_fast.trainer import GRPOTrainer, load_config
-    from grpo_fast.trainer.policy import build_sequence_batch, completion_logprobs
 
     tok = build_char_tokenizer()
     base = build_tiny_model(tok, seed=0)

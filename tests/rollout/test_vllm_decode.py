@@ -93,7 +93,7 @@ def test_real_vllm_texts_match_its_own_detokenizer(vllm_engine, tiny_dir):
     """The engine's texts (batch-decoded) against vLLM's own (detokenize=True) for the same seeded requests."""
     import vllm
 
-    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
     from grpo_fast.rollout.weight_sync import trainer_weights
 
     tok = build_char_tokenizer()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
 from grpo_fast.rollout.base import SamplingSpec
 from grpo_fast.rollout.weight_sync import iter_weight_buckets, trainer_weights
-from grpo_fast.trainer.policy import build_sequence_batch, completion_logprobs
 
 
 def _engine_vs_trainer(engine, model, tok, prompts):

@@ -16,11 +16,11 @@ import json
 import pytest
 import torch
 
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model, save_tiny
+from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, save_tiny
 from grpo_fast.rollout.base import SamplingSpec
 from grpo_fast.rollout.weight_check import WeightNameCheck, checkpoint_weight_names, synced_names
 from grpo_fast.rollout.weight_sync import trainer_weights
-from grpo_fast.trainer.policy import build_sequence_batch, completion_logprobs
 
 PROMPTS = ["(12*7)%10=", "(5*7)%10=", "(431*7)%10="]
 

@@ -3,7 +3,7 @@ Qwen2 model built from a seed."""
 
 import pytest
 
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 
 # Renders "u:hi a:yo</s> " ("a:" is the generation prompt); every assistant turn ends with EOS.
 CHAT_TEMPLATE = (

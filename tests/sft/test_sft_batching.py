@@ -11,11 +11,11 @@ import pytest
 import torch
 from sft_examples import random_examples
 
-from grpo_fast.sft.batching import BatchPlan, collate, cut, pack
+from grpo_fast.core.packing import pack, packing_error
+from grpo_fast.sft.batching import BatchPlan, collate, cut
 from grpo_fast.sft.config import SFTConfig, SFTDataConfig, SFTRunConfig
 from grpo_fast.sft.data import SFTExample
 from grpo_fast.sft.loss import loss_token_logprobs
-from grpo_fast.sft.packing_check import packing_error
 from grpo_fast.sft.trainer import SFTTrainer
 
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from sft_examples import random_examples
 
-from grpo_fast.sft.batching import collate, pack
+from grpo_fast.core.packing import pack
+from grpo_fast.sft.batching import collate
 from grpo_fast.sft.loss import sft_loss
 
 
@@ -19,7 +20,7 @@ def grads(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_fused_loss_and_gradients_equal_transformers_cross_entropy(tok, tied):
-    from grpo_fast.demo.tiny import TinyModelSpec, build_tiny_model
+    from grpo_fast.core.tiny_models import TinyModelSpec, build_tiny_model
 
     model = build_tiny_model(tok, TinyModelSpec(tie_word_embeddings=tied), seed=1)
     examples = random_examples(12, model.config.vocab_size, seed=1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.trainer import GRPOTrainer, load_config
-from grpo_fast.trainer.policy import build_sequence_batch, completion_logprobs
 
 
 def accumulation_setup(output_dir, seed: int, prompt_lens, completion_lens, masked_row: int):

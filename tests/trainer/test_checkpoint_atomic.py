@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_fast.trainer import checkpoint as ckpt
+from grpo_fast.core import checkpoint as ckpt
 
 
 class _Model:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.rewards.text import completion_text
 from grpo_fast.testing.trees import assert_equal_trees
 from grpo_fast.trainer import GRPOTrainer, load_config

@@ -8,20 +8,14 @@ import random
 import numpy as np
 import pytest
 import torch
+from tiny_trainer import tiny_trainer
 
-from grpo_fast.data.tasks import exact_match_reward, modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
-from grpo_fast.trainer import GRPOTrainer, load_config
-from grpo_fast.trainer import checkpoint as ckpt
+from grpo_fast.core import checkpoint as ckpt
+from grpo_fast.core.seeding import set_rng_state
 
 
 def _trainer(out, *overrides):
-    tok = build_char_tokenizer()
-    opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
-    opts += ["run.prompts_per_step=2", "run.eval_every=0", "reward.workers=0", "run.tensorboard=false"]
-    opts += ["run.progress=false", "run.plots=false", f"run.output_dir={out}", *overrides]
-    rows = modular_arithmetic_dataset(8, seed=0)
-    return GRPOTrainer(build_tiny_model(tok), [exact_match_reward], rows, config=load_config(None, opts), tokenizer=tok)
+    return tiny_trainer(out, *overrides)
 
 
 class _CreatesAFile:
@@ -58,7 +52,7 @@ def test_the_trainer_state_loads_with_weights_only_and_restores_the_rngs(tmp_pat
     expected = (random.random(), np.random.random(), torch.rand(1))  # noqa: NPY002
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     random.seed(9), np.random.seed(9), torch.manual_seed(9)  # noqa: NPY002
-    ckpt.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     assert (random.random(), np.random.random()) == expected[:2]  # noqa: NPY002
     assert torch.equal(torch.rand(1), expected[2])
 
@@ -71,5 +65,5 @@ def test_a_checkpoint_of_the_earlier_format_still_loads(tmp_path):
     torch.save({"step": 1, "rng": rng}, path / "trainer_state.pt")
     expected = np.random.random()  # noqa: NPY002
     state = ckpt.load_trainer_state(path)
-    ckpt.set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     assert np.random.random() == expected  # noqa: NPY002

@@ -17,10 +17,10 @@ import typing
 import pytest
 import yaml
 
+from grpo_fast.core.tiny_models import build_char_tokenizer
 from grpo_fast.data.loading import load_prompt_dataset, validate_prompt_rows
-from grpo_fast.demo.tiny import build_char_tokenizer
+from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.trainer.config import TrainConfig, load_config
-from grpo_fast.trainer.rollout_phase import PromptEncoder
 
 
 def _leaf_keys(cls=TrainConfig, prefix=""):
@@ -156,8 +156,8 @@ def test_hostile_config_structure_fails_naming_the_key():
         ("rollout.top_p", 0.0),
         ("rollout.top_p", 1.5),
         ("rollout.top_k", -5),
-        ("rollout.gpu_memory_utilization", 2.0),
-        ("rollout.kv_cache_memory_bytes", -1),
+        ("rollout.vllm.gpu_memory_utilization", 2.0),
+        ("rollout.vllm.kv_cache_memory_bytes", -1),
         ("rollout.max_model_len", 8),  # not above max_completion_length (32)
         ("grpo.max_resample_rounds", -1),
         ("reward.failure_reward", float("nan")),

@@ -3,8 +3,8 @@ the counts are in the metrics, and a resumed run keeps the measured pass rates."
 
 from __future__ import annotations
 
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.rewards.text import completion_text
 from grpo_fast.trainer import GRPOTrainer, load_config
 from grpo_fast.trainer.data_sampler import PromptSampler

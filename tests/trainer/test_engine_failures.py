@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from grpo_fast.cli import main
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
 from grpo_fast.rewards.text import completion_text
 from grpo_fast.rollout.hf_engine import HFEngine
 from grpo_fast.trainer import GRPOTrainer, load_config
@@ -91,6 +91,6 @@ def test_out_of_memory_at_wake_up_says_what_to_change(tmp_path):
         t.train()
     t.close()
     message = str(info.value)
-    assert "out of memory" in message and "rollout.gpu_memory_utilization" in message, message
+    assert "out of memory" in message and "rollout.vllm.gpu_memory_utilization" in message, message
     assert "CUDA out of memory. Tried to allocate 2.00 GiB" in message  # the original error is kept
     assert not out.exists()  # a fresh run that could not start leaves no metrics, audit or checkpoint files

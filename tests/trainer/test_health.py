@@ -11,13 +11,15 @@ import random
 
 import pytest
 
-from grpo_fast.data.tasks import exact_match_reward, modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
-from grpo_fast.rewards.self_test import Sample, describe
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
+from grpo_fast.data.tasks import modular_arithmetic_dataset
+from grpo_fast.rewards.registry import reward
+from grpo_fast.rewards.self_test import Sample
+from grpo_fast.rewards.tasks import exact_match_reward
+from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer import GRPOTrainer, load_config
 from grpo_fast.trainer.health import HealthMonitor, HealthThresholds
 from grpo_fast.trainer.preflight import PreflightError
-from grpo_fast.trainer.sft import sft_train
 
 TASK = dict(modulus=10, max_operand=1000, ops="*", fixed_b=7)
 
@@ -147,18 +149,15 @@ def test_preflight_on_an_unsolvable_task_warns_of_zero_variance(tmp_path, tokeni
 
 
 def test_preflight_refuses_a_verifier_that_pays_a_bad_sample(tmp_path, tokenizer):
+    samples = [
+        Sample("right", "4", {"answer": "4"}, True),
+        Sample("every digit listed", "0 1 2 3 4 5 6 7 8 9", {"answer": "4"}, False),
+    ]
+
+    @reward(kind="accuracy", range=(0.0, 1.0), samples=samples)
     def contains_answer(prompts, completions, answer, **_):  # a prefix-matching verifier: gameable
         return [float(str(a) in c) for c, a in zip(completions, answer, strict=True)]
 
-    describe(
-        contains_answer,
-        kind="accuracy",
-        reward_range=(0.0, 1.0),
-        samples=[
-            Sample("right", "4", {"answer": "4"}, True),
-            Sample("every digit listed", "0 1 2 3 4 5 6 7 8 9", {"answer": "4"}, False),
-        ],
-    )
     trainer = _trainer(tmp_path, build_tiny_model(tokenizer, seed=0), tokenizer, [contains_answer], [])
     with pytest.raises(PreflightError, match="good sample 'right' scores 1.0, not above bad sample 'every digit"):
         trainer.preflight()
@@ -182,8 +181,8 @@ def test_every_builtin_verifier_passes_its_own_self_test(tmp_path, tokenizer):
     from grpo_fast.rewards.registry import REWARD_FUNCTIONS
     from grpo_fast.rewards.self_test import info_of
 
-    builtins = [n for n in REWARD_FUNCTIONS.names() if info_of(REWARD_FUNCTIONS.get(n))[0] is not None]
-    assert len(builtins) == 11  # every built-in declares itself (other tests may register plug-ins)
+    builtins = [n for n in REWARD_FUNCTIONS.names() if REWARD_FUNCTIONS.get(n).__module__.startswith("grpo_fast.")]
+    assert len(builtins) == 11 and all(info_of(REWARD_FUNCTIONS.get(n))[0] for n in builtins)  # each declares itself
     options = {"overlong_penalty": {"overlong_buffer": 4}, "length_penalty": {"target_length": 4}}
     specs = [{"name": n, **options.get(n, {})} for n in builtins]
     trainer = _trainer(tmp_path, build_tiny_model(tokenizer), tokenizer, specs, ["check.difficulty_prompts=0"], False)

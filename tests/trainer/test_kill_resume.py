@@ -22,8 +22,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from grpo_fast.core.checkpoint import TRAINER_STATE, latest_checkpoint, list_checkpoints, load_trainer_state
 from grpo_fast.testing.trees import assert_equal_trees
-from grpo_fast.trainer.checkpoint import TRAINER_STATE, latest_checkpoint, list_checkpoints, load_trainer_state
 
 HERE = Path(__file__).parent
 STEPS = 4

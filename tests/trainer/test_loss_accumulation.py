@@ -13,8 +13,8 @@ import torch
 from accumulation_batch import accumulation_setup, gradients_by_name
 
 from grpo_fast import grpo_loss
+from grpo_fast.core.policy import completion_hidden
 from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Objective, Reduction
-from grpo_fast.trainer.policy import completion_hidden
 
 
 @pytest.fixture(scope="module")

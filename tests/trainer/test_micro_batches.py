@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import grpo_fast.trainer.loss_step as loss_step_module
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.policy import build_sequence_batch, completion_hidden
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.trainer.config import load_config
 from grpo_fast.trainer.loss_step import LossStep
 from grpo_fast.trainer.micro_batches import packed_micro_batches
-from grpo_fast.trainer.policy import build_sequence_batch, completion_hidden
 
 TOK = build_char_tokenizer()
 PROMPTS = (3, 5, 2, 4, 3, 6, 2, 3)

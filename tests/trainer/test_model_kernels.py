@@ -1,4 +1,4 @@
-"""`model.liger_kernels` (grpo_fast/trainer/model_kernels.py): the error paths on CPU, and on a GPU a tiny
+"""`model.liger_kernels` (grpo_fast/core/model_kernels.py): the error paths on CPU, and on a GPU a tiny
 Qwen2's loss and gradients with Liger-Kernel's RMSNorm / RoPE / SwiGLU against the same model without them."""
 
 from __future__ import annotations
@@ -11,27 +11,20 @@ import pytest
 import torch
 from torch import nn
 
-from grpo_fast.trainer.config import ModelConfig
-from grpo_fast.trainer.model_kernels import apply_model_kernels
+from grpo_fast.core.model_kernels import apply_model_kernels
+from grpo_fast.core.policy import ModelConfig
+from grpo_fast.core.tiny_models import TinyModelSpec, random_qwen2
 
 ON = ModelConfig(path="unused", liger_kernels=True)
 
 
-def tiny_qwen2(dtype=torch.float32, seed=0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+SHAPE = TinyModelSpec(
+    hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=176, max_position_embeddings=256
+)
 
-    config = Qwen2Config(
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=176,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config).to(dtype)
+
+def tiny_qwen2(dtype=torch.float32, seed=0):
+    return random_qwen2(97, SHAPE, seed=seed, attn_implementation="sdpa").to(dtype)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.trainer.offload import TrainerStateOffloader, memory_snapshot
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_offload.py"
@@ -78,7 +78,8 @@ def test_memory_snapshot_keys_on_cpu():
 
 
 def test_trainer_logs_phase_memory(tmp_path):
-    from grpo_fast.data.tasks import exact_match_reward, modular_arithmetic_dataset
+    from grpo_fast.data.tasks import modular_arithmetic_dataset
+    from grpo_fast.rewards.tasks import exact_match_reward
     from grpo_fast.trainer import GRPOTrainer, load_config
 
     tok = build_char_tokenizer()
@@ -131,7 +132,7 @@ def test_bench_offload_without_cuda_exits_cleanly(capsys):
 def test_completion_logprobs_in_bf16_matches_fp32():
     """The trainer's bf16 path (autocast on GPU) computes old/ref logprobs from bf16 hidden states and
     lm_head weight, like the training loss; on CPU the same call must agree with fp32 to bf16 precision."""
-    from grpo_fast.trainer.policy import build_sequence_batch, completion_logprobs
+    from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
 
     model = build_tiny_model(build_char_tokenizer(), seed=0)
     batch = build_sequence_batch([[1, 5, 6], [1, 7]], [[8, 9, 2], [10]], pad_id=0)

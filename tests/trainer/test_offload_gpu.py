@@ -58,7 +58,7 @@ def test_reference_model_leaves_the_gpu_and_comes_back_exact():
     generation (the device memory drops by their size) and come back bit for bit, giving the same logprobs."""
     import copy
 
-    from grpo_fast.demo.tiny import TinyModelSpec, build_char_tokenizer, build_tiny_model
+    from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, build_tiny_model
     from grpo_fast.trainer.offload import TrainerStateOffloader
 
     if not torch.cuda.is_available():

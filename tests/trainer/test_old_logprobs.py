@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from grpo_fast import grpo_loss
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.policy import backbone, build_sequence_batch, completion_hidden, completion_logprobs
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.rollout.base import Completion
 from grpo_fast.trainer.config import load_config
 from grpo_fast.trainer.loss_step import LossStep
-from grpo_fast.trainer.policy import backbone, build_sequence_batch, completion_hidden, completion_logprobs
 from grpo_fast.trainer.rollout_phase import RolloutBatch
 
 TOK = build_char_tokenizer()
@@ -99,3 +99,30 @@ def test_rollout_logprobs_as_the_old_policy():
         assert torch.allclose(p1.detach(), expected, atol=1e-6), name
     with pytest.raises(ValueError, match="grpo.old_logprobs"):
         load_config(None, ["grpo.old_logprobs=rollout", "grpo.is_correction=token"])
+
+
+def test_old_and_reference_logprob_passes_use_the_loss_options_of_layer_1(monkeypatch):
+    """loss.workspace_bytes and loss.deterministic reach every layer-1 call of the step: the old-policy pass, the
+    reference pass and the loss itself (they were once dropped by the logprob passes' own argument lists)."""
+    from grpo_fast import backends
+    from grpo_fast.backends.chunked import ChunkedBackend, TorchEpilogue
+
+    seen = []
+
+    class Recording(ChunkedBackend):
+        def row_chunks(self, num_rows, vocab, device, workspace_bytes):
+            seen.append(workspace_bytes)
+            return super().row_chunks(num_rows, vocab, device, workspace_bytes)
+
+        def deterministic_variant(self):
+            seen.append("deterministic")
+            return self
+
+    monkeypatch.setattr(backends, "_ENTRIES", dict(backends._ENTRIES))
+    backends.register_backend("recording", Recording("recording", TorchEpilogue(), 1 << 20, 1 << 20))
+    options = ["loss.backend=recording", "loss.workspace_bytes=4096", "loss.deterministic=true", "loss.beta=0.1"]
+    _step("grpo.num_iterations=2", *options)
+    workspaces = [w for w in seen if w != "deterministic"]
+    # 3 micro-batches each: old-policy pass, reference pass, and the loss of the 2 iterations
+    assert len(workspaces) >= 12 and set(workspaces) == {4096}, seen
+    assert seen.count("deterministic") == len(workspaces), seen

@@ -11,9 +11,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicLayer
 
 from grpo_fast import grpo_loss
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, completion_hidden
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.loss import GRPOLossConfig
-from grpo_fast.trainer.policy import SequenceBatch, build_sequence_batch, completion_hidden
 from grpo_fast.trainer.prefix_sharing import (
     distinct_prompts,
     prefix_sharing_error,

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
+from grpo_fast.rewards.reward_set import RewardSet
 from grpo_fast.rollout.hf_engine import HFEngine
+from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
 from grpo_fast.trainer import load_config
 from grpo_fast.trainer.data_sampler import PromptSampler
-from grpo_fast.trainer.rollout_phase import PromptEncoder, RolloutPhase, stop_token_ids
-from grpo_fast.trainer.scoring import RewardSet
+from grpo_fast.trainer.rollout_phase import RolloutPhase
 
 G = 4
 

@@ -11,7 +11,7 @@ import torch
 from scoring_verifiers import chat_shaped, column_value, completion_length, global_step, misbehaving
 
 from grpo_fast.rewards import overlong_penalty
-from grpo_fast.trainer.scoring import RewardSet, TrainerState
+from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 
 STATE = TrainerState(global_step=7, max_steps=10)
 
@@ -74,7 +74,7 @@ def test_length_rewards_need_no_glue():
 
 
 def test_trainer_counts_verifier_failures_in_its_metrics(tmp_path):
-    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
     from grpo_fast.trainer import GRPOTrainer, load_config
 
     tok = build_char_tokenizer()

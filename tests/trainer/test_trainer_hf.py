@@ -7,8 +7,9 @@ import json
 
 import torch
 
-from grpo_fast.data.tasks import exact_match_reward, modular_arithmetic_dataset
-from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
+from grpo_fast.data.tasks import modular_arithmetic_dataset
+from grpo_fast.rewards.tasks import exact_match_reward
 from grpo_fast.trainer import GRPOTrainer, load_config
 
 

@@ -304,7 +304,7 @@ class ScriptedEngine(RolloutEngine):
         self.tokenizer, self.script = tokenizer, script
 
     @classmethod
-    def from_config(cls, config, *, model, tokenizer, export_model):
+    def from_config(cls, config, *, options, model, tokenizer, export_model):
         raise NotImplementedError("built by the test")
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingSpec) -> list[list[Completion]]:
@@ -502,7 +502,7 @@ def _breaches(host: Host, before_tree: dict, before_procs: dict, out_dir: Path) 
 
 
 def test_training_run_with_hostile_code_completions_leaves_the_host_untouched(host, monkeypatch):
-    from grpo_fast.demo.tiny import build_char_tokenizer, build_tiny_model
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
     from grpo_fast.trainer import GRPOTrainer, load_config
 
     secret, out_dir = host.secret, host.arena / "run"

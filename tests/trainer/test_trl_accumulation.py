@@ -21,13 +21,13 @@ import pytest
 import torch
 from accumulation_batch import accumulation_setup, gradients_by_name
 
+from grpo_fast.core.policy import completion_hidden
 from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Objective
 from grpo_fast.testing.reference import naive_logprobs_and_entropy
 from grpo_fast.testing.trl_harness import OneProcessAccelerator, bare_trl_trainer
 from grpo_fast.trainer import load_config
 from grpo_fast.trainer.entropy_control import AdaptiveEntropy
 from grpo_fast.trainer.importance import rollout_importance_weights
-from grpo_fast.trainer.policy import completion_hidden
 
 
 def _trl():
@@ -296,7 +296,7 @@ def test_training_with_adaptive_entropy_and_rollout_correction(tmp_path):
     reach the loss."""
     from test_trainer_hf import _trainer  # noqa: PLC0415
 
-    from grpo_fast.trainer import checkpoint as ckpt  # noqa: PLC0415
+    from grpo_fast.core import checkpoint as ckpt  # noqa: PLC0415
 
     overrides = [
         "run.max_steps=2",

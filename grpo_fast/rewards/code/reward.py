@@ -28,6 +28,8 @@ from grpo_fast.rewards.code.cases import AssertCase, IOCase, parse_cases, same_o
 from grpo_fast.rewards.code.plan import Step, resolved_values
 from grpo_fast.rewards.code.runners import PythonRunner, Runner
 from grpo_fast.rewards.code.sandbox import SandboxLimits, require_isolation, run_sandboxed
+from grpo_fast.rewards.registry import reward
+from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,24 @@ def extract_code(text: str) -> str:
     return text if "```" not in text else ""
 
 
+_ADD_TESTS = ["assert f(1) == 2", "assert f(5) == 6", "assert f(-3) == -2"]
+_FORGED_ANSWERS = (  # writes fake result lines to every descriptor the program might share with the judge
+    "import os\ndef f(x):\n    return 0\nfor fd in range(3, 1024):\n    try:\n"
+    '        os.write(fd, b\'{"loaded": true}\\n\' + b\'{"ok": true, "value": "True"}\\n\' * 64)\n'
+    "    except OSError:\n        pass\n"
+)
+
+
+@reward(
+    "code_tests",
+    kind="accuracy",
+    range=(0.0, 1.0),
+    samples=(
+        Sample("correct program", "```python\ndef f(x):\n    return x + 1\n```", {"tests": _ADD_TESTS}, True),
+        Sample("wrong program", "```python\ndef f(x):\n    return x - 1\n```", {"tests": _ADD_TESTS}, False),
+        Sample("forged test output", f"```python\n{_FORGED_ANSWERS}```", {"tests": _ADD_TESTS}, False),
+    ),
+)
 def code_tests(
     prompts: Sequence[Any],
     completions: Sequence[Any],

@@ -1,14 +1,41 @@
-"""Does the model keep packed examples apart? A probe, not a list of attention implementations: two short
-sequences through the backbone packed into one row (position_ids restarting at 0, no attention mask) and
-each alone; packing is exact when the hidden states agree."""
+"""Packing sequences padding-free into rows: which sequences share a row (`pack`), and whether the model keeps
+packed sequences apart (`packing_error`: a probe, not a list of attention implementations — two short sequences
+through the backbone packed into one row, position_ids restarting at 0 and no attention mask, and each alone;
+packing is exact when the hidden states agree)."""
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 
-from grpo_fast.trainer.policy import last_hidden
+from grpo_fast.core.policy import last_hidden
 
 PROBE_LENGTHS = (7, 5)
+Row = list[int]
+"""Indices of the sequences packed into one row."""
+
+
+def pack(lengths: list[int], capacity: int) -> list[Row]:
+    """Best-fit decreasing bin packing: examples (longest first, ties by index) each go into the fullest row
+    that still has room, or a new row. Returns rows of example indices, each summing to <= capacity."""
+    rows: list[Row] = []
+    free: list[tuple[int, int]] = []  # (room left, row index), sorted
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        if n > capacity:
+            raise ValueError(f"example {i} has {n} tokens, more than the row capacity {capacity}")
+        k = bisect.bisect_left(free, (n, -1))  # the smallest room that fits
+        if k == len(free):
+            rows.append([i])
+            room, r = capacity - n, len(rows) - 1
+        else:
+            room, r = free.pop(k)
+            rows[r].append(i)
+            room -= n
+        if room:
+            bisect.insort(free, (room, r))
+    return rows
 
 
 @torch.no_grad()

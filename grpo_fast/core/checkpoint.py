@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import pickle
-import random
 import re
 import shutil
 from collections.abc import Callable, Iterable
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_fast.core.seeding import rng_state
 from grpo_fast.distributed.context import Distributed
 
 logger = logging.getLogger(__name__)
@@ -43,49 +43,6 @@ MANIFEST = "checkpoint_files.json"  # written last: every other file's size, che
 
 class UnsafeCheckpointError(RuntimeError):
     """A trainer_state.pt that holds more than tensors and plain Python values: refused unread."""
-
-
-# -- RNG states ---------------------------------------------------------------------------------------------
-
-
-def rng_state() -> dict:
-    """The global RNG states (python, numpy, torch, CUDA) as tensors and plain Python values."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002 (global RNG)
-    state = {
-        "python": random.getstate(),
-        "numpy": {
-            "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    """Restores what `rng_state` saved (also the numpy tuple of checkpoints written before)."""
-    random.setstate(_as_tuples(state["python"]))
-    np.random.set_state(_numpy_state(state["numpy"]))  # noqa: NPY002 (global RNG)
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _numpy_state(saved) -> tuple:
-    if not isinstance(saved, dict):  # written before: numpy's own tuple
-        return saved
-    keys = np.asarray(saved["keys"].numpy(), dtype=np.uint32)
-    return (saved["kind"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
-
-
-def _as_tuples(value):
-    """random.setstate wants the nested tuples random.getstate gave."""
-    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 # -- writing ------------------------------------------------------------------------------------------------
@@ -387,11 +344,11 @@ HARMLESS = (
     "run.plots",
     "run.offload_optimizer",
     "run.offload_params",
-    "rollout.gpu_memory_utilization",
-    "rollout.kv_cache_memory_bytes",
-    "rollout.sleep_level",
-    "rollout.sync_bucket_mb",
-    "rollout.tensor_parallel_size",
+    "rollout.vllm.gpu_memory_utilization",
+    "rollout.vllm.kv_cache_memory_bytes",
+    "rollout.vllm.sleep_level",
+    "rollout.vllm.sync_bucket_mb",
+    "rollout.vllm.tensor_parallel_size",
     "reward.workers",
     "reward.overlap_chunks",
     "data.eval_source",
@@ -488,12 +445,14 @@ def compare_configs(saved: dict, new: dict) -> ConfigDiff:
     return diff
 
 
-def _section_changes(saved: dict, new: dict):
-    for section in saved.keys() & new.keys():
-        old_fields, new_fields = saved[section], new[section]
-        for name in old_fields.keys() & new_fields.keys():
-            if old_fields[name] != new_fields[name]:
-                yield ConfigChange(f"{section}.{name}", old_fields[name], new_fields[name])
+def _section_changes(saved: dict, new: dict, prefix: str = ""):
+    """The leaf options (nested sections flattened to dotted keys) whose values differ."""
+    for name in sorted(saved.keys() & new.keys()):
+        key, old_value, new_value = f"{prefix}{name}", saved[name], new[name]
+        if isinstance(old_value, dict) and isinstance(new_value, dict):
+            yield from _section_changes(old_value, new_value, f"{key}.")
+        elif old_value != new_value:
+            yield ConfigChange(key, old_value, new_value)
 
 
 def _lora_changes(saved: dict | None, new: dict | None) -> list[ConfigChange]:

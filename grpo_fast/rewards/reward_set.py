@@ -35,7 +35,6 @@ from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name
 from grpo_fast.rewards.pool import RewardPool, Scores
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.rewards.routing import RoutedReward
-from grpo_fast.trainer.advantages import combine_rewards
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +162,7 @@ class RewardSet:
         return PendingScores(per_func, seconds, pooled, future, self.names)
 
     def combine(self, per_func: torch.Tensor) -> torch.Tensor:
-        """[N, F] -> [N] weighted sum (see advantages.combine_rewards)."""
+        """[N, F] -> [N] weighted sum (see combine_rewards)."""
         return combine_rewards(per_func, self.weights)
 
     def _get_pool(self) -> RewardPool:
@@ -194,3 +193,14 @@ def _with_max_completion_length(fn, max_completion_length: int | None):
     if param is None or param.default is not param.empty:
         return fn
     return functools.partial(fn, max_completion_length=max_completion_length)
+
+
+def combine_rewards(per_func: torch.Tensor, weights: list[float] | None = None) -> torch.Tensor:
+    """per_func [N, F] with NaN where a function returned None -> weighted sum [N] (NaN-as-0, TRL's nansum).
+    A row where every function returned None is unscorable and stays NaN (TRL): `group_advantages` leaves it
+    out of its group's baseline and gives it advantage 0."""
+    w = torch.ones(per_func.shape[1]) if weights is None else torch.tensor(weights, dtype=torch.float32)
+    out = torch.nansum(per_func * w, dim=1)
+    if per_func.shape[1]:
+        out[torch.isnan(per_func).all(dim=1)] = math.nan
+    return out

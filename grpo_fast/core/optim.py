@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
+
+from grpo_fast.config_fields import ConfigSection, option
+
+
+@dataclass
+class OptimConfig(ConfigSection):
+    """AdamW and its learning-rate schedule."""
+
+    key = "optim"
+    lr: float = option(1e-5, "peak learning rate", low=0, low_open=True)
+    weight_decay: float = option(0.0, "AdamW's decoupled weight decay", low=0)
+    beta1: float = option(0.9, "AdamW's beta1", low=0, high=1, high_open=True)
+    beta2: float = option(0.99, "AdamW's beta2", low=0, high=1, high_open=True)
+    eps: float = option(1e-8, "AdamW's epsilon", low=0, low_open=True)
+    lr_scheduler: Literal["constant", "linear", "cosine"] = option("constant", "the schedule after warmup")
+    warmup_steps: int = option(0, "optimizer steps of linear warmup from 0", low=0)
+    max_grad_norm: float = option(1.0, "gradient clipping norm", low=0, low_open=True)
 
 
 def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.AdamW:

@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from grpo_fast.core.checkpoint import UnsafeCheckpointError
+
 SHARDED_DIR = "sharded"
 """The DCP directory inside a checkpoint (model and optimizer)."""
 
@@ -83,8 +85,6 @@ def load_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Opti
     over this run's ranks, or whole in a single process); every rank must call it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    from grpo_fast.trainer.checkpoint import UnsafeCheckpointError
 
     reader = _reader(path)
     try:  # refused here, with a clear error, rather than inside DCP's planner

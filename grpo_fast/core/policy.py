@@ -6,11 +6,36 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 
+from grpo_fast import fused_logprobs
+from grpo_fast.config_fields import ConfigSection, option
+from grpo_fast.core.model_kernels import apply_model_kernels
+from grpo_fast.distributed.fsdp import is_sharded, root_forward_hidden
+from grpo_fast.loss.head import logit_head
+
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelConfig(ConfigSection):
+    """The policy to train and how it is loaded (`load_policy`)."""
+
+    key = "model"
+    path: str = option("", "HF directory or hub name of the policy (required to train from a config file)")
+    dtype: Literal["float32", "bfloat16", "float16"] = option(
+        "float32", "training parameter dtype (float32 keeps fp32 master weights; bf16 autocast on GPU is run.bf16)"
+    )
+    gradient_checkpointing: bool = option(False, "recompute activations in the backward: less memory, one more forward")
+    attn_implementation: str | None = option(
+        None, "transformers' attention implementation (sdpa, flash_attention_2 ...); null: transformers' default"
+    )
+    liger_kernels: bool = option(
+        False, "Liger-Kernel's RMSNorm, RoPE and SwiGLU kernels in the policy (GPU, needs liger-kernel)"
+    )
 
 
 @dataclass
@@ -86,8 +111,6 @@ def load_policy(model_config, path: str | None = None) -> nn.Module:
     if torch.cuda.is_available():
         model = model.cuda()
     if model_config.liger_kernels:
-        from grpo_fast.trainer.model_kernels import apply_model_kernels
-
         logger.info("Liger-Kernel model kernels: %s", ", ".join(apply_model_kernels(model, model_config)))
     return model
 
@@ -113,7 +136,6 @@ def last_hidden(model: nn.Module, **inputs) -> torch.Tensor:
     """The backbone's last hidden states [b, L, H] for `inputs` (input_ids, position_ids, attention_mask).
     A model sharded with FSDP2 runs through its root forward instead, with the head computing no logits
     (grpo_fast.distributed.fsdp.root_forward_hidden)."""
-    from grpo_fast.distributed.fsdp import is_sharded, root_forward_hidden
 
     if is_sharded(model):
         return root_forward_hidden(model, backbone(model), **inputs)
@@ -139,8 +161,6 @@ def completion_logprobs(
 ):
     """Per-token logprobs [B, T] (fp32) of the completion tokens under `model`, via `fused_logprobs`.
     dtype: compute dtype of the hidden states and lm_head weight (None = hidden's own)."""
-    from grpo_fast import fused_logprobs
-    from grpo_fast.loss.head import logit_head
 
     hidden = completion_hidden(model, batch)
     weight, bias = lm_head_params(model)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from grpo_fast.core.optim import OptimConfig
 from grpo_fast.sft.config import SFTConfig, SFTDataConfig, SFTRunConfig
 from grpo_fast.sft.trainer import SFTTrainer
-from grpo_fast.trainer.config import OptimConfig
 
 
 def sft_train(

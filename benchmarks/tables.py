@@ -1,0 +1,319 @@
+"""Markdown tables generated from benchmarks/results/*.json, written between marker comments in Markdown files:
+
+    <!-- table: bench_loss_cpu -->
+    (generated: the table, then one line saying which run of which command on which machine it comes from)
+    <!-- /table -->
+
+The name is the stem of a results file, benchmarks/results/<name>.json; its "benchmark" field picks the columns
+(loss, logits_tile, sft, grpo_step, bench_trl_integration). No number inside a marked block is typed by hand:
+edit the JSON by re-running the benchmark, then this script.
+
+    python benchmarks/tables.py                    # rewrite the marked tables of README.md, docs/ and benchmarks/
+    python benchmarks/tables.py --check            # exit status 1, naming each table that differs from its JSON
+    python benchmarks/tables.py --show FILE.json   # print the table of one results file (any path)
+    python benchmarks/tables.py FILE.md ...        # only these Markdown files
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+MARKER = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+MiB = 2**20
+
+LOSS_LABELS = {
+    "gemm3": "three plain GEMMs (speed of light)",
+    "naive": "naive (full logits)",
+    "liger": "Liger-Kernel `LigerFusedLinearGRPOLoss`",
+    "trl": "TRL 1.16 fused LM head + its loss",
+    "torch": "grpo_fast `torch`",
+    "cpu": "grpo_fast `cpu` (C++ epilogue)",
+    "cuda": "grpo_fast `cuda` (CUDA epilogue)",
+    "triton": "grpo_fast `triton`",
+}
+
+
+def default_markdown_files() -> list[Path]:
+    """README.md and every .md file under docs/ and benchmarks/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "benchmarks").rglob("*.md"))]
+
+
+def table(lines: list[list[str]]) -> str:
+    """A Markdown table: the first row is the header."""
+    rows = ["| " + " | ".join(cells) + " |" for cells in lines]
+    return "\n".join([rows[0], "|" + "---|" * len(lines[0]), *rows[1:]])
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds with three significant digits (at least the integer part)."""
+    value = seconds * 1e3
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / MiB:.0f}" if abs(nbytes) >= 100 * MiB else f"{nbytes / MiB:.1f}"
+
+
+def where(stamp: dict) -> str:
+    """The machine, versions, commit, date and load of an environment stamp, in words (bench/common.py's stamp,
+    or bench_step's with `cpu_model`, `versions` and `load_average_start`)."""
+    machine = stamp.get("gpu") or f"{stamp.get('cpu_count')}-core {stamp.get('cpu') or stamp.get('cpu_model')}"
+    versions = stamp | stamp.get("versions", {})
+    named = ", ".join(f"{n} {versions[n]}" for n in ("torch", "triton", "liger-kernel", "trl") if versions.get(n))
+    load = stamp.get("load_average_1_5_15") or stamp.get("load_average_start")
+    load_text = f", load average {load[0]:.1f}" if load else ""
+    commit, _, dirty = str(stamp.get("commit")).partition("+")
+    commit = commit[:12] + (f"+{dirty}" if dirty else "")
+    return f"{machine}, {named}; commit {commit}, {stamp.get('date')}{load_text}"
+
+
+def render_loss(payload: dict) -> str:
+    """One row per (shape, variant): median, p20-p80, ratio to the GEMMs and to naive, peak extra memory."""
+    header = ["lm_head", "N", "dtype", "variant", "median ms", "p20-p80 ms", "x 3 GEMMs", "vs naive", "extra MiB"]
+    lines = [header]
+    order = list(LOSS_LABELS)
+    rows = sorted(payload["results"], key=lambda r: (r["H"], r["V"], r["N"], r["dtype"], _rank(order, r["variant"])))
+    for r in rows:
+        shape = f"{r['model'] or 'custom'} (H={r['H']}, V={r['V']})"
+        label = LOSS_LABELS.get(r["variant"].partition("@")[0], r["variant"])
+        label += f" @ {r['variant'].partition('@')[2]} MiB" if "@" in r["variant"] else ""
+        if "median_s" not in r:
+            lines.append([shape, str(r["N"]), r["dtype"], label, r["status"], "", "", "", ""])
+            continue
+        extra = r.get("peak_extra_bytes")
+        share = r.get("peak_extra_vs_naive")
+        memory = "" if extra is None else mib(extra) + ("" if share is None else f" ({100 * share:.1f}%)")
+        lines.append([
+            shape, str(r["N"]), r["dtype"], label, ms(r["median_s"]), f"{ms(r['p20_s'])}-{ms(r['p80_s'])}",
+            _ratio(r.get("ratio_to_gemm3"), ""), _ratio(r.get("speedup_vs_naive"), "x"), memory,
+        ])  # fmt: skip
+    runs = payload["runs"]
+    origin = f"`{runs[0]['command']}` on {where(runs[0]['environment'])}"
+    origin += "".join(f"; then `{run['command']}` (commit {run['environment'].get('commit')})" for run in runs[1:])
+    return table(lines) + f"\n\n{payload['config']['loss_type']} loss, forward+backward. From {origin}."
+
+
+def _rank(order: list[str], variant: str) -> int:
+    base = variant.partition("@")[0]
+    return order.index(base) if base in order else len(order)
+
+
+def _ratio(value: float | None, suffix: str) -> str:
+    return "" if value is None else f"{value:.2f}{suffix}"
+
+
+def render_logits_tile(payload: dict) -> str:
+    shape = payload["shape"]
+    lines = [["logits tile", "median ms", "p20-p80 ms"]]
+    for name, what in (("before", "GEMM into a new tile, copied in, scaled"), ("after", "one GEMM into the workspace")):
+        r = payload[name]
+        lines.append([what, ms(r["median_s"]), f"{ms(r['p20_s'])}-{ms(r['p80_s'])}"])
+    load = payload["load_average_1_5_15"]
+    return table(lines) + (
+        f"\n\nR={shape['rows']} x H={shape['hidden']} x V={shape['vocab']} {shape['dtype']}: after / before "
+        f"{payload['after_over_before']:.3f}, {mib(payload['tile_bytes_saved'])} MiB less per chunk. From "
+        f"`python benchmarks/bench_logits_tile.py` on {where(payload['environment'])} (load {load['before'][0]:.1f}"
+        f" -> {load['after'][0]:.1f})."
+    )
+
+
+def render_sft(payload: dict) -> str:
+    lines = [["contender", "median ms", "p20-p80 ms", "vs transformers", "peak extra MiB"]]
+    for r in payload["results"]:
+        memory = f"{mib(r['peak_extra_bytes'])} ({100 * r['memory_vs_transformers']:.0f}%)"
+        spread = f"{ms(r['p20_s'])}-{ms(r['p80_s'])}"
+        lines.append([r["contender"], ms(r["median_s"]), spread, f"{r['time_vs_transformers']:.2f}x", memory])
+    return table(lines) + f"\n\nFrom `python benchmarks/bench_sft.py` on {where(payload['environment'])}."
+
+
+def render_grpo_step(payload: dict) -> str:
+    lines = [["config", "contender", "step s", "p20-p80 s", "generate / train s", "completion tok/s", "peak RSS MiB",
+              "vs TRL"]]  # fmt: skip
+    for r in payload["table"]:
+        phases = r["phases_median_s"]
+        vs_trl = r.get("step_vs_trl")
+        lines.append([
+            r["config"], r["contender"], f"{r['step_median_s']:.1f}", f"{r['step_p20_s']:.1f}-{r['step_p80_s']:.1f}",
+            f"{phases['generate']:.1f} / {phases['train']:.1f}", f"{r['completion_tokens_per_s']:.0f}",
+            mib(r["peak_rss_bytes"]), "" if vs_trl is None else f"{vs_trl:.2f}x",
+        ])  # fmt: skip
+    return table(lines) + f"\n\nFrom `python benchmarks/bench_step.py` on {where(payload['environment'])}."
+
+
+def render_trl_integration(payload: dict) -> str:
+    lines = [["variant", "step median s", "p20-p80 s", "vs TRL", "peak MiB", "peak - before MiB", "loss"]]
+    for r in payload["runs"]:
+        if "step_median_s" not in r:
+            lines.append([r["variant"], r["status"], "", "", "", "", ""])
+            continue
+        lines.append([
+            r["variant"], f"{r['step_median_s']:.3f}", f"{r['step_p20_s']:.3f}-{r['step_p80_s']:.3f}",
+            _ratio(r.get("step_vs_trl"), "x"), mib(r["peak_bytes"]), mib(r["peak_over_baseline_bytes"]),
+            f"{r['loss']:.6f}",
+        ])  # fmt: skip
+    return table(lines) + f"\n\nFrom `{payload['command']}` on {where(payload['environment'])}."
+
+
+def render_headline(results: Path) -> str:
+    """README's table: one row per headline comparison, each from the results file it names."""
+    lines = [["what (CPU, 2 cores)", "grpo_fast", "the alternative", "ratio", "source"]]
+    loss = json.loads((results / "bench_loss_cpu.json").read_text())
+    best = {r["variant"]: r for r in loss["results"] if "median_s" in r and r["dtype"] == "fp32"}
+    ours = best["cpu"]
+    for peer, name in (("naive", "naive full logits"), ("liger", "Liger-Kernel"), ("trl", "TRL's fused head")):
+        if peer in best:
+            other = best[peer]
+            lines.append([
+                f"loss fwd+bwd, N={ours['N']} H={ours['H']} V={ours['V']}",
+                f"{ms(ours['median_s'])} ms, {mib(ours['peak_extra_bytes'])} MiB extra",
+                f"{name}: {ms(other['median_s'])} ms, {mib(other['peak_extra_bytes'])} MiB",
+                f"{ours['median_s'] / other['median_s']:.2f}x time, "
+                f"{ours['peak_extra_bytes'] / other['peak_extra_bytes']:.3f}x memory",
+                "bench_loss_cpu.json",
+            ])  # fmt: skip
+    step = json.loads((results / "bench_step_cpu.json").read_text())
+    for r in step["table"]:
+        if r["contender"] == "grpo_fast_vllm" and r.get("step_vs_trl") is not None:
+            trl = next(t for t in step["table"] if t["config"] == r["config"] and t["contender"] == "trl")
+            lines.append([
+                f"GRPO step, config {r['config']}", f"{r['step_median_s']:.1f} s (vLLM rollouts)",
+                f"TRL GRPOTrainer: {trl['step_median_s']:.1f} s", f"{r['step_vs_trl']:.2f}x time",
+                "bench_step_cpu.json",
+            ])  # fmt: skip
+    sft = json.loads((results / "bench_sft_cpu.json").read_text())
+    mine = next(r for r in sft["results"] if r["contender"] == "fused")
+    theirs = next(r for r in sft["results"] if r is not mine)
+    lines.append([
+        "SFT step (fwd+bwd)", f"{ms(mine['median_s'])} ms, {mib(mine['peak_extra_bytes'])} MiB extra",
+        f"transformers: {ms(theirs['median_s'])} ms, {mib(theirs['peak_extra_bytes'])} MiB",
+        f"{mine['time_vs_transformers']:.2f}x time, {mine['memory_vs_transformers']:.2f}x memory", "bench_sft_cpu.json",
+    ])  # fmt: skip
+    return table(lines)
+
+
+def render_r1_pipeline(payload: dict) -> str:
+    """The R1 recipe's stages (what each did, held-out accuracy after the RL stages), then the filtering ablation's
+    arms (mean and per-seed held-out accuracy, zero-variance and stuck groups)."""
+    lines = [["stage", "kind", "what it did", "held-out accuracy", "seconds"]]
+    for st in payload["pipeline"]["stages"]:
+        lines.append([st["stage"], st["kind"], _stage_text(st), _accuracy(st), f"{st['seconds']:.1f}"])
+    arms = [["training prompts", "held-out accuracy (mean; per seed)", "zero-variance groups, step 1",
+             "stuck groups, run mean"]]  # fmt: skip
+    for name, arm in payload["ablation"]["arms"].items():
+        mean, seeds = arm["mean"], arm["per_seed"].values()
+        per_seed = ", ".join(f"{100 * s['eval_accuracy_last']:.1f}" for s in seeds)
+        arms.append([
+            name, f"{100 * mean['eval_accuracy_last']:.1f}% ({per_seed})",
+            f"{100 * mean['frac_zero_var_groups_first']:.1f}%", f"{100 * mean['frac_stuck_groups_mean']:.1f}%",
+        ])  # fmt: skip
+    origin = f"From `python benchmarks/bench_r1.py` on {where(payload['environment'])}"
+    seeds = ", ".join(map(str, payload["ablation"]["seeds"]))
+    return f"{table(lines)}\n\n{table(arms)}\n\nAblation seeds {seeds}. {origin}."
+
+
+def _stage_text(stage: dict) -> str:
+    keys = {
+        "sft": ("steps", "final_loss"),
+        "train": ("steps", "frac_zero_var_groups_first", "frac_stuck_groups_mean"),
+        "sample": ("prompts", "pass_rate_mean", "frac_always_fail", "frac_always_pass", "sft_rows"),
+        "filter": ("prompts", "kept", "too_easy", "too_hard"),
+        "mix": ("rows",),
+    }.get(stage["kind"], ())
+    return ", ".join(f"{k} {stage[k]:.3g}" if isinstance(stage[k], float) else f"{k} {stage[k]}" for k in keys)
+
+
+def _accuracy(stage: dict) -> str:
+    if "eval_accuracy_last" not in stage:
+        return ""
+    return f"{100 * stage['eval_accuracy_first']:.1f}% -> {100 * stage['eval_accuracy_last']:.1f}%"
+
+
+COMPOSITES: dict[str, Callable[[Path], str]] = {"headline": render_headline}
+"""Tables drawn from several results files, by marker name."""
+
+RENDERERS: dict[str, Callable[[dict], str]] = {
+    "loss": render_loss,
+    "logits_tile": render_logits_tile,
+    "sft": render_sft,
+    "grpo_step": render_grpo_step,
+    "bench_trl_integration": render_trl_integration,
+    "r1_pipeline": render_r1_pipeline,
+}
+
+
+def render(path: Path) -> str:
+    """The table of results file `path`; ValueError naming the file when it cannot be rendered."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such results file")
+    payload = json.loads(path.read_text())
+    kind = payload.get("benchmark")
+    if kind not in RENDERERS:
+        raise ValueError(f"{path}: benchmark {kind!r} has no table (known: {sorted(RENDERERS)})")
+    return RENDERERS[kind](payload)
+
+
+def render_named(name: str, results: Path = RESULTS) -> str:
+    """The table a marker names: a composite, or the results file <name>.json."""
+    if name in COMPOSITES:
+        return COMPOSITES[name](results)
+    return render(results / f"{name}.json")
+
+
+def rendered(text: str, results: Path = RESULTS) -> str:
+    """`text` with every marked block replaced by the table of its results file."""
+    return MARKER.sub(lambda m: m.group(1) + render_named(m.group(2), results) + "\n" + m.group(4), text)
+
+
+def check(paths: list[Path], results: Path = RESULTS) -> list[str]:
+    """One line per marked table that differs from its JSON (or whose JSON is missing or unreadable)."""
+    problems = []
+    for path in paths:
+        text = path.read_text()
+        for match in MARKER.finditer(text):
+            name = match.group(2)
+            try:
+                want = render_named(name, results) + "\n"
+            except (ValueError, OSError, KeyError, StopIteration) as err:
+                problems.append(f"{path}: table {name}: {err}")
+                continue
+            if match.group(3) != want:
+                problems.append(f"{path}: table {name} differs from {results / name}.json (run benchmarks/tables.py)")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="*", type=Path, help="Markdown files (default: README.md, docs/, benchmarks/)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a table differs")
+    parser.add_argument("--show", type=Path, default=None, metavar="JSON", help="print one results file's table")
+    args = parser.parse_args(argv)
+    if args.show:
+        try:
+            print(render(args.show))
+        except (ValueError, json.JSONDecodeError) as err:
+            print(f"tables: --show: {err}", file=sys.stderr)
+            return 1
+        return 0
+    paths = args.files or [p for p in default_markdown_files() if p.exists()]
+    if args.check:
+        problems = check(paths)
+        print("\n".join(problems) or f"tables: every marked table in {len(paths)} files matches its JSON")
+        return 1 if problems else 0
+    for path in paths:
+        text = path.read_text()
+        new = rendered(text)
+        if new != text:
+            path.write_text(new)
+            print(f"tables: rewrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

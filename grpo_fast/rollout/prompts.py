@@ -1,0 +1,77 @@
+"""From dataset prompts to what an engine is asked: prompt token ids (chat template or plain text), the stop
+tokens, and the run's sampling settings."""
+
+from __future__ import annotations
+
+from grpo_fast.rollout.base import SamplingSpec
+
+
+class PromptEncoder:
+    """Token ids of prompts: chat messages (or a string wrapped as a user turn) through the tokenizer's chat
+    template when it has one (data.use_chat_template), plain strings as they are; training prompts cached."""
+
+    def __init__(self, tokenizer, data_config, max_tokens: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.data = data_config
+        self.max_tokens = max_tokens  # longest prompt the engine can complete (ValueError naming the row beyond)
+        self._cache: dict[int, list[int]] = {}
+
+    def _use_chat_template(self) -> bool:
+        mode = self.data.use_chat_template  # True, False or "auto"
+        has = getattr(self.tokenizer, "chat_template", None) is not None
+        return has if mode == "auto" else mode
+
+    def encode(self, prompt) -> list[int]:
+        if isinstance(prompt, list) or self._use_chat_template():
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            if self.data.system_prompt and messages[0].get("role") != "system":
+                messages = [{"role": "system", "content": self.data.system_prompt}, *messages]
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+
+    def encode_rows(self, rows: list[dict], index: list[int], cache: bool) -> list[list[int]]:
+        """Token ids of rows[i]["prompt"] for i in index; `cache` keeps them by row index."""
+        out = []
+        for i in index:
+            if not cache:
+                out.append(self._checked(i, self.encode(rows[i]["prompt"])))
+                continue
+            if i not in self._cache:
+                self._cache[i] = self._checked(i, self.encode(rows[i]["prompt"]))
+            out.append(self._cache[i])
+        return out
+
+    def _checked(self, row: int, ids: list[int]) -> list[int]:
+        if self.max_tokens is not None and len(ids) > self.max_tokens:
+            raise ValueError(
+                f"dataset row {row}: the prompt is {len(ids)} tokens, more than the {self.max_tokens} that "
+                "rollout.max_model_len minus rollout.max_completion_length leaves; shorten or drop the row, or "
+                "raise rollout.max_model_len"
+            )
+        return ids
+
+
+def training_sampling(rollout, stop_ids: tuple[int, ...], n: int, seed: int) -> SamplingSpec:
+    """The run's sampling settings (its `rollout` config section) for n completions per prompt."""
+    r = rollout
+    return SamplingSpec(
+        n=n,
+        max_tokens=r.max_completion_length,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        stop_token_ids=stop_ids,
+        seed=seed,
+    )
+
+
+def stop_token_ids(tokenizer, stop: list[str]) -> tuple[int, ...]:
+    """EOS and the single-token stop strings of rollout.stop."""
+    ids = {tokenizer.eos_token_id} - {None}
+    for s in stop:
+        toks = tokenizer.encode(s, add_special_tokens=False)
+        if len(toks) != 1:
+            raise ValueError(f"rollout.stop: {s!r} is not a single token for this tokenizer")
+        ids.add(toks[0])
+    return tuple(sorted(ids))
