@@ -110,3 +110,31 @@ def test_reference_keeps_num_items_in_batch_in_fp64():
     advantages, mask = torch.ones(1, dtype=torch.float64), torch.ones_like(logp)
     loss, _ = loss_from_logprobs(logp, logp, mask, advantages, num_items_in_batch=3.1, config=GRPOLossConfig())
     assert loss.item() == pytest.approx(-3 / 3.1, rel=1e-15, abs=0)  # on-policy dapo: −Σ A / num_items
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_soft_cap_gradient_where_tanh_saturates(backend):
+    """Every logit at a saturated soft cap (|x| / c > 300: the slope 1 − tanh² underflows, the gradients are 0)
+    under a large upstream gradient: the Triton backward formed the slope as (1 − t)(1 + t) from t = tanh read back
+    from the rounded logit, one ulp off 1, and its gradients were ~2e-7 · dz (~0.1 here) instead of 0."""
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(6, 8, generator=gen), torch.randn(37, 8, generator=gen)
+    bias = 200.0 * torch.randint(0, 2, (37,), generator=gen).mul(2).sub(1).float()  # ±200: |x| > 180
+    targets = torch.randint(0, 37, (6,), generator=gen)
+    upstream = 1e6 * torch.randn(6, generator=gen)
+    head = dict(logit_scale=1.1025997822134437, final_logit_softcapping=0.6005137958114134)
+    temperature = 2.3458930486101353  # the fuzz case's head (seed 1360 of the triton backend)
+
+    def grads(h, w, b, backend=None):
+        h, w, b = (t.clone().requires_grad_() for t in (h, w, b))
+        if backend is None:
+            logp, _ = naive_logprobs_and_entropy(h[None], w, targets[None], temperature, bias=b, **head)
+        else:
+            logp = fused_logprobs(h, w, targets, temperature, backend=backend, bias=b, **head)
+        return torch.autograd.grad((logp.view(-1) * upstream.to(logp.dtype)).sum(), (h, w, b))
+
+    inputs = (hidden, weight, bias)
+    oracle, peer = grads(*(t.double() for t in inputs)), grads(*inputs)
+    ours = grads(*inputs, backend=backend)
+    for name, a, b, c in zip(("dh", "dW", "db"), ours, peer, oracle, strict=True):
+        assert_within_rule(name, a, b, c, torch.float32)
