@@ -5,8 +5,8 @@
     <!-- /table -->
 
 The name is the stem of a results file, benchmarks/results/<name>.json; its "benchmark" field picks the columns
-(loss, logits_tile, sft, grpo_step, bench_trl_integration). No number inside a marked block is typed by hand:
-edit the JSON by re-running the benchmark, then this script.
+(loss, logits_tile, sft, grpo_step, bench_trl_integration, r1_pipeline, loss_fuzz). No number inside a marked block
+is typed by hand: edit the JSON by re-running the benchmark, then this script.
 
     python benchmarks/tables.py                    # rewrite the marked tables of README.md, docs/ and benchmarks/
     python benchmarks/tables.py --check            # exit status 1, naming each table that differs from its JSON
@@ -235,6 +235,38 @@ def _accuracy(stage: dict) -> str:
     return f"{100 * stage['eval_accuracy_first']:.1f}% -> {100 * stage['eval_accuracy_last']:.1f}%"
 
 
+def render_loss_fuzz(payload: dict) -> str:
+    """The fuzz campaign (python -m grpo_fast.testing.fuzz) per backend: cases and failures, the worst loss and
+    gradient error against the fp64 oracle (and its share of the tolerance rule's bound), the case that produced
+    each with the command that reruns it, and the invalid-input cases."""
+    lines = [["backend", "cases", "failed", "worst loss error (share of its bound); its case",
+              "worst gradient error (share of its bound); its case", "invalid inputs (failed)"]]  # fmt: skip
+    for backend, section in payload["backends"].items():
+        cells = [_fuzz_worst(section["worst"].get(category)) for category in ("loss", "grad")]
+        invalid = section["invalid"]
+        lines.append([backend, str(section["cases"]), str(section["failed"]), *cells,
+                      f"{invalid['cases']} ({invalid['failed']})"])  # fmt: skip
+    command = payload.get("equivalent_command", payload["command"])
+    processes = f"{len(payload['shards'])} processes side by side, " if payload.get("shards") else ""
+    return table(lines) + (
+        "\n\nError: max |backend − fp64 reference| over a quantity's entries (the loss: the loss, logprobs or "
+        "entropies; the gradient: of hidden, weight, bias or logits); the worst is the largest share of its bound, the "
+        "tolerance rule's (grpo_fast.testing.fuzz.check). From the cases of "
+        f"`{command}` ({processes}{payload['wall_s']:.0f} s) on {where(payload['environment'])}."
+    )
+
+
+def _fuzz_worst(worst: dict | None) -> str:
+    if worst is None:
+        return ""
+    case = worst["case"]
+    what = (
+        f"{case['api']}, {case['dtype']}, {case['layout']} B={case['B']} T={case['T']} H={case['H']} V={case['V']}, "
+        f"{case['config']['loss_type']}"
+    )
+    return f"{worst['error']:.2e} ({worst['ratio']:.2g}) {worst['quantity']}; {what}: `{worst['command']}`"
+
+
 COMPOSITES: dict[str, Callable[[Path], str]] = {"headline": render_headline}
 """Tables drawn from several results files, by marker name."""
 
@@ -245,6 +277,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "grpo_step": render_grpo_step,
     "bench_trl_integration": render_trl_integration,
     "r1_pipeline": render_r1_pipeline,
+    "loss_fuzz": render_loss_fuzz,
 }
 
 

@@ -7,9 +7,10 @@ accumulated in fp32 by `tl.dot` over `BLOCK_H` slices of H.
 Soft-capped heads (Gemma's final_logit_softcapping; `softcap` c > 0, the constexpr HAS_SOFTCAP): with
 x = h Wᵀ + b the logits are z = c tanh(x / c) τ⁻¹, tanh(|x| / c) = (1 − e) / (1 + e) from e = e^{−2|x|/c}
 (no tanh in Triton's interpreter), and every product of the backward carries the slope dz/dx =
-(1 − t)(1 + t) τ⁻¹ with t = tanh(x / c) = z / (c τ⁻¹) read back from the logit, so that no second tile
-stays live (sm_90 AOT, bf16 defaults: the atomic backward spills 28 bytes, the others none). Without
-HAS_SOFTCAP the kernels are the plain ones.
+4e / (1 + e)² τ⁻¹ = (1 − tanh²(x / c)) τ⁻¹ from the same e. That keeps a second tile live in the backward; the
+slope read back from the logit, (1 − t)(1 + t) with t = z / (c τ⁻¹), did not (sm_90 AOT, bf16 defaults: the
+atomic backward spilled 28 bytes, the others none; not re-measured since) but was off by ~2e-7 where tanh
+saturates, times a dz that can be large. Without HAS_SOFTCAP the kernels are the plain ones.
 
 Forward (per row): lse = LSE(z), logp = z_y − lse, entropy = lse − Σ_v softmax(z)_v z_v.
 Backward, given gℓ = ∂L/∂logp and gH = ∂L/∂entropy per row (p = softmax(z)):
@@ -156,6 +157,16 @@ def _soft_cap(x, softcap):
 
 
 @triton.jit
+def _soft_cap_with_slope(x, softcap):
+    """(c tanh(x / c), its slope 1 − tanh²(x / c) = 4e / (1 + e)²) elementwise, e = e^{−2|x|/c}: the slope to a few
+    ulps of itself. Formed as (1 − t)(1 + t) from t read back from the rounded logit it was off by up to ~2 ulps
+    of 1 (~2e-7, either sign) where tanh saturates and the slope is ~0, times a dz that can be large."""
+    e = tl.exp(tl.abs(x) * (-2.0 / softcap))
+    capped = softcap * (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0.0, -capped, capped), 4.0 * e / ((1.0 + e) * (1.0 + e))
+
+
+@triton.jit
 def _logits_tile(
     linear,
     tile,
@@ -210,7 +221,11 @@ def _scaled_grad_tile(
     targets, lse, entropy, grad_logp, grad_entropy = row_grads
     rows64, row_mask, cols64, col_mask = tile
     valid = row_mask[:, None] & col_mask[None, :]
-    z = _logits_tile(linear, tile, HAS_BIAS, HAS_SOFTCAP, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION)
+    x = _linear_tile(linear, tile, HAS_BIAS, BLOCK_N, BLOCK_V, BLOCK_H, DOT_UPCAST, DOT_PRECISION)
+    slope = x  # unused without HAS_SOFTCAP
+    if HAS_SOFTCAP:
+        x, slope = _soft_cap_with_slope(x, linear[7])
+    z = x * linear[6]
     log_p = z - lse[:, None]
     p = tl.where(valid, tl.exp(log_p), 0.0)
     if HAS_GRAD_ENTROPY:
@@ -219,9 +234,8 @@ def _scaled_grad_tile(
         coef = grad_logp[:, None] + tl.zeros_like(log_p)
     hit = (cols64[None, :] == targets[:, None]) & valid
     dz = tl.where(hit, grad_logp[:, None], 0.0) - tl.where(valid, p * coef, 0.0)
-    if HAS_SOFTCAP:  # the slope 1 − t² = (1 − t)(1 + t), t = tanh(x / c) = z / (c τ⁻¹)
-        t = z * (1.0 / (linear[7] * linear[6]))
-        dz = dz * ((1.0 - t) * (1.0 + t))
+    if HAS_SOFTCAP:  # the cap's slope 1 − tanh²(x / c)
+        dz = dz * slope
     return dz * linear[6]
 
 

@@ -79,8 +79,10 @@ typedef float VecF __attribute__((vector_size(64)));
 typedef int32_t VecI __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;
 
-GRPO_FAST_INLINE VecF vmax(VecF a, VecF b) { return a > b ? a : b; }
-GRPO_FAST_INLINE VecF vmin(VecF a, VecF b) { return a < b ? a : b; }
+// A NaN in `a` comes out as it went in (as std::max / std::min keep it), so exp_vec(NaN) is NaN and a NaN logit
+// makes its row's statistics NaN instead of vanishing from the sums.
+GRPO_FAST_INLINE VecF vmax(VecF a, VecF b) { return a < b ? b : a; }
+GRPO_FAST_INLINE VecF vmin(VecF a, VecF b) { return a > b ? b : a; }
 GRPO_FAST_INLINE VecF splat(float x) { return VecF{} + x; }
 
 GRPO_FAST_INLINE VecF exp_vec(VecF x) {

@@ -98,11 +98,13 @@ class TorchEpilogue:
             if grad_entropy is None:  # dz = gℓ (onehot − p)
                 block.sub_(row_lse).exp_().mul_(-g_logp)
             else:
-                # dz = p (a log p + b) + gℓ onehot with a = −gH, b = −gH H − gℓ, and log p = z − lse.
-                p = torch.sub(block, row_lse).exp_()
+                # dz = p (a log p + b) + gℓ onehot with a = −gH, b = −gH H − gℓ; log p = z − lse formed first
+                # (a z − a lse cancels: large logits lost all of dz's entropy part in fp32).
+                log_p = block.sub_(row_lse)
+                p = log_p.exp()
                 a = -grad_entropy[rows].view(-1, 1)
                 b = a * entropy[rows].view(-1, 1) - g_logp
-                block.mul_(a).add_(b - a * row_lse).mul_(p)
+                log_p.mul_(a).add_(b).mul_(p)
             block.scatter_add_(1, targets[rows].view(-1, 1), g_logp)
             if softcap:  # ∂L/∂x = dℓ (1 − t²)
                 block.mul_(tanh.square_().neg_().add_(1.0))

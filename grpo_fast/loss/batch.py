@@ -8,6 +8,7 @@ Packed layout (`cu_seqlens` [B+1] given): the same arguments are [N], advantages
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -94,12 +95,12 @@ def _checked_layout(completion_ids, completion_mask, cu_seqlens, source_name, so
     checks.require_device("completion_ids", ids, device)
     mask = checks.require_tensor("completion_mask", completion_mask)
     checks.require_device("completion_mask", mask, device)
+    if validate and mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("completion_mask: expected values in {0, 1}")
     if cu_seqlens is None:
         if ids.dim() != 2:
             raise ValueError(f"completion_ids: expected shape [B, T] (padded layout), got {list(ids.shape)}")
         checks.require_shape("completion_mask", mask, ids.shape, "[B, T] like completion_ids")
-        if validate and mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
-            raise ValueError("completion_mask: expected values in {0, 1}")
         return ids, padded_layout(mask != 0, dtype)
     cu = checks.require_tensor("cu_seqlens", cu_seqlens)
     checks.require_integer("cu_seqlens", cu)
@@ -154,6 +155,8 @@ def _check_num_items(num_items_in_batch, validate: bool) -> None:
     validating: a host synchronisation on a GPU)."""
     if isinstance(num_items_in_batch, (int, float)):  # a host number: checked without touching a device
         valid = math.isfinite(num_items_in_batch) and num_items_in_batch > 0
+    elif num_items_in_batch is not None and not isinstance(num_items_in_batch, (torch.Tensor, numbers.Real)):
+        valid = False  # a string, a list: not a count
     elif num_items_in_batch is not None and validate:
         count = torch.as_tensor(num_items_in_batch)
         valid = count.numel() == 1 and bool(torch.isfinite(count.float()).all()) and float(count) > 0

@@ -49,3 +49,14 @@ def require_token_ids(name: str, ids: torch.Tensor, vocab: int, mask: torch.Tens
     if bool(bad.any()):
         value = int(ids[bad].flatten()[0])
         raise ValueError(f"{name}: token ids must lie in [0, {vocab}) (vocabulary size), found {value}")
+
+
+def require_options(workspace_bytes: object, **flags: object) -> None:
+    """workspace_bytes a positive int or None; each of `flags` a bool."""
+    if workspace_bytes is not None and (
+        isinstance(workspace_bytes, bool) or not isinstance(workspace_bytes, int) or workspace_bytes < 1
+    ):
+        raise ValueError(f"workspace_bytes: expected a positive int or None, got {workspace_bytes!r}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: expected a bool, got {value!r}")

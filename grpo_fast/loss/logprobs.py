@@ -182,6 +182,7 @@ def fused_logprobs(
         checks.require_token_ids("targets", targets, weight.shape[0])
     head = LogitHead(logit_scale, final_logit_softcapping)
     inv_temperature, softcap = head.tile(check_temperature(temperature))
+    checks.require_options(workspace_bytes, return_entropy=return_entropy, deterministic=deterministic)
     name = _backend_name(backend, flat_hidden.device.type)  # resolve "auto" (and fail early) outside the op
     logp, entropy, _ = _linear_logprobs(
         flat_hidden,

@@ -142,7 +142,7 @@ def _reduce(per_token_loss, mask, num_items_in_batch, config: GRPOLossConfig):
     if reduction is Reduction.CONSTANT_LENGTH:
         return (per_token_loss * mask).sum() / (batch * (config.max_completion_length or length))
     if reduction is Reduction.GLOBAL_TOKEN_MEAN:
-        normaliser = mask.sum() if num_items_in_batch is None else torch.as_tensor(float(num_items_in_batch))
+        normaliser = mask.sum() if num_items_in_batch is None else per_token_loss.new_tensor(float(num_items_in_batch))
         return (per_token_loss * mask).sum() / normaliser.clamp(min=1.0)
     if reduction is Reduction.SEQUENCE_SUM:
         return (per_token_loss * mask).sum(-1).mean()

@@ -24,6 +24,13 @@ def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return (actual.double() - expected.double()).abs().max().item()
 
 
+def rule_bound(peer: torch.Tensor, oracle: torch.Tensor, dtype: torch.dtype, atol: float | None = None) -> float:
+    """The rule's bound on max |actual − oracle| for `peer` (PyTorch in the same precision) and `oracle`
+    (fp64); `atol` overrides ATOL[dtype]."""
+    scale = max(1.0, oracle.double().abs().max().item()) if oracle.numel() else 1.0
+    return 2.0 * max_error(peer, oracle) + (ATOL[dtype] if atol is None else atol) * scale
+
+
 def assert_within_rule(
     name: str,
     actual: torch.Tensor,
@@ -34,7 +41,7 @@ def assert_within_rule(
 ) -> None:
     """Assert the rule above for `actual` (ours) against `peer` (PyTorch in the same precision) and
     `oracle` (fp64); `atol` overrides ATOL[dtype]."""
-    scale = max(1.0, oracle.double().abs().max().item()) if oracle.numel() else 1.0
-    err, peer_err = max_error(actual, oracle), max_error(peer, oracle)
-    bound = 2.0 * peer_err + (ATOL[dtype] if atol is None else atol) * scale
-    assert err <= bound, f"{name}: error {err:.3g} > bound {bound:.3g} (the peer's own error {peer_err:.3g})"
+    err, bound = max_error(actual, oracle), rule_bound(peer, oracle, dtype, atol)
+    assert err <= bound, (
+        f"{name}: error {err:.3g} > bound {bound:.3g} (the peer's own error {max_error(peer, oracle):.3g})"
+    )
