@@ -57,12 +57,19 @@ class Failure:
 
 @dataclass
 class Scores:
-    """Rewards `[num_funcs][num_completions]` (float or None), the failures met on the way, and the wall
-    seconds the scoring took."""
+    """Rewards `[num_funcs][num_completions]` (float or None), the failures met on the way, the wall seconds the
+    scoring took, and per function the seconds its calls took inside the workers (`call_seconds`: their sum;
+    `slowest_call`: the longest one; a timed-out call counts its timeout)."""
 
     rewards: list[list[float | None]]
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
+    call_seconds: list[float] = field(default_factory=list)
+    slowest_call: list[float] = field(default_factory=list)
+
+    def add_call(self, function: int, seconds: float) -> None:
+        self.call_seconds[function] += seconds
+        self.slowest_call[function] = max(self.slowest_call[function], seconds)
 
 
 def _worker_main(conn: Connection) -> None:
@@ -81,12 +88,13 @@ def _worker_main(conn: Connection) -> None:
             (funcs, call_kwargs), batch = pickle.loads(blob), batch_id
             conn.send("loaded")
         for task, f, prompt, completion, row in items:
+            start = time.perf_counter()
             try:
                 columns = {k: [v] for k, v in row.items()}
                 value = call_reward(funcs[f], [prompt], [completion], columns, call_kwargs)[0]
-                conn.send((task, "ok", value))
+                conn.send((task, "ok", value, time.perf_counter() - start))
             except Exception:
-                conn.send((task, "error", traceback.format_exc(limit=5)))
+                conn.send((task, "error", traceback.format_exc(limit=5), time.perf_counter() - start))
 
 
 class _Worker:
@@ -104,6 +112,23 @@ class _Worker:
         self.proc.kill()
         self.proc.join()
         self.conn.close()
+
+
+class _Job:
+    """One `score` call's work: n completions, the items still to send ((task, function, prompt, completion,
+    columns); task = function * n + completion), every item by task, the function names, the scores so far."""
+
+    def __init__(self, n: int, items: deque, names: list[str], failure_reward: float | None) -> None:
+        self.n, self.items, self.names, self.failure_reward = n, items, names, failure_reward
+        self.by_task = {item[0]: item for item in items}
+        zeros = [0.0] * len(names)
+        self.scores = Scores([[None] * n for _ in names], call_seconds=list(zeros), slowest_call=list(zeros))
+
+    def fail(self, task: int, kind: str, message: str) -> None:
+        f, i = divmod(task, self.n)
+        self.scores.rewards[f][i] = self.failure_reward
+        self.scores.failures.append(Failure(self.names[f], i, kind, message, f))
+        log.warning("reward %s failed on completion %d (%s): %s", self.names[f], i, kind, message.strip()[-500:])
 
 
 class RewardPool:
@@ -162,83 +187,85 @@ class RewardPool:
         per_func = [select_columns(fn, {**(call_kwargs or {}), **columns}) for fn in reward_funcs]
         per_func = [{k: v for k, v in chosen.items() if k in columns} for chosen in per_func]
         self._batch += 1
-        blob = pickle.dumps((list(reward_funcs), dict(call_kwargs or {})))
         items = deque(
             (f * n + i, f, prompts[i], completions[i], {k: v[i] for k, v in per_func[f].items()})
             for f in range(len(reward_funcs))
             for i in range(n)
         )
-        scores = Scores([[None] * n for _ in reward_funcs])
-        names = [reward_name(fn) for fn in reward_funcs]
-        by_task = {item[0]: item for item in items}
-
-        def fail(task: int, kind: str, message: str) -> None:
-            f, i = divmod(task, n)
-            scores.rewards[f][i] = self.failure_reward
-            scores.failures.append(Failure(names[f], i, kind, message, f))
-            log.warning("reward %s failed on completion %d (%s): %s", names[f], i, kind, message.strip()[-500:])
-
-        while items or any(w.pending for w in self._workers):
-            for w in self._workers:
-                if w.ready and items and not w.pending:
-                    chunk = [items.popleft() for _ in range(min(_CHUNK, len(items)))]
-                    loading = w.batch != self._batch
-                    try:
-                        w.conn.send((self._batch, blob if loading else None, chunk))
-                    except OSError:  # it died while idle (killed from outside): no item of it was lost
-                        items.extendleft(reversed(chunk))
-                        self._replace(w, items, by_task)
-                        continue
-                    w.batch = self._batch
-                    w.pending.extend(item[0] for item in chunk)
-                    w.deadline = time.monotonic() + (_STARTUP_S if loading else self.timeout)
+        job = _Job(n, items, [reward_name(fn) for fn in reward_funcs], self.failure_reward)
+        blob = pickle.dumps((list(reward_funcs), dict(call_kwargs or {})))
+        while job.items or any(w.pending for w in self._workers):
+            self._dispatch(job, blob)
             busy = [w for w in self._workers if w.pending or not w.ready]
             left = min(w.deadline for w in busy) - time.monotonic()
             ready = wait([w.conn for w in busy], timeout=max(0.0, left))
             for w in busy:
                 if w.conn in ready:
-                    try:
-                        message = w.conn.recv()
-                    except (EOFError, OSError):
-                        w.proc.join(1.0)
-                        if not w.ready:  # killed from outside (OOM) once: replaced; every time: broken
-                            self._startup_deaths += 1
-                            if self._startup_deaths >= _STARTUP_ATTEMPTS:
-                                raise RuntimeError(
-                                    f"reward worker died at start-up {self._startup_deaths} times in a row (last exit "
-                                    f"code {w.proc.exitcode}): the reward modules do not import in a fresh process"
-                                ) from None
-                            self._replace(w, items, by_task)
-                            continue
-                        fail(w.pending.popleft(), "crash", f"worker died (exit code {w.proc.exitcode})")
-                        self._replace(w, items, by_task)
-                        continue
-                    if message == "ready":
-                        w.ready = True
-                        self._startup_deaths = 0
-                        continue
-                    if message == "loaded":
-                        w.deadline = time.monotonic() + self.timeout
-                        continue
-                    task, status, value = message
-                    w.pending.popleft()
-                    w.deadline = time.monotonic() + self.timeout
-                    if status == "ok":
-                        scores.rewards[task // n][task % n] = value
-                    else:
-                        fail(task, "error", value)
+                    self._receive(w, job)
                 elif time.monotonic() >= w.deadline:
                     if not w.ready:
                         raise RuntimeError(f"reward worker not ready after {_STARTUP_S} s")
-                    fail(w.pending.popleft(), "timeout", f"no result within {self.timeout} s")
-                    self._replace(w, items, by_task)
-        scores.seconds = time.perf_counter() - start
-        return scores
+                    task = w.pending.popleft()
+                    job.scores.add_call(task // n, self.timeout)
+                    job.fail(task, "timeout", f"no result within {self.timeout} s")
+                    self._replace(w, job)
+        job.scores.seconds = time.perf_counter() - start
+        return job.scores
 
-    def _replace(self, worker: _Worker, items: deque, by_task: dict) -> None:
-        """Kill `worker`, put its unfinished items back in front of the queue, start a fresh worker."""
+    def _dispatch(self, job: _Job, blob: bytes) -> None:
+        """A chunk of the job's items to every ready idle worker (with the batch's functions, `blob`, the first
+        time it sees this batch)."""
+        for w in self._workers:
+            if w.ready and job.items and not w.pending:
+                chunk = [job.items.popleft() for _ in range(min(_CHUNK, len(job.items)))]
+                loading = w.batch != self._batch
+                try:
+                    w.conn.send((self._batch, blob if loading else None, chunk))
+                except OSError:  # it died while idle (killed from outside): no item of it was lost
+                    job.items.extendleft(reversed(chunk))
+                    self._replace(w, job)
+                    continue
+                w.batch = self._batch
+                w.pending.extend(item[0] for item in chunk)
+                w.deadline = time.monotonic() + (_STARTUP_S if loading else self.timeout)
+
+    def _receive(self, w: _Worker, job: _Job) -> None:
+        """One message of worker `w`: ready, loaded, or an item's result; a dead worker is replaced (its item
+        failed as a crash, unless it died before it was ready)."""
+        try:
+            message = w.conn.recv()
+        except (EOFError, OSError):
+            w.proc.join(1.0)
+            if not w.ready:  # killed from outside (OOM) once: replaced; every time: broken
+                self._startup_deaths += 1
+                if self._startup_deaths >= _STARTUP_ATTEMPTS:
+                    raise RuntimeError(
+                        f"reward worker died at start-up {self._startup_deaths} times in a row (last exit "
+                        f"code {w.proc.exitcode}): the reward modules do not import in a fresh process"
+                    ) from None
+            else:
+                job.fail(w.pending.popleft(), "crash", f"worker died (exit code {w.proc.exitcode})")
+            self._replace(w, job)
+            return
+        if message == "ready":
+            w.ready = True
+            self._startup_deaths = 0
+            return
+        w.deadline = time.monotonic() + self.timeout
+        if message == "loaded":
+            return
+        task, status, value, seconds = message
+        w.pending.popleft()
+        job.scores.add_call(task // job.n, seconds)
+        if status == "ok":
+            job.scores.rewards[task // job.n][task % job.n] = value
+        else:
+            job.fail(task, "error", value)
+
+    def _replace(self, worker: _Worker, job: _Job) -> None:
+        """Kill `worker`, put its unfinished items back in front of the job's queue, start a fresh worker."""
         worker.kill()
-        items.extendleft(by_task[t] for t in reversed(worker.pending))
+        job.items.extendleft(job.by_task[t] for t in reversed(worker.pending))
         self._workers[self._workers.index(worker)] = _Worker(self._ctx)
 
     def close(self) -> None:

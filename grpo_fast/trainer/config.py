@@ -62,8 +62,11 @@ class RewardConfig(ConfigSection):
         30.0, "seconds one completion may take in one function before it costs its reward", low=0, low_open=True
     )
     failure_reward: float | None = option(None, "the reward of a completion its verifier failed on (null: skipped)")
-    overlap_chunks: int = option(
-        2, "generation rounds split into this many chunks, scored while the next generates (1: no overlap)", low=1
+    overlap_chunks: int | Auto = option(
+        "auto",
+        "generation rounds split into this many chunks, scored while the next generates (1: no overlap; auto: 2 while "
+        "the reward pool's work on the last round came to at least a quarter of its generation time, else 1)",
+        low=1,
     )
 
 

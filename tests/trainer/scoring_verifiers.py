@@ -12,6 +12,12 @@ def completion_length(prompts, completions, completion_ids, **_):
     return [float(len(ids)) for ids in completion_ids]
 
 
+def slow_length(prompts, completions, completion_ids, **_):
+    """completion_length after 5 ms per completion: more than a cheap function costs (is_cheap)."""
+    time.sleep(0.005 * len(completions))
+    return [float(len(ids)) for ids in completion_ids]
+
+
 def global_step(prompts, completions, trainer_state, **_):
     """trainer_state.global_step, passed as it is (not one per completion)."""
     return [float(trainer_state.global_step)] * len(completions)
