@@ -28,7 +28,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from grpo_fast.core.policy import last_hidden
+from grpo_fast.core.policy import last_hidden, segments
 
 PER_SEQUENCE = "grpo_fast_per_sequence"
 """The name grpo_fast's per-sequence attention function is registered under in transformers' AttentionInterface."""
@@ -50,14 +50,12 @@ class PackedLayout:
     @classmethod
     def from_lengths(cls, lengths: list[int], device=None) -> PackedLayout:
         """The layout of sequences of `lengths` tokens (each > 0), in row order."""
-        n, width = len(lengths), max(lengths, default=0)
         sizes = torch.tensor(lengths, dtype=torch.long)
-        starts = torch.cumsum(sizes, 0) - sizes
+        width = max(lengths, default=0)
+        owner, within, starts = segments(sizes)
         slot = torch.arange(width)
-        inside = slot[None] < sizes[:, None]  # [n, L_max]
-        gather = torch.where(inside, starts[:, None] + slot[None], 0).reshape(-1)
-        scatter = inside.reshape(-1).nonzero().squeeze(1)
-        return cls(gather.to(device), scatter.to(device), n, width)
+        gather = torch.where(slot[None] < sizes[:, None], starts[:, None] + slot[None], 0).reshape(-1)
+        return cls(gather.to(device), (owner * width + within).to(device), len(lengths), width)
 
 
 def per_sequence_attention(

@@ -19,7 +19,7 @@ import torch
 
 from grpo_fast.core.packed_attention import attention_path, implementation
 from grpo_fast.core.packing import ModelFlops, packing_error
-from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, lm_head_params
+from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, lm_head_params, padded_rows
 from grpo_fast.distributed.context import Distributed
 from grpo_fast.distributed.fsdp import full_tensor, is_sharded
 from grpo_fast.loss import grpo_loss
@@ -330,10 +330,7 @@ class LossStep:
             batch.completion_mask[torch.tensor([c.truncated for c in comps])] = False
         advantages = self.advantages(rollout.rewards)
         check_step_inputs(batch, advantages, lm_head_params(self.model)[0].shape[0])
-        rollout_lp = torch.zeros(batch.completion_ids.shape)
-        for i, c in enumerate(comps):
-            if c.logprobs:
-                rollout_lp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+        rollout_lp = padded_rows([c.logprobs for c in comps], batch.completion_ids.shape[1], 0.0, torch.float32)
         has_rollout_lp = all(len(c.logprobs) == len(c.token_ids) for c in comps) and cfg.rollout.temperature > 0
         mask = batch.completion_mask.to(device)
         rollout_lp, advantages = rollout_lp.to(device), advantages.to(device)
@@ -384,7 +381,8 @@ class LossStep:
             control.update(float(totals[0]), float(totals[1]))
         if current is not None:
             step.stats.update(mismatch_metrics(current, step.measure_from, step.mask))
-        norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.max_grad_norm))
+        params, max_norm = self.model.parameters(), self.config.optim.max_grad_norm
+        norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))  # one op, not one per tensor
         grad_norms.append(norm.to(self.device))
         losses = agg["loss"][len(agg["loss"]) - step.real_micro_batches :]  # this update's
         loss_sum = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)

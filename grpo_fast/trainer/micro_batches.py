@@ -36,7 +36,7 @@ import torch
 
 from grpo_fast.core.packed_attention import PackedLayout, packed_hidden
 from grpo_fast.core.packing import ModelFlops, Row, pack
-from grpo_fast.core.policy import SequenceBatch, completion_hidden
+from grpo_fast.core.policy import SequenceBatch, completion_hidden, segments
 
 
 @dataclass
@@ -225,31 +225,27 @@ def packed_micro_batches(batch: SequenceBatch, packing: Packing, device, attenti
 
 
 def _pack(batch: SequenceBatch, rows: Row, packing: Packing, device, attention: str) -> PackedMicroBatch:
-    p, width = batch.prompt_width, batch.completion_ids.shape[1]
-    ids, positions, source, local_index, cu = [], [], [], [], [0]
-    offset = 0
-    for k, i in enumerate(rows):
-        lp, lc = packing.prompt_lens[i], packing.completion_lens[i]
-        if lc:
-            ids.append(batch.input_ids[i, p - lp : p + lc])
-            positions.append(torch.arange(lp + lc))
-            # Completion token t is predicted by the hidden state of the sequence's position lp - 1 + t.
-            source.append(torch.arange(offset + lp - 1, offset + lp - 1 + lc))
-            local_index.append(torch.arange(k * width, k * width + lc))
-            offset += lp + lc
-        cu.append(cu[-1] + lc)
-    empty = torch.zeros(0, dtype=torch.long)
-    local_index = torch.cat(local_index or [empty])
+    """One packed micro-batch of sequences `rows`, its index tensors computed per token in a few vector ops."""
+    p, width, full = batch.prompt_width, batch.completion_ids.shape[1], batch.input_ids.shape[1]
+    index = torch.tensor(rows, dtype=torch.long)
+    lp = torch.tensor([packing.prompt_lens[i] for i in rows], dtype=torch.long)
+    lc = torch.tensor([packing.completion_lens[i] for i in rows], dtype=torch.long)
+    lp = torch.where(lc > 0, lp, 0)  # a sequence without completion tokens to train on stays out of the row
+    owner, positions, starts = segments(lp + lc)
+    flat = index[owner] * full + p - lp[owner] + positions
+    # Completion token t of sequence k is predicted by the hidden state at row position starts[k] + lp[k] - 1 + t.
+    token_owner, t, _ = segments(lc)
+    local = token_owner * width + t
     return PackedMicroBatch(
         rows=rows,
-        rows_index=torch.tensor(rows, dtype=torch.long).to(device),
-        input_ids=torch.cat(ids or [empty])[None].to(device),
-        position_ids=torch.cat(positions or [empty])[None].to(device),
-        source=torch.cat(source or [empty]).to(device),
-        completion_ids=batch.completion_ids[rows].reshape(-1)[local_index].to(device),
-        completion_mask=batch.completion_mask[rows].reshape(-1)[local_index].to(device),
-        cu_seqlens=torch.tensor(cu, dtype=torch.long),
-        local_index=local_index.to(device),
+        rows_index=index.to(device),
+        input_ids=batch.input_ids.reshape(-1)[flat][None].to(device),
+        position_ids=positions[None].to(device),
+        source=(starts[token_owner] + lp[token_owner] - 1 + t).to(device),
+        completion_ids=batch.completion_ids[index].reshape(-1)[local].to(device),
+        completion_mask=batch.completion_mask[index].reshape(-1)[local].to(device),
+        cu_seqlens=torch.cat([torch.zeros(1, dtype=torch.long), torch.cumsum(lc, 0)]),
+        local_index=local.to(device),
         width=width,
         attention=attention,
         layout=PackedLayout.from_lengths(packing.lengths(rows), device),
