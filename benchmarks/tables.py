@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MARKER = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 MiB = 2**20
+STEP_PHASES = ("generate", "score", "old_logprobs", "train", "sync")
 
 LOSS_LABELS = {
     "gemm3": "three plain GEMMs (speed of light)",
@@ -134,17 +135,32 @@ def render_sft(payload: dict) -> str:
 
 
 def render_grpo_step(payload: dict) -> str:
-    lines = [["config", "contender", "step s", "p20-p80 s", "generate / train s", "completion tok/s", "peak RSS MiB",
-              "vs TRL"]]  # fmt: skip
+    """One row per (config, contender): the attention it ran, the step's median and spread, its phases, throughput,
+    peak RSS and the ratio to TRL's step in the same run."""
+    phase_names = "generate / score / old-logprob / train / sync s"
+    lines = [["config", "contender", "attention", "step s", "p20-p80 s", phase_names, "completion tok/s",
+              "peak RSS MiB", "vs TRL"]]  # fmt: skip
     for r in payload["table"]:
-        phases = r["phases_median_s"]
+        phases = " / ".join(f"{r['phases_median_s'].get(p, 0.0):.2f}" for p in STEP_PHASES)
         vs_trl = r.get("step_vs_trl")
         lines.append([
-            r["config"], r["contender"], f"{r['step_median_s']:.1f}", f"{r['step_p20_s']:.1f}-{r['step_p80_s']:.1f}",
-            f"{phases['generate']:.1f} / {phases['train']:.1f}", f"{r['completion_tokens_per_s']:.0f}",
+            r["config"], r["contender"], r.get("attention", ""), f"{r['step_median_s']:.2f}",
+            f"{r['step_p20_s']:.2f}-{r['step_p80_s']:.2f}", phases, f"{r['completion_tokens_per_s']:.0f}",
             mib(r["peak_rss_bytes"]), "" if vs_trl is None else f"{vs_trl:.2f}x",
         ])  # fmt: skip
-    return table(lines) + f"\n\nFrom `python benchmarks/bench_step.py` on {where(payload['environment'])}."
+    settings = payload.get("settings", {})
+    command = " ".join(settings.get("command", ["bench_step.py"]))
+    rounds = settings.get("rounds", 1)
+    return table(lines) + (
+        f"\n\nMedians of {settings.get('steps')} timed steps after {settings.get('warmup')} warm-up step(s) per run, "
+        f"{rounds} run(s) of each contender in turn. From `python benchmarks/{command}` on "
+        f"{where(payload['environment'])}{_load_at_end(payload['environment'])}."
+    )
+
+
+def _load_at_end(stamp: dict) -> str:
+    end = stamp.get("load_average_end")
+    return f" (at the end {end[0]:.1f})" if end else ""
 
 
 def render_trl_integration(payload: dict) -> str:
