@@ -5,7 +5,7 @@
     <!-- /table -->
 
 The name is the stem of a results file, benchmarks/results/<name>.json; its "benchmark" field picks the columns
-(loss, logits_tile, sft, grpo_step, bench_trl_integration). No number inside a marked block is typed by hand:
+(loss, logits_tile, sft, grpo_step, bench_trl_integration, demo_ab). No number inside a marked block is typed by hand:
 edit the JSON by re-running the benchmark, then this script.
 
     python benchmarks/tables.py                    # rewrite the marked tables of README.md, docs/ and benchmarks/
@@ -177,12 +177,30 @@ def render_trl_integration(payload: dict) -> str:
     return table(lines) + f"\n\nFrom `{payload['command']}` on {where(payload['environment'])}."
 
 
+def render_demo_ab(payload: dict) -> str:
+    """One row per source tree: its commit, the medians of the demo's wall time, its SFT and RL phases, and their
+    ratios to the first tree's."""
+    first = payload["summary"][0]["tree"]
+    lines = [["tree", "commit", "runs", "wall s", "SFT s", "RL s", f"wall vs {first}", f"RL vs {first}"]]
+    for r in payload["summary"]:
+        lines.append([
+            r["tree"], r["commit"], str(r["runs"]), f"{r['wall_s_median']:.1f}", f"{r['seconds_sft_median']:.1f}",
+            f"{r['seconds_rl_median']:.1f}", f"{r[f'wall_s_vs_{first}']:.2f}x", f"{r[f'seconds_rl_vs_{first}']:.2f}x",
+        ])  # fmt: skip
+    settings = payload["settings"]
+    return table(lines) + (
+        f"\n\nMedians of {settings['repeats']} runs per tree, alternating. From `python benchmarks/"
+        f"{' '.join(settings['command'])}` on {where(payload['environment'])}{_load_at_end(payload['environment'])}."
+    )
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "loss": render_loss,
     "logits_tile": render_logits_tile,
     "sft": render_sft,
     "grpo_step": render_grpo_step,
     "bench_trl_integration": render_trl_integration,
+    "demo_ab": render_demo_ab,
 }
 
 
