@@ -68,6 +68,7 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from grpo_fast.bench.common import write_json
@@ -132,28 +133,46 @@ def main(args: argparse.Namespace) -> int:
             "reward": REWARD_SPEC,
             "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
         },
-        "configs": {name: run_config(name, args, warmup, steps) for name in args.configs},
+        "configs": {},
     }
-    rows = table_rows({name: c["contenders"] for name, c in payload["configs"].items()})
-    payload["table"] = [{k: r[k] for k in TABLE_KEYS} for r in rows]
-    stamp["load_average_end"] = os.getloadavg()
-    table = format_table(rows)
-    print(table)
     out = Path(args.out)
-    payload["markdown_table"] = table
-    payload["plot"] = str(plot(rows, out.with_suffix(".png")))
-    write_json(out, payload)
+
+    def save(name: str, config: dict, complete: bool) -> None:
+        """The JSON (and PNG) with every contender measured so far: a run stopped half-way keeps its results."""
+        payload["configs"][name] = config
+        payload["settings"]["complete"] = complete
+        write_results(payload, out)
+
+    for i, name in enumerate(args.configs):
+        last = i == len(args.configs) - 1
+        run_config(
+            name, args, warmup, steps, lambda config, done, name=name, last=last: save(name, config, done and last)
+        )
+    print(payload["markdown_table"])
     print(f"wrote {out} and {payload['plot']}")
     return 0
+
+
+def write_results(payload: dict, out: Path) -> None:
+    """payload gains its table, markdown table, PNG and the load now; written to `out` (the PNG beside it)."""
+    rows = table_rows({name: c["contenders"] for name, c in payload["configs"].items()})
+    payload["table"] = [{k: r[k] for k in TABLE_KEYS} for r in rows]
+    payload["environment"]["load_average_end"] = os.getloadavg()
+    payload["markdown_table"] = format_table(rows)
+    payload["plot"] = str(plot(rows, out.with_suffix(".png")))
+    write_json(out, payload)
 
 
 _POLICIES: dict[Path, dict] = {}
 """The policies built in this run, by directory (the large configs share one)."""
 
 
-def run_config(name: str, args: argparse.Namespace, warmup: int, steps: int) -> dict:
+def run_config(
+    name: str, args: argparse.Namespace, warmup: int, steps: int, save: Callable[[dict, bool], None]
+) -> dict:
     """One config: its policy built (or found: configs that share a policy share its directory), then its contenders
-    in turn, `args.rounds` times, each run in its own process; -> the config's results (rounds merged)."""
+    in turn, `args.rounds` times, each run in its own process; -> the config's results (rounds merged). After each
+    contender, `save(results so far, whether every run is done)`."""
     work = Path(args.work).resolve()
     cfg = step_config(name, args.quick)
     model_dir = work / "models" / (f"{cfg.policy_name}_quick" if args.quick else cfg.policy_name)
@@ -190,5 +209,12 @@ def run_config(name: str, args: argparse.Namespace, warmup: int, steps: int) -> 
                 f"({time.perf_counter() - t0:.0f} s in all; load {os.getloadavg()[0]:.1f})",
                 flush=True,
             )
-    runs = [merge_rounds(results) for results in rounds.values()]
+            done = round_index == args.rounds - 1 and contender == contenders[-1]
+            save(_config_results(cfg, policy, rounds), done)
+    return _config_results(cfg, policy, rounds)
+
+
+def _config_results(cfg, policy: dict, rounds: dict[str, list[dict]]) -> dict:
+    """The config, its policy and each contender measured so far (its rounds merged)."""
+    runs = [merge_rounds(results) for results in rounds.values() if results]
     return {"config": dataclasses.asdict(cfg), "policy": policy, "contenders": runs}
