@@ -151,10 +151,15 @@ def render_grpo_step(payload: dict) -> str:
     settings = payload.get("settings", {})
     command = " ".join(settings.get("command", ["bench_step.py"]))
     rounds = settings.get("rounds", 1)
+    stopped = (
+        " The command was stopped before its end: the table holds the contenders it finished."
+        if settings.get("complete") is False
+        else ""
+    )
     return table(lines) + (
         f"\n\nMedians of {settings.get('steps')} timed steps after {settings.get('warmup')} warm-up step(s) per run, "
         f"{rounds} run(s) of each contender in turn. From `python benchmarks/{command}` on "
-        f"{where(payload['environment'])}{_load_at_end(payload['environment'])}."
+        f"{where(payload['environment'])}{_load_at_end(payload['environment'])}.{stopped}"
     )
 
 
