@@ -21,35 +21,16 @@ median step time, the peak memory and the loss (the variants should agree to bf1
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
 from grpo_fast import GRPOLossConfig, grpo_loss
 from grpo_fast.bench.common import environment_stamp, time_call, write_json
+from grpo_fast.bench.models import NAMED_SHAPES
 from grpo_fast.core.model_kernels import apply_model_kernels
 from grpo_fast.core.policy import ModelConfig
-
-QWEN2_0_5B = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    vocab_size=151936,
-    max_position_embeddings=32768,
-    rope_theta=1_000_000.0,
-    tie_word_embeddings=True,
-)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=176,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=512,
-    max_position_embeddings=1024,
-    tie_word_embeddings=True,
-)
+from grpo_fast.core.tiny_models import random_qwen2
 
 
 def attention_implementations() -> tuple[list[str], dict[str, str]]:
@@ -117,24 +98,21 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="JSON file")
     args = parser.parse_args()
 
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
     device = torch.device(args.device)
     rows = args.rows or (2 if args.tiny else 8)
     length = args.length or (64 if args.tiny else 1024)
-    shape = TINY if args.tiny else QWEN2_0_5B
+    vocab, shape = NAMED_SHAPES["tiny" if args.tiny else "qwen2.5-0.5b"]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     impls, skipped = attention_implementations()
     if device.type != "cuda":
         impls = ["sdpa"]
-    torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(Qwen2Config(**shape, attn_implementation="sdpa")).to(dtype)
+        model = random_qwen2(vocab, shape, seed=0, attn_implementation="sdpa").to(dtype)
     params = sum(p.numel() for p in model.parameters())
-    print(f"Qwen2 {shape['num_hidden_layers']} layers, {params / 1e6:.0f} M parameters, {dtype}, {rows} x {length} "
+    print(f"Qwen2 {shape.num_layers} layers, {params / 1e6:.0f} M parameters, {dtype}, {rows} x {length} "
           f"tokens on {device}; attention {impls}; skipped {skipped or 'nothing'}", flush=True)  # fmt: skip
     result = {
-        "model": shape,
+        "model": {"vocab_size": vocab, **dataclasses.asdict(shape)},
         "dtype": str(dtype).removeprefix("torch."),
         "rows": rows,
         "length": length,
@@ -143,7 +121,7 @@ def main() -> int:
         "skipped": skipped,
     }
     layouts = ["padded", "packed"]
-    inputs = {layout: make_inputs(rows, length, shape["vocab_size"], device, layout) for layout in layouts}
+    inputs = {layout: make_inputs(rows, length, vocab, device, layout) for layout in layouts}
 
     def measure(liger: bool):
         for impl in impls:

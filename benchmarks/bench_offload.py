@@ -21,6 +21,7 @@ steps and checks, and reports zero bytes freed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import sys
 import tempfile
@@ -31,28 +32,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grpo_fast.bench.common import environment_stamp, rss_bytes, write_json  # noqa: E402
+from grpo_fast.bench.models import NAMED_SHAPES  # noqa: E402
+from grpo_fast.core.tiny_models import build_char_tokenizer, random_qwen2  # noqa: E402
+from grpo_fast.rollout.base import Completion  # noqa: E402
+from grpo_fast.trainer.config import TrainConfig  # noqa: E402
+from grpo_fast.trainer.offload import TrainerStateOffloader  # noqa: E402
+from grpo_fast.trainer.rollout_phase import RolloutBatch  # noqa: E402
+from grpo_fast.trainer.trainer import GRPOTrainer  # noqa: E402
+
 GiB = 2**30
-# Qwen2.5-0.5B shapes (494M parameters with the tied embedding); `tiny` is for CPU smoke tests.
-SHAPES = {
-    "qwen2.5-0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    ),
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    ),
-}
 
 
 def build_trainer(
@@ -66,24 +55,11 @@ def build_trainer(
     """A `GRPOTrainer` around a random-init Qwen2 model on `device` with the transformers engine (not started):
     `prompts_per_step` prompts x 4 completions of at most `completion_len` tokens per step, trainer state
     offloaded during generation when `offload`; a reward that varies with the completion's length."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    from grpo_fast.core.tiny_models import build_char_tokenizer
-    from grpo_fast.trainer.config import TrainConfig
-    from grpo_fast.trainer.trainer import GRPOTrainer
 
     tokenizer = build_char_tokenizer()
-    config = Qwen2Config(
-        **SHAPES[shape],
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen2ForCausalLM(config)  # fp32 master weights, as the trainer keeps them by default
+    vocab, spec = NAMED_SHAPES[shape]
+    with torch.device(device):  # fp32 master weights, as the trainer keeps them by default
+        model = random_qwen2(vocab, spec, seed=seed, tokenizer=tokenizer, attn_implementation="sdpa")
     cfg = TrainConfig()
     cfg.rollout.engine = "hf"
     cfg.rollout.num_generations = 4
@@ -108,8 +84,6 @@ def build_trainer(
 
 def make_batch(vocab: int, sequences: int, prompt_len: int, completion_len: int, groups: int = 4, seed: int = 0):
     """What the rollout phase hands to `train_on_batch`: random prompts/completions, group-varying rewards."""
-    from grpo_fast.rollout.base import Completion
-    from grpo_fast.trainer.rollout_phase import RolloutBatch
 
     g = torch.Generator().manual_seed(seed)
     prompts, completions = [], []
@@ -191,86 +165,75 @@ def memory(device: torch.device) -> dict[str, int]:
             "reserved": torch.cuda.memory_reserved(device),
             "device_used": total - free,
         }
-    from grpo_fast.bench.common import rss_bytes
 
     return {"rss": rss_bytes()}
 
 
-def run(device: torch.device, shape: str, sequences: int, prompt_len: int, completion_len: int) -> dict:
-    """Everything the script measures and checks, as one dict (`failures` lists what went wrong)."""
-    from grpo_fast.trainer.offload import TrainerStateOffloader
+class OffloadCheck:
+    """One model, one batch and the record of what was measured (`phases`) and what went wrong (`failures`)."""
 
-    t_start = time.perf_counter()
-    trainer = build_trainer(device, shape)
-    model, optimizer = trainer.model, trainer.optimizer
-    params = list(model.parameters())
-    param_bytes = tensor_bytes(params)
-    batch = make_batch(model.config.vocab_size, sequences, prompt_len, completion_len)
-    phases: list[dict] = []
-    failures: list[str] = []
+    def __init__(self, device: torch.device, shape: str, sequences: int, prompt_len: int, completion_len: int):
+        self.device, self.shape = device, shape
+        self.trainer = build_trainer(device, shape)
+        self.model, self.optimizer = self.trainer.model, self.trainer.optimizer
+        self.params = list(self.model.parameters())
+        self.param_bytes = tensor_bytes(self.params)
+        self.batch = make_batch(self.model.config.vocab_size, sequences, prompt_len, completion_len)
+        self.phases: list[dict] = []
+        self.failures: list[str] = []
+        self.grad_bytes = self.opt_bytes = 0
 
-    def phase(name: str, **extra) -> dict:
-        row = {"phase": name, **memory(device), **extra}
-        phases.append(row)
+    def phase(self, name: str, **extra) -> dict:
+        row = {"phase": name, **memory(self.device), **extra}
+        self.phases.append(row)
         return row
 
-    phase("model built")
-    t0 = time.perf_counter()
-    stats = trainer.loss_step.train_on_batch(batch)
-    step_s = time.perf_counter() - t0
-    phase("after step 1", seconds=step_s)
-    if not all(p.grad is not None for p in params):
-        failures.append("step 1 left parameters without gradients")
-    grad_bytes = tensor_bytes(p.grad for p in params if p.grad is not None)
-    opt_bytes = tensor_bytes(
-        v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.device == device
-    )
-    if not optimizer.state:
-        failures.append("step 1 created no optimizer state")
-    if not torch.isfinite(torch.tensor(stats["loss"])):
-        failures.append(f"step 1 loss is {stats['loss']}")
+    def first_step(self) -> float:
+        """Step 1 (gradients and optimizer state exist from here on); -> its seconds."""
+        self.phase("model built")
+        t0 = time.perf_counter()
+        stats = self.trainer.loss_step.train_on_batch(self.batch)
+        step_s = time.perf_counter() - t0
+        self.phase("after step 1", seconds=step_s)
+        if not all(p.grad is not None for p in self.params):
+            self.failures.append("step 1 left parameters without gradients")
+        self.grad_bytes = tensor_bytes(p.grad for p in self.params if p.grad is not None)
+        state = self.optimizer.state.values()
+        self.opt_bytes = tensor_bytes(
+            v for s in state for v in s.values() if torch.is_tensor(v) and v.device == self.device
+        )
+        if not self.optimizer.state:
+            self.failures.append("step 1 created no optimizer state")
+        if not torch.isfinite(torch.tensor(stats["loss"])):
+            self.failures.append(f"step 1 loss is {stats['loss']}")
+        return step_s
 
-    modes = {}
-    for mode, offload_params in (("optimizer", False), ("optimizer+params", True)):
-        # The trainer builds its offloader from run.offload_optimizer / run.offload_params exactly like this.
+    def round_trip(self, mode: str, offload_params: bool) -> dict:
+        """Offload and reload the trainer state as the trainer does (run.offload_optimizer / run.offload_params),
+        check it comes back bitwise identical and on its devices, and that the next step trains."""
+        model, optimizer = self.model, self.optimizer
         offloader = TrainerStateOffloader(model, optimizer, True, offload_params)
-        trainer.offloader = offloader
-        before_snap = state_snapshot(model, optimizer)
-        before_devices = state_devices(model, optimizer)
-        before = phase(f"[{mode}] before offload")
+        self.trainer.offloader = offloader
+        before_snap, before_devices = state_snapshot(model, optimizer), state_devices(model, optimizer)
+        before = self.phase(f"[{mode}] before offload")
         t0 = time.perf_counter()
         offloader.offload()
         offload_s = time.perf_counter() - t0
-        after = phase(f"[{mode}] offloaded", seconds=offload_s)
+        after = self.phase(f"[{mode}] offloaded", seconds=offload_s)
         if offloader.enabled:
-            if any(p.grad is not None for p in params):
-                failures.append(f"[{mode}] gradients still held after offload")
-            kinds = ("opt/", "param/") if offload_params else ("opt/",)
-            on_gpu = [k for k, d in state_devices(model, optimizer).items() if d != "cpu" and k.startswith(kinds)]
-            if on_gpu:
-                failures.append(f"[{mode}] left on the GPU after offload: {on_gpu[:4]} ({len(on_gpu)} tensors)")
+            self._check_offloaded(mode, offload_params)
         t0 = time.perf_counter()
         offloader.reload()
         reload_s = time.perf_counter() - t0
-        reloaded = phase(f"[{mode}] reloaded", seconds=reload_s)
+        reloaded = self.phase(f"[{mode}] reloaded", seconds=reload_s)
         bad = mismatches(before_snap, state_snapshot(model, optimizer))
         if bad:
-            failures.append(f"[{mode}] not bitwise identical after the round trip: {bad[:5]} ({len(bad)} tensors)")
+            self.failures.append(f"[{mode}] not bitwise identical after the round trip: {bad[:5]} ({len(bad)} tensors)")
         if state_devices(model, optimizer) != before_devices:
-            failures.append(f"[{mode}] tensors came back on other devices")
+            self.failures.append(f"[{mode}] tensors came back on other devices")
         del before_snap
-
-        step_before = optimizer_steps(optimizer)
-        t0 = time.perf_counter()
-        stats = trainer.loss_step.train_on_batch(batch)
-        phase(f"[{mode}] after next step", seconds=time.perf_counter() - t0)
-        step_after = optimizer_steps(optimizer)
-        if not torch.isfinite(torch.tensor(stats["loss"])):
-            failures.append(f"[{mode}] next step loss is {stats['loss']}")
-        if not step_after or any(step_after[k] != step_before[k] + 1 for k in step_before):
-            failures.append(f"[{mode}] the next optimizer step did not advance every parameter's step")
-
-        expected = opt_bytes + grad_bytes + (param_bytes if offload_params else 0)
+        self._check_next_step(mode)
+        expected = self.opt_bytes + self.grad_bytes + (self.param_bytes if offload_params else 0)
         result = {
             "expected_freed_bytes": expected if offloader.enabled else 0,
             "offload_seconds": offload_s,
@@ -278,40 +241,77 @@ def run(device: torch.device, shape: str, sequences: int, prompt_len: int, compl
             "round_trip_bitwise_identical": not bad,
             "offloader_enabled": offloader.enabled,
         }
-        if device.type == "cuda":
-            result |= {
-                "allocated_freed_bytes": before["allocated"] - after["allocated"],
-                "reserved_freed_bytes": before["reserved"] - after["reserved"],
-                "device_used_freed_bytes": before["device_used"] - after["device_used"],
-                "allocated_after_reload_bytes": reloaded["allocated"],
-                "reload_gb_per_s": (expected - grad_bytes) / GiB / max(reload_s, 1e-9),
-            }
-            # Real saving: every byte of the state leaves the allocator, and most of it the CUDA cache too (a
-            # few-MiB tensor can share a cached 20 MiB segment with a live one, which empty_cache cannot free).
-            for key, share in (("allocated_freed_bytes", 0.99), ("reserved_freed_bytes", 0.85)):
-                if result[key] < share * expected:
-                    failures.append(
-                        f"[{mode}] {key} = {result[key] / GiB:.3f} GiB < {share:.0%} of {expected / GiB:.3f} GiB"
-                    )
-            if reloaded["allocated"] < before["allocated"] - grad_bytes - (1 << 20):
-                failures.append(f"[{mode}] reload did not bring the state back ({reloaded['allocated'] / GiB:.3f} GiB)")
-        modes[mode] = result
+        if self.device.type == "cuda":
+            result |= self._cuda_savings(mode, expected, before, after, reloaded, reload_s)
+        return result
+
+    def _check_offloaded(self, mode: str, offload_params: bool) -> None:
+        if any(p.grad is not None for p in self.params):
+            self.failures.append(f"[{mode}] gradients still held after offload")
+        kinds = ("opt/", "param/") if offload_params else ("opt/",)
+        devices = state_devices(self.model, self.optimizer).items()
+        on_gpu = [k for k, d in devices if d != "cpu" and k.startswith(kinds)]
+        if on_gpu:
+            self.failures.append(f"[{mode}] left on the GPU after offload: {on_gpu[:4]} ({len(on_gpu)} tensors)")
+
+    def _check_next_step(self, mode: str) -> None:
+        step_before = optimizer_steps(self.optimizer)
+        t0 = time.perf_counter()
+        stats = self.trainer.loss_step.train_on_batch(self.batch)
+        self.phase(f"[{mode}] after next step", seconds=time.perf_counter() - t0)
+        step_after = optimizer_steps(self.optimizer)
+        if not torch.isfinite(torch.tensor(stats["loss"])):
+            self.failures.append(f"[{mode}] next step loss is {stats['loss']}")
+        if not step_after or any(step_after[k] != step_before[k] + 1 for k in step_before):
+            self.failures.append(f"[{mode}] the next optimizer step did not advance every parameter's step")
+
+    def _cuda_savings(self, mode, expected, before, after, reloaded, reload_s) -> dict:
+        """What left the GPU: every byte of the state leaves the allocator, and most of it the CUDA cache too (a
+        few-MiB tensor can share a cached 20 MiB segment with a live one, which empty_cache cannot free)."""
+        result = {
+            "allocated_freed_bytes": before["allocated"] - after["allocated"],
+            "reserved_freed_bytes": before["reserved"] - after["reserved"],
+            "device_used_freed_bytes": before["device_used"] - after["device_used"],
+            "allocated_after_reload_bytes": reloaded["allocated"],
+            "reload_gb_per_s": (expected - self.grad_bytes) / GiB / max(reload_s, 1e-9),
+        }
+        for key, share in (("allocated_freed_bytes", 0.99), ("reserved_freed_bytes", 0.85)):
+            if result[key] < share * expected:
+                self.failures.append(
+                    f"[{mode}] {key} = {result[key] / GiB:.3f} GiB < {share:.0%} of {expected / GiB:.3f} GiB"
+                )
+        if reloaded["allocated"] < before["allocated"] - self.grad_bytes - (1 << 20):
+            self.failures.append(
+                f"[{mode}] reload did not bring the state back ({reloaded['allocated'] / GiB:.3f} GiB)"
+            )
+        return result
+
+
+def run(device: torch.device, shape: str, sequences: int, prompt_len: int, completion_len: int) -> dict:
+    """Everything the script measures and checks, as one dict (`failures` lists what went wrong)."""
+    t_start = time.perf_counter()
+    check = OffloadCheck(device, shape, sequences, prompt_len, completion_len)
+    step_s = check.first_step()
+    modes = {
+        mode: check.round_trip(mode, params) for mode, params in (("optimizer", False), ("optimizer+params", True))
+    }
+    params = check.params
     return {
         "model": {
             "shape": shape,
-            "config": SHAPES[shape],
+            "config": {"vocab_size": NAMED_SHAPES[shape][0], **dataclasses.asdict(NAMED_SHAPES[shape][1])},
             "parameters": sum(p.numel() for p in params),
             "param_dtype": str(params[0].dtype).removeprefix("torch."),
-            "bf16_autocast": trainer.loss_step.autocast,
-            "param_bytes": param_bytes,
-            "grad_bytes": grad_bytes,
-            "optimizer_state_bytes_on_device": opt_bytes,
+            "bf16_autocast": check.trainer.loss_step.autocast,
+            "param_bytes": check.param_bytes,
+            "grad_bytes": check.grad_bytes,
+            "optimizer_state_bytes_on_device": check.opt_bytes,
         },
         "batch": {"sequences": sequences, "prompt_len": prompt_len, "max_completion_len": completion_len},
         "step1_seconds": step_s,
-        "phases": phases,
+        "phases": check.phases,
         "modes": modes,
-        "failures": failures,
+        "failures": check.failures,
         "seconds_total": time.perf_counter() - t_start,
     }
 
@@ -348,8 +348,6 @@ def _peak_recorded(fn, phase: str, peaks: dict, device: torch.device):
         if device.type == "cuda":
             peaks[phase] = torch.cuda.max_memory_allocated(device) / GiB
         else:
-            from grpo_fast.bench.common import rss_bytes
-
             peaks[phase] = rss_bytes("VmHWM") / GiB
         return result
 
@@ -415,7 +413,6 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     shape = "tiny" if args.tiny else "qwen2.5-0.5b"
-    from grpo_fast.bench.common import environment_stamp, write_json
 
     environment = environment_stamp(device)
 

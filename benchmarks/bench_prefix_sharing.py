@@ -31,12 +31,11 @@ import torch
 
 from grpo_fast.bench.common import (
     environment_stamp,
-    reset_peak_rss,
-    rss_bytes,
     run_json_subprocess,
     synchronize,
     write_json,
 )
+from grpo_fast.bench.memory import peak_extra_bytes
 from grpo_fast.bench.models import add_model_shape_arguments, model_from_shape_arguments
 from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, completion_hidden
 from grpo_fast.loss import GRPOLossConfig, grpo_loss
@@ -118,20 +117,7 @@ def agreement(model, batch, advantages, autocast: bool) -> dict:
 
 def measure_memory(name: str, model, batch, advantages, device: torch.device, autocast: bool) -> int:
     """Peak bytes above the allocations before one step (after a warm-up step)."""
-    step = make_step(name, model, batch, advantages, autocast)
-    step()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
-    before = rss_bytes("VmRSS")
-    reset_peak_rss()
-    step()
-    return rss_bytes("VmHWM") - before
+    return peak_extra_bytes(make_step(name, model, batch, advantages, autocast), device)
 
 
 def memory_of(name: str, args, prompt_len: int, model, batch, advantages, device, autocast: bool) -> int:

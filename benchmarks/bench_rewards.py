@@ -1,13 +1,15 @@
 """Reward throughput: math answers through the process pool, and sandboxed code tests.
 
     python benchmarks/bench_rewards.py                      # print the table
-    python benchmarks/bench_rewards.py --out benchmarks/results/rewards.json
+    python benchmarks/bench_rewards.py --out benchmarks/results/bench_rewards_cpu.json
 
 Cases:
 - math / in-process: `math_accuracy` called directly on N completions (one core, no pool).
 - math / pool: `RewardPool(workers).score([math_accuracy], ...)` on the same N completions, the pool
   already started (a trainer keeps one pool); pool start-up is reported on its own.
-- code / sandbox: `code_tests` on small programs with 3 assert tests, one sandbox per completion.
+- code / sandbox: `code_tests` on small programs with 3 assert tests, one sandbox per completion, all
+  completions in one call; "code sandbox x1": the same completions one per call, as a reward pool's
+  worker scores them (the verifier's start-up check and first judge are warm-up, as in a run).
 Completions mix right and wrong answers in boxed LaTeX: fractions, decimals, percentages, sqrt.
 Each case runs `--repeats` times; the table shows median and p20/p80 seconds.
 """
@@ -47,7 +49,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--code-n", type=int, default=20, help="code completions")
-    parser.add_argument("--out", help="write JSON results here (e.g. benchmarks/results/rewards.json)")
+    parser.add_argument("--out", help="write JSON results here (e.g. benchmarks/results/bench_rewards_cpu.json)")
     args = parser.parse_args()
 
     prompts, completions, answers = math_batch(args.n)
@@ -70,11 +72,16 @@ def main() -> None:
     program = "def add(a, b):\n    return a + b\n"
     tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 4"]
     code_n = args.code_n
+    assert code_tests(["p"], [program], [tests]) == [1.0], "code scored wrongly"
     rows["code sandbox"] = time_call(
         lambda: code_tests(["p"] * code_n, [program] * code_n, [tests] * code_n), repeats=max(1, args.repeats // 2)
     )
+    rows["code sandbox x1"] = time_call(
+        lambda: [code_tests(["p"], [program], [tests]) for _ in range(code_n)], repeats=max(1, args.repeats // 2)
+    )
 
-    counts = {"math in-process": args.n, f"math pool x{args.workers}": args.n, "code sandbox": code_n}
+    counts = {"math in-process": args.n, f"math pool x{args.workers}": args.n}
+    counts |= {"code sandbox": code_n, "code sandbox x1": code_n}
     print(f"{'case':<20} {'items':>6} {'median s':>9} {'p20 s':>8} {'p80 s':>8} {'ms/item':>8}")
     for name, row in rows.items():
         items = counts.get(name, 1)

@@ -182,6 +182,90 @@ def render_trl_integration(payload: dict) -> str:
     return table(lines) + f"\n\nFrom `{payload['command']}` on {where(payload['environment'])}."
 
 
+STEP_RESULTS = ("bench_step_cpu.json", "bench_step_mb8_cpu.json", "bench_step_tiny_cpu.json")
+"""The step benchmark's results files README's headline draws from (grpo_fast with its defaults against TRL)."""
+
+
+def render_headline(results: Path) -> str:
+    """README's table: one row per headline comparison, each from the results file it names."""
+    lines = [["what (CPU, 2 cores)", "grpo_fast", "the alternative", "ratio", "source"]]
+    loss = json.loads((results / "bench_loss_cpu.json").read_text())
+    best = {r["variant"]: r for r in loss["results"] if "median_s" in r and r["dtype"] == "fp32"}
+    ours = best["cpu"]
+    for peer, name in (("naive", "naive full logits"), ("liger", "Liger-Kernel"), ("trl", "TRL's fused head")):
+        if peer in best:
+            other = best[peer]
+            lines.append([
+                f"loss fwd+bwd, N={ours['N']} H={ours['H']} V={ours['V']}",
+                f"{ms(ours['median_s'])} ms, {mib(ours['peak_extra_bytes'])} MiB extra",
+                f"{name}: {ms(other['median_s'])} ms, {mib(other['peak_extra_bytes'])} MiB",
+                f"{ours['median_s'] / other['median_s']:.2f}x time, "
+                f"{ours['peak_extra_bytes'] / other['peak_extra_bytes']:.3f}x memory",
+                "bench_loss_cpu.json",
+            ])  # fmt: skip
+    for source in STEP_RESULTS:
+        step = json.loads((results / source).read_text())
+        load = step["environment"].get("load_average_start")
+        for r in step["table"]:
+            if r["contender"] == "grpo_fast" and r.get("step_vs_trl") is not None:
+                trl = next(t for t in step["table"] if t["config"] == r["config"] and t["contender"] == "trl")
+                lines.append([
+                    f"GRPO step, config {r['config']}" + (f" (load {load[0]:.0f})" if load else ""),
+                    f"{r['step_median_s']:.1f} s (every default)", f"TRL GRPOTrainer: {trl['step_median_s']:.1f} s",
+                    f"{r['step_vs_trl']:.2f}x time", source,
+                ])  # fmt: skip
+    sft = json.loads((results / "bench_sft_cpu.json").read_text())
+    mine = next(r for r in sft["results"] if r["contender"] == "fused")
+    theirs = next(r for r in sft["results"] if r is not mine)
+    lines.append([
+        "SFT step (fwd+bwd)", f"{ms(mine['median_s'])} ms, {mib(mine['peak_extra_bytes'])} MiB extra",
+        f"transformers: {ms(theirs['median_s'])} ms, {mib(theirs['peak_extra_bytes'])} MiB",
+        f"{mine['time_vs_transformers']:.2f}x time, {mine['memory_vs_transformers']:.2f}x memory", "bench_sft_cpu.json",
+    ])  # fmt: skip
+    return table(lines)
+
+
+def render_r1_pipeline(payload: dict) -> str:
+    """The R1 recipe's stages (what each did, held-out accuracy after the RL stages), then the filtering ablation's
+    arms (mean and per-seed held-out accuracy, zero-variance and stuck groups)."""
+    lines = [["stage", "kind", "what it did", "held-out accuracy", "seconds"]]
+    for st in payload["pipeline"]["stages"]:
+        lines.append([st["stage"], st["kind"], _stage_text(st), _accuracy(st), f"{st['seconds']:.1f}"])
+    arms = [["training prompts", "held-out accuracy (mean; per seed)", "zero-variance groups, step 1",
+             "stuck groups, run mean"]]  # fmt: skip
+    for name, arm in payload["ablation"]["arms"].items():
+        mean, seeds = arm["mean"], arm["per_seed"].values()
+        per_seed = ", ".join(f"{100 * s['eval_accuracy_last']:.1f}" for s in seeds)
+        arms.append([
+            name, f"{100 * mean['eval_accuracy_last']:.1f}% ({per_seed})",
+            f"{100 * mean['frac_zero_var_groups_first']:.1f}%", f"{100 * mean['frac_stuck_groups_mean']:.1f}%",
+        ])  # fmt: skip
+    origin = f"From `python benchmarks/bench_r1.py` on {where(payload['environment'])}"
+    seeds = ", ".join(map(str, payload["ablation"]["seeds"]))
+    return f"{table(lines)}\n\n{table(arms)}\n\nAblation seeds {seeds}. {origin}."
+
+
+def _stage_text(stage: dict) -> str:
+    keys = {
+        "sft": ("steps", "final_loss"),
+        "train": ("steps", "frac_zero_var_groups_first", "frac_stuck_groups_mean"),
+        "sample": ("prompts", "pass_rate_mean", "frac_always_fail", "frac_always_pass", "sft_rows"),
+        "filter": ("prompts", "kept", "too_easy", "too_hard"),
+        "mix": ("rows",),
+    }.get(stage["kind"], ())
+    return ", ".join(f"{k} {stage[k]:.3g}" if isinstance(stage[k], float) else f"{k} {stage[k]}" for k in keys)
+
+
+def _accuracy(stage: dict) -> str:
+    if "eval_accuracy_last" not in stage:
+        return ""
+    return f"{100 * stage['eval_accuracy_first']:.1f}% -> {100 * stage['eval_accuracy_last']:.1f}%"
+
+
+COMPOSITES: dict[str, Callable[[Path], str]] = {"headline": render_headline}
+"""Tables drawn from several results files, by marker name."""
+
+
 def render_demo_ab(payload: dict) -> str:
     """One row per source tree: its commit, the medians of the demo's wall time, its own total, its SFT and RL
     phases, and the ratios of its total and RL phase to the first tree's."""
@@ -208,6 +292,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "sft": render_sft,
     "grpo_step": render_grpo_step,
     "bench_trl_integration": render_trl_integration,
+    "r1_pipeline": render_r1_pipeline,
     "demo_ab": render_demo_ab,
 }
 
@@ -223,9 +308,16 @@ def render(path: Path) -> str:
     return RENDERERS[kind](payload)
 
 
+def render_named(name: str, results: Path = RESULTS) -> str:
+    """The table a marker names: a composite, or the results file <name>.json."""
+    if name in COMPOSITES:
+        return COMPOSITES[name](results)
+    return render(results / f"{name}.json")
+
+
 def rendered(text: str, results: Path = RESULTS) -> str:
     """`text` with every marked block replaced by the table of its results file."""
-    return MARKER.sub(lambda m: m.group(1) + render(results / f"{m.group(2)}.json") + "\n" + m.group(4), text)
+    return MARKER.sub(lambda m: m.group(1) + render_named(m.group(2), results) + "\n" + m.group(4), text)
 
 
 def check(paths: list[Path], results: Path = RESULTS) -> list[str]:
@@ -236,8 +328,8 @@ def check(paths: list[Path], results: Path = RESULTS) -> list[str]:
         for match in MARKER.finditer(text):
             name = match.group(2)
             try:
-                want = render(results / f"{name}.json") + "\n"
-            except ValueError as err:
+                want = render_named(name, results) + "\n"
+            except (ValueError, OSError, KeyError, StopIteration) as err:
                 problems.append(f"{path}: table {name}: {err}")
                 continue
             if match.group(3) != want:

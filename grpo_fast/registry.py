@@ -10,6 +10,7 @@ known ones.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +50,23 @@ class Registry:
         raise ValueError(
             f"{self.kind}: unknown name {name!r}; expected one of {sorted(self._entries)} or 'package.module:attribute'"
         )
+
+
+def lazy_exports(package: str, exports: Mapping[str, str]):
+    """(__getattr__, __dir__) for a package whose public names load on first use: `exports` maps each name to the
+    submodule (relative to `package`) that defines it. Importing the package then imports none of them."""
+
+    def __getattr__(name: str):
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{exports[name]}", package), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__():
+        return sorted(set(vars(sys.modules[package])) | set(exports))
+
+    return __getattr__, __dir__
 
 
 def _location(obj: Any) -> str | None:

@@ -34,7 +34,6 @@ the rows into an existing JSON.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import importlib.util
 import json
@@ -54,7 +53,8 @@ from grpo_fast.backends import available_backends
 from grpo_fast.testing.reference import naive_grpo_loss
 from grpo_fast.testing.synthetic import LossBatch, make_loss_batch
 
-from .common import environment_stamp, reset_peak_rss, rss_bytes, time_call, write_json
+from .common import environment_stamp, time_call, write_json
+from .memory import peak_extra_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # lm_head shapes (H, V) named after the models they come from; the last two are sized for CPUs.
@@ -243,27 +243,7 @@ def measure_memory(step: Callable[[], None], leaves: list[torch.Tensor], device:
     grad_bytes = sum(t.numel() * t.element_size() for t in leaves)
     for t in leaves:
         t.grad = None
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before - grad_bytes
-    _return_freed_memory()
-    before = rss_bytes("VmRSS")
-    reset_peak_rss()
-    step()
-    return rss_bytes("VmHWM") - before - grad_bytes
-
-
-def _return_freed_memory() -> None:
-    """glibc: every later block above 64 KiB is mmap'd (freed = unmapped at once), and the free blocks
-    the heap holds now go back to the system, so the RSS peak of the next step is that step's own."""
-    libc = ctypes.CDLL(None)
-    libc.mallopt(-3, 65536)  # M_MMAP_THRESHOLD
-    libc.malloc_trim(0)
+    return peak_extra_bytes(step, device, warmup=False) - grad_bytes
 
 
 def measure_shape(name: str, shape: Shape, dtype_name: str, device: torch.device, config, repeats: int) -> dict:
@@ -332,7 +312,7 @@ def run_variant(context, name, shapes, dtype_name, device, config, repeats, time
         rows: list[dict] = []
         timed_out = False
         while process.is_alive() and not timed_out:
-            process.join(0.5)
+            process.join(0.5 if deadline is None else max(0.0, min(0.5, deadline - time.monotonic())))
             rows += _new_rows(path, len(rows), on_row)
             timed_out = process.is_alive() and deadline is not None and time.monotonic() > deadline
         if timed_out:

@@ -1,11 +1,21 @@
-"""The random-init Qwen2 of the benchmarks' model-shape flags (torch and transformers: kept apart from
-grpo_fast.bench.common, which torch-free benchmarks import)."""
+"""The random-init Qwen2 models of the model benchmarks: named shapes and the model-shape flags (torch and
+transformers, kept apart from grpo_fast.bench.common, which torch-free benchmarks import)."""
 
 from __future__ import annotations
 
 import torch
 
 from grpo_fast.core.tiny_models import TinyModelSpec, random_qwen2
+
+NAMED_SHAPES: dict[str, tuple[int, TinyModelSpec]] = {
+    # Qwen2.5-0.5B (494M parameters with the tied embedding)
+    "qwen2.5-0.5b": (
+        151936,
+        TinyModelSpec(896, 24, 14, 2, 4864, max_position_embeddings=32768, tie_word_embeddings=True, rope_theta=1e6),
+    ),
+    "tiny": (512, TinyModelSpec(64, 2, 4, 2, 176, max_position_embeddings=1024, tie_word_embeddings=True)),
+}
+"""name -> (vocabulary, shape) of the random-init Qwen2 models the model benchmarks run ("tiny": CPU smoke runs)."""
 
 
 def add_model_shape_arguments(parser, device: bool = True) -> None:
@@ -24,12 +34,18 @@ def add_model_shape_arguments(parser, device: bool = True) -> None:
 def model_from_shape_arguments(args, max_positions: int, device):
     """A Qwen2ForCausalLM of the shape flags of `add_model_shape_arguments` (sdpa attention, untied
     embeddings), random-initialised from seed 0, on `device` in train mode."""
-    spec = TinyModelSpec(
-        hidden_size=args.hidden,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        num_kv_heads=args.kv_heads,
-        intermediate_size=args.intermediate,
+    spec = shape_of(args, max_positions)
+    return random_qwen2(args.vocab, spec, seed=0, attn_implementation="sdpa").to(device).train()
+
+
+def shape_of(flags, max_positions: int) -> TinyModelSpec:
+    """The shape named by an object's `hidden`, `layers`, `heads`, `kv_heads` and `intermediate` (the shape flags,
+    or a benchmark config with the same fields), untied embeddings."""
+    return TinyModelSpec(
+        flags.hidden,
+        flags.layers,
+        flags.heads,
+        flags.kv_heads,
+        flags.intermediate,
         max_position_embeddings=max_positions,
     )
-    return random_qwen2(args.vocab, spec, seed=0, attn_implementation="sdpa").to(device).train()

@@ -24,14 +24,16 @@ from collections.abc import Callable
 
 import torch
 
+from grpo_fast.sft.batching import TokenBatch
+from grpo_fast.sft.loss import sft_loss
+
 from .common import (
     environment_stamp,
-    reset_peak_rss,
-    rss_bytes,
     run_json_subprocess,
     time_call,
     write_json,
 )
+from .memory import peak_extra_bytes
 from .models import add_model_shape_arguments, model_from_shape_arguments
 
 CONTENDERS = ("fused", "transformers")
@@ -41,7 +43,6 @@ SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab",
 def build(args: argparse.Namespace, device: torch.device):
     """(model, batch): a random-init Qwen2ForCausalLM and a TokenBatch of random tokens whose last
     `loss_frac` of each row are the loss tokens (a prompt, then its completion)."""
-    from grpo_fast.sft.batching import TokenBatch
 
     model = model_from_shape_arguments(args, max(args.seq_len, 128), device)
     g = torch.Generator().manual_seed(1)
@@ -57,8 +58,6 @@ def build(args: argparse.Namespace, device: torch.device):
 def loss_of(name: str, model, batch, autocast: bool) -> torch.Tensor:
     """The mean negative logprob of the batch's loss tokens, computed by contender `name`."""
     if name == "fused":
-        from grpo_fast.sft.loss import sft_loss
-
         return sft_loss(model, batch, batch.num_loss_tokens, autocast)
     labels = torch.where(batch.loss_mask, batch.input_ids, -100)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -97,20 +96,7 @@ def agreement(model, batch, autocast: bool) -> dict:
 
 def measure_memory(name: str, model, batch, device: torch.device, autocast: bool) -> int:
     """Peak bytes above the allocations before one step (after a warm-up step)."""
-    step = make_step(name, model, batch, autocast)
-    step()  # warm-up: parameter gradients, thread pools
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - before
-    before = rss_bytes("VmRSS")
-    reset_peak_rss()
-    step()
-    return rss_bytes("VmHWM") - before
+    return peak_extra_bytes(make_step(name, model, batch, autocast), device)
 
 
 def memory_of(name: str, args: argparse.Namespace, model, batch, device: torch.device, autocast: bool) -> int:

@@ -1,5 +1,6 @@
 """`grpo-fast train --config path.yaml [--set key=value ...] [--resume | --overwrite]`: the launch checklist of
-grpo_fast.trainer.preflight first (skipped when resuming, or with --skip-checks), then training.
+grpo_fast.trainer.preflight first (printed; a resumed run checks its verifiers only; --skip-checks: none), then
+training.
 `--help-config` prints every key of the config with its type, default, bounds and help."""
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start afresh in a run.output_dir that holds an earlier run, deleting its checkpoints and metrics",
     )
-    parser.add_argument("--skip-checks", action="store_true", help="start training without the checks")
+    parser.add_argument(
+        "--skip-checks", action="store_true", help="start training without the launch checklist (health.preflight)"
+    )
 
 
 def load_cli_config(args: argparse.Namespace, extra_overrides: list[str] = (), loader=load_config):
@@ -75,8 +78,8 @@ def build_trainer(args: argparse.Namespace):
 
 
 def flag_overrides(args: argparse.Namespace) -> list[str]:
-    """The config keys that --resume and --overwrite set."""
-    flags = {"resume": "run.resume=true", "overwrite": "run.overwrite=true"}
+    """The config keys that --resume, --overwrite and --skip-checks set."""
+    flags = {"resume": "run.resume=true", "overwrite": "run.overwrite=true", "skip_checks": "health.preflight=false"}
     return [override for name, override in flags.items() if getattr(args, name, False)]
 
 
@@ -95,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
     if built is None:
         return 0
     cfg, trainer = built
-    if not (args.skip_checks or cfg.run.resume):
+    if cfg.health.preflight and not cfg.run.resume:  # printed here; a resumed run's train() checks the verifiers
         run_checks(cfg, trainer)
     try:
         last = trainer.train()

@@ -14,8 +14,9 @@ Tasks (`DemoConfig.task`):
 - "code": "mul 7 mod 10:" -> a program "def f(x):return x*7%10"; reward: `code_tests`, the hidden assert
   tests run in the code sandbox through the trainer's reward pool; the teacher's mistake is multiplier
   + 1. With `forge_fraction` > 0 a rollout engine wrapper replaces that share of the completions with
-  programs that try to forge the sandbox's answers (`FORGED_PROGRAMS`): the summary reports the reward
-  they earned next to the reward of the same wrong function written honestly.
+  programs that try to forge the sandbox's answers, find the expected values, pass with objects of
+  their own, or break the verifier (`FORGED_PROGRAMS`): the summary reports the reward they earned next
+  to the reward of the same wrong function written honestly (an unscored forgery counts as above it).
 
 Before RL the checks of grpo_fast.trainer.preflight run (verifier self-test, reward scale, prompt difficulty,
 the held-out baseline); during RL the health alarms watch the run. Writes DIR/summary.json,
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import time
@@ -50,7 +52,10 @@ from grpo_fast.trainer.trainer import GRPOTrainer
 logger = logging.getLogger(__name__)
 
 # Programs that compute the wrong function f(x) = 0 and try to make the harness accept other answers:
-# forged answer lines on every open file descriptor at import time, and a patched interpreter.
+# forged answer lines on every open file descriptor at import time; a patched interpreter; expected
+# values looked for in the program's own process (the test's source and values, anywhere in memory);
+# an object that equals everything, is false and subtracts to 0; answers that break the caller (nested
+# too deep to read) or the sandbox (the runner killed mid-answer), so that the completion is skipped.
 HONEST_WRONG_PROGRAM = "f=lambda x:0"
 FORGED_PROGRAMS = (
     "import os\nf=lambda x:0\nfor fd in range(3, 1024):\n    try:\n"
@@ -58,6 +63,13 @@ FORGED_PROGRAMS = (
     "    except OSError:\n        pass\n",
     "import builtins, math, operator\nf=lambda x:0\nbuiltins.abs = lambda x: 0\n"
     "builtins.all = lambda x: True\nmath.isclose = lambda *a, **k: True\noperator.eq = lambda a, b: True\n",
+    "import gc, re\ndef f(x):\n    for o in gc.get_objects():\n        if isinstance(o, str):\n"
+    "            m = re.search(r'f\\(%d\\) == (\\d+)' % x, o)\n"
+    "            if m:\n                return int(m.group(1))\n    return 0\n",
+    "class Y:\n    __hash__ = None\n    def __eq__(s, o): return True\n    def __sub__(s, o): return 0\n"
+    "    def __bool__(s): return False\n    __abs__ = __sub__\nf = lambda x: Y()\n",
+    "def f(x):\n    v = 0\n    for _ in range(100000):\n        v = [v]\n    return v\n",
+    "import os\ndef f(x):\n    os._exit(0)\n",
 )
 
 
@@ -310,7 +322,9 @@ def _forging_summary(forged: list[tuple[dict, float]], others: list[float]) -> d
         "forged_completions": len(forged),
         "forged_reward_mean": sum(r for _, r in forged) / max(len(forged), 1),
         "honest_wrong_reward_mean": sum(honest[row["prompt"]] for row, _ in forged) / max(len(forged), 1),
-        "forged_above_honest": sum(gain > 1e-9 for gain in gains),
+        # An unscored forgery (NaN: skipped, advantage 0) counts as above its honest twin: skipping pays.
+        "forged_above_honest": sum(not gain <= 1e-9 for gain in gains),
+        "forged_unscored": sum(math.isnan(reward) for _, reward in forged),
         "forged_gain_max": max(gains, default=0.0),
         "other_completions_reward_mean": sum(others) / max(len(others), 1),
     }
@@ -329,6 +343,6 @@ def main(cfg: DemoConfig) -> dict:
             f"forged-answer programs: {summary['forged_completions']} completions, mean reward "
             f"{summary['forged_reward_mean']:.3f}; the same wrong function written honestly on the same rows: "
             f"{summary['honest_wrong_reward_mean']:.3f}; forged completions above their honest reward: "
-            f"{summary['forged_above_honest']}"
+            f"{summary['forged_above_honest']} (unscored: {summary['forged_unscored']})"
         )
     return summary

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -16,6 +17,17 @@ from . import checks
 from .layout import TokenLayout, packed_layout, padded_layout
 from .options import GRPOLossConfig
 from .token_math import TokenInputs, entropy_weights, reduction_weights
+
+
+class PerTokenArguments(NamedTuple):
+    """The front ends' per-token arguments as the caller gave them (old, ref and is_weights may be None)."""
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None
+    is_weights: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -26,13 +38,8 @@ class PreparedBatch:
 
 
 def prepare_batch(
+    per_token: PerTokenArguments,
     *,
-    completion_ids,
-    completion_mask,
-    advantages,
-    old_logprobs,
-    ref_logprobs,
-    is_weights,
     num_items_in_batch,
     cu_seqlens,
     config: GRPOLossConfig,
@@ -47,6 +54,7 @@ def prepare_batch(
     skips the checks that read values (host synchronisations on a GPU)."""
     if not isinstance(config, GRPOLossConfig):
         raise TypeError(f"config: expected a GRPOLossConfig, got {type(config).__name__}")
+    completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights = per_token
     ids, layout = _checked_layout(completion_ids, completion_mask, cu_seqlens, source_name, source, dtype, validate)
     active = layout.mask.bool()
     flat_ids = ids.reshape(-1)

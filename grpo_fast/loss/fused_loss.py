@@ -14,7 +14,7 @@ from torch import nn
 
 from ..backends import LogprobStats, get_backend
 from ..backends.chunked import accumulation_dtype
-from .batch import PreparedBatch, prepare_batch
+from .batch import PerTokenArguments, PreparedBatch, prepare_batch
 from .head import LogitHead
 from .logprobs import check_linear_inputs
 from .options import GRPOLossConfig
@@ -191,15 +191,9 @@ def grpo_loss(
 
 def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
     """Checked inputs of _GRPOLossFunction: ((hidden [N, H], weight, bias), PreparedBatch, backend)."""
-    completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights = per_token
     flat_hidden, _ = check_linear_inputs(hidden, weight, bias)
     batch = prepare_batch(
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        advantages=advantages,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        is_weights=is_weights,
+        PerTokenArguments(*per_token),
         num_items_in_batch=num_items_in_batch,
         cu_seqlens=cu_seqlens,
         config=config,

@@ -14,7 +14,7 @@ import torch
 
 from ..backends.chunked import TORCH_BACKEND, accumulation_dtype
 from . import checks
-from .batch import PreparedBatch, prepare_batch
+from .batch import PerTokenArguments, PreparedBatch, prepare_batch
 from .options import GRPOLossConfig
 from .token_math import finalize_metrics, grpo_token_loss
 
@@ -76,12 +76,7 @@ def logits_grpo_loss(
     if inplace_backward and not logits.is_contiguous():
         raise ValueError("logits: inplace_backward=True needs a contiguous logits tensor")
     batch = prepare_batch(
-        completion_ids=completion_ids,
-        completion_mask=completion_mask,
-        advantages=advantages,
-        old_logprobs=old_logprobs,
-        ref_logprobs=ref_logprobs,
-        is_weights=is_weights,
+        PerTokenArguments(completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights),
         num_items_in_batch=num_items_in_batch,
         cu_seqlens=cu_seqlens,
         config=config,

@@ -8,7 +8,7 @@ The names load on first use: importing the package (a reward worker process does
 verifier and none of their dependencies (math-verify, jsonschema).
 """
 
-import importlib
+from grpo_fast.registry import lazy_exports
 
 _EXPORTS = {
     "Failure": "pool",
@@ -33,13 +33,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'grpo_fast.rewards' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from grpo_fast.rewards.outcomes import ProgramFailure
+
 RewardFunc = Callable[..., list]
 
 
@@ -63,14 +65,14 @@ def call_reward(
     call_kwargs: Mapping[str, Any] | None = None,
 ) -> list[float | None]:
     """`fn(prompts, completions, **columns and call_kwargs it takes)`, checked: one reward (float or None) per
-    completion. columns hold one value per completion; call_kwargs are passed as they are (TRL's
-    `trainer_state`)."""
+    completion (a ProgramFailure stays one: it is a float). columns hold one value per completion;
+    call_kwargs are passed as they are (TRL's `trainer_state`)."""
     rewards = fn(prompts, completions, **select_columns(fn, {**(call_kwargs or {}), **columns}))
     if len(rewards) != len(completions):
         raise ValueError(
             f"reward function {reward_name(fn)!r} returned {len(rewards)} rewards for {len(completions)} completions"
         )
-    return [None if r is None else float(r) for r in rewards]
+    return [None if r is None else r if isinstance(r, ProgramFailure) else float(r) for r in rewards]
 
 
 def reward_name(fn: RewardFunc) -> str:

@@ -15,7 +15,14 @@ is skipped by the trainer rather than pushing the policy either way).
 Guards against gaming: with `require_slot` (default) an answer outside any slot earns nothing; more
 than `max_distinct_answers` different slot contents earn nothing (listing candidates); an empty slot
 or one longer than `max_answer_chars` earns nothing; a slot that lists several values parses as a set
-and does not equal a single reference value.
+and does not equal a single reference value; a slot with several operands joined otherwise earns
+nothing (`joined_operands`): by "or" (`4 \\lor 5`, `4 \\vee 5`, `4 or 5`), by text (`4 \\text{ (or } 5)`;
+a unit after one value, `5\\text{ cm}^2`, is fine), by `=` unless each side but the last is a
+variable (`x = 5` counts as 5, `4 = 5` and `2+2=4` earn nothing), or a number right before a
+parenthesized number (`4(5)`, which math-verify would read as the mixed number 4 + 5 = 9).
+
+Percentages follow math-verify: `p\\%` is equivalent to both p and p/100, so `5\\%` matches a reference
+of 5 and one of 0.05.
 
 Time limit: parsing and comparing one answer may take `timeout_s` seconds (`2^{2^{40}}` would take
 hours), after which it earns 0. math-verify enforces this with SIGALRM, which only a process's main
@@ -37,6 +44,7 @@ from typing import Any
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from grpo_fast.rewards.extract import answer_slots, normalize_slot
+from grpo_fast.rewards.pool import RewardPool
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
@@ -121,9 +129,33 @@ def score_answer(
     if len({normalize_slot(s.content) for s in slots}) > max_distinct_answers:
         return 0.0
     final = slots[-1].content.strip().strip("$").strip().rstrip(".")
-    if not final or len(final) > max_answer_chars:
+    if not final or len(final) > max_answer_chars or joined_operands(final):
         return 0.0
     return float(_verify(gold, _parse_slot(final, timeout_s), timeout_s))
+
+
+_TEXT = re.compile(r"\\(?:text\w*|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
+_SPACING = re.compile(r"\\(?:quad|qquad|[,;:! ])|~")
+_UNIT_POWER = re.compile(r"^\s*\^\s*(?:\{[^{}]*\}|\w)")
+_OR = re.compile(r"\\(?:lor|vee)(?![A-Za-z])|(?<![A-Za-z\\])or(?![A-Za-z])")
+_EQUALS = re.compile(r"(?<![<>!\\])=(?!=)")
+_VARIABLE = re.compile(r"^\s*(?:\\[A-Za-z]+|[A-Za-z])(?:_\{?\w+\}?)?(?:\([^()]*\))?\s*$")
+_JUXTAPOSED = re.compile(r"\d\s*\(\s*[-+]?\d+(?:\.\d+)?\s*\)")
+
+
+def joined_operands(content: str) -> str | None:
+    """Why a final answer holds several operands joined by or / text / `=` (see module doc), or None."""
+    if _JUXTAPOSED.search(content):
+        return "a number next to a parenthesized number"
+    if _OR.search(_TEXT.sub(" ", content)):
+        return "operands joined by or"
+    parts = [_UNIT_POWER.sub("", _SPACING.sub(" ", part)) for part in _TEXT.split(content)]
+    if sum(bool(re.search(r"[A-Za-z0-9]", part)) for part in parts) > 1:
+        return "operands joined by text"
+    sides = _EQUALS.split(_TEXT.sub(" ", content))
+    if len(sides) > 1 and not all(_VARIABLE.match(side) for side in sides[:-1]):
+        return "an equation between values"
+    return None
 
 
 @lru_cache(maxsize=4096)
@@ -171,7 +203,6 @@ def _score_in_worker(texts: list[str], references: list[Any], options: dict) -> 
     """`math_accuracy` for a caller off the main thread: run in the shared one-process pool (its worker
     scores on its main thread, where SIGALRM works); a worker stuck in C code past the grace is killed
     and the answer earns 0."""
-    from grpo_fast.rewards.pool import RewardPool
 
     timeout_s = options["timeout_s"]
     with _POOL_LOCK:

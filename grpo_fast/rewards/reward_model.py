@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.text import completion_text
 
@@ -89,8 +90,6 @@ def load_reward_model(path: str, device: str = "auto", dtype: str = "auto") -> t
 
 def _load(path: str, device: str, dtype: str) -> tuple[Any, Any]:
     from transformers import AutoModelForSequenceClassification
-
-    from grpo_fast.data.tokenizer import load_tokenizer
 
     if device != "auto":
         try:

@@ -34,7 +34,9 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_fast.rewards.checks import release_verifiers
 from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name
+from grpo_fast.rewards.outcomes import ProgramFailure
 from grpo_fast.rewards.pool import RewardPool, Scores
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.rewards.routing import RoutedReward
@@ -57,10 +59,16 @@ def is_cheap(call_seconds: float, slowest_call: float, calls: int) -> bool:
     return calls > 0 and call_seconds / calls <= CHEAP_CALL_S and slowest_call <= CHEAP_SLOWEST_S
 
 
+FAILURE_KINDS = ("failures", "program_failures", "infra_failures")
+"""What `ScoredBatch.failures` counts per function: verifier failures (hang, crash, error), completions scored as
+a program's failure (a ProgramFailure reward: the lowest reward, never a skip), and completions left unscored by
+an infrastructure failure (None)."""
+
+
 @dataclass(frozen=True)
 class ScoredBatch:
-    """per_func [N, F] rewards (NaN where a function returned None or failed); failures per function (metric
-    name -> count); seconds_critical: in-process scoring plus the wait for the pool after generation (what
+    """per_func [N, F] rewards (NaN where a function returned None); failures: "<name>/<kind>" -> count, kind
+    one of FAILURE_KINDS; seconds_critical: in-process scoring plus the wait for the pool after generation (what
     scoring adds to the step); seconds_pool: the pool's own wall time on this batch (overlapped or not, worker
     start-up included); call_seconds [F]: the seconds each function's calls took (in-process, or summed over the
     pool's workers)."""
@@ -83,14 +91,15 @@ class PendingScores:
         pooled: list[int],
         future: Future | None,
         names: list[str],
+        counts: Counter,
         on_scores: Callable[[list[int], Scores], None] | None = None,
     ) -> None:
         self._per_func, self._call_seconds, self._names = per_func, call_seconds, names
-        self._pooled, self._future, self._on_scores = pooled, future, on_scores
+        self._pooled, self._future, self._counts, self._on_scores = pooled, future, counts, on_scores
 
     def result(self) -> ScoredBatch:
         start = time.perf_counter()
-        failures: Counter = Counter()
+        counts = Counter(self._counts)
         seconds_pool = 0.0
         in_process = sum(self._call_seconds)
         if self._future is not None:
@@ -98,12 +107,18 @@ class PendingScores:
             for k, (j, column) in enumerate(zip(self._pooled, scores.rewards, strict=True)):
                 self._per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in column])
                 self._call_seconds[j] = scores.call_seconds[k]
-            failures.update(self._names[self._pooled[f.function]] for f in scores.failures)
+            names = [self._names[j] for j in self._pooled]
+            counts.update(f"{names[f.function]}/failures" for f in scores.failures)
+            for kind, per_function in (
+                ("program_failures", scores.program_failures()),
+                ("infra_failures", scores.infra_failures()),
+            ):
+                counts.update({f"{name}/{kind}": n for name, n in zip(names, per_function, strict=True) if n})
             seconds_pool = scores.seconds
             if self._on_scores is not None:
                 self._on_scores(self._pooled, scores)
         waited = time.perf_counter() - start
-        return ScoredBatch(self._per_func, dict(failures), in_process + waited, seconds_pool, self._call_seconds)
+        return ScoredBatch(self._per_func, dict(counts), in_process + waited, seconds_pool, self._call_seconds)
 
 
 class RewardSet:
@@ -122,7 +137,9 @@ class RewardSet:
         workers: int = 2,
         timeout: float = 30.0,
         failure_reward: float | None = None,
+        max_infra_failures: int = 10,
         max_completion_length: int | None = None,
+        sandbox: Mapping | str | None = None,
     ) -> None:
         self.funcs, self.in_process, self.placed, unpicklable = [], [], [], []
         for spec in specs:
@@ -130,7 +147,7 @@ class RewardSet:
             when = spec.get("when") if isinstance(spec, Mapping) else None
             if isinstance(spec, Mapping):
                 spec = {k: v for k, v in spec.items() if k not in ("in_process", "when")}
-            fn = _with_max_completion_length(reward_from_spec(spec), max_completion_length)
+            fn = _with_run_defaults(reward_from_spec(spec), max_completion_length, sandbox)
             if when is not None:
                 fn = RoutedReward(fn, when)
             self.funcs.append(fn)
@@ -147,7 +164,9 @@ class RewardSet:
         for name, warn in zip(self.names, unpicklable, strict=True):
             if warn:
                 logger.warning("reward %s cannot be pickled for a worker process: scored in-process", name)
-        self._pool_options = dict(workers=workers, timeout=timeout, failure_reward=failure_reward)
+        self._pool_options = dict(
+            workers=workers, timeout=timeout, failure_reward=failure_reward, max_infra_failures=max_infra_failures
+        )
         self._pool: RewardPool | None = None
 
     @classmethod
@@ -161,7 +180,9 @@ class RewardSet:
             workers=r.workers,
             timeout=r.timeout,
             failure_reward=r.failure_reward,
+            max_infra_failures=r.max_infra_failures,
             max_completion_length=config.rollout.max_completion_length,
+            sandbox=r.sandbox,
         )
 
     def full_rewards(self, rows: list[dict]) -> torch.Tensor:
@@ -187,18 +208,20 @@ class RewardSet:
         call_kwargs = {"trainer_state": state}
         per_func = torch.full((len(rows), len(self.funcs)), math.nan)
         call_seconds = [0.0] * len(self.funcs)
+        counts: Counter = Counter()
         for j, fn in enumerate(self.funcs):
             if self.in_process[j]:
                 start = time.perf_counter()
                 values = call_reward(fn, prompts, completions, columns, call_kwargs)
-                per_func[:, j] = torch.tensor([math.nan if v is None else v for v in values])
+                per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
+                counts[f"{self.names[j]}/program_failures"] += sum(isinstance(v, ProgramFailure) for v in values)
                 call_seconds[j] = time.perf_counter() - start
         pooled = [j for j, local in enumerate(self.in_process) if not local]
         future = None
         if pooled and rows:
             funcs = [self.funcs[j] for j in pooled]
             future = self._get_pool().submit(funcs, prompts, completions, columns, call_kwargs)
-        return PendingScores(per_func, call_seconds, pooled, future, self.names, self._place)
+        return PendingScores(per_func, call_seconds, pooled, future, self.names, +counts, self._place)
 
     def pool_seconds(self, scored: ScoredBatch) -> float:
         """The seconds the pool's workers would need for `scored`'s batch with the functions pooled now: their
@@ -208,14 +231,16 @@ class RewardSet:
 
     def _place(self, pooled: list[int], scores: Scores) -> None:
         """Settles where each function of `pooled` not yet placed runs, from what its calls cost in the workers:
-        in-process when `is_cheap`, else in the pool (see the module doc)."""
+        in-process when `is_cheap` and none of its calls failed (a verifier that hung, crashed or raised keeps the
+        pool's isolation), else in the pool (see the module doc)."""
         calls = len(scores.rewards[0]) if scores.rewards else 0
+        failed = {f.function for f in scores.failures}
         for k, j in enumerate(pooled):
             if self.placed[j]:
                 continue
             self.placed[j] = True
             mean = scores.call_seconds[k] / max(calls, 1)
-            if is_cheap(scores.call_seconds[k], scores.slowest_call[k], calls):
+            if k not in failed and is_cheap(scores.call_seconds[k], scores.slowest_call[k], calls):
                 self.in_process[j] = True
                 logger.info(
                     "reward %s: %.3f ms per completion in the reward workers (slowest %.3f ms): scored in-process from "
@@ -235,10 +260,12 @@ class RewardSet:
         return self._pool
 
     def close(self) -> None:
-        """Stop the worker processes (a later `submit` starts new ones)."""
+        """Stop the worker processes (a later `submit` starts new ones) and what the functions keep alive in
+        this process (grpo_fast.rewards.checks.release_verifiers)."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        release_verifiers(self.funcs)
 
 
 def _picklable(fn) -> bool:
@@ -249,14 +276,17 @@ def _picklable(fn) -> bool:
     return True
 
 
-def _with_max_completion_length(fn, max_completion_length: int | None):
-    """`fn` with max_completion_length bound when it requires one that the spec did not give."""
-    if max_completion_length is None:
-        return fn
-    param = inspect.signature(fn).parameters.get("max_completion_length")
-    if param is None or param.default is not param.empty:
-        return fn
-    return functools.partial(fn, max_completion_length=max_completion_length)
+def _with_run_defaults(fn, max_completion_length: int | None, sandbox: Mapping | str | None):
+    """`fn` with the run's max_completion_length bound when it requires one, and the run's sandbox when it takes
+    one; neither where the spec gave its own."""
+    params = inspect.signature(fn).parameters
+    bound = {}
+    length = params.get("max_completion_length")
+    if max_completion_length is not None and length is not None and length.default is length.empty:
+        bound["max_completion_length"] = max_completion_length
+    if sandbox is not None and "sandbox" in params and "sandbox" not in (getattr(fn, "keywords", None) or {}):
+        bound["sandbox"] = sandbox
+    return functools.partial(fn, **bound) if bound else fn
 
 
 def combine_rewards(per_func: torch.Tensor, weights: list[float] | None = None) -> torch.Tensor:

@@ -61,7 +61,23 @@ class RewardConfig(ConfigSection):
     timeout: float = option(
         30.0, "seconds one completion may take in one function before it costs its reward", low=0, low_open=True
     )
-    failure_reward: float | None = option(None, "the reward of a completion its verifier failed on (null: skipped)")
+    failure_reward: float | None = option(
+        None,
+        "the reward of a completion its verifier hung, crashed or raised on (null: the function's lowest reward, "
+        "its declared range's, else 0); never a skip",
+    )
+    max_infra_failures: int = option(
+        10,
+        "infrastructure failures (a verifier that cannot score: no sandbox, a service down) tolerated over the run; "
+        "each one's completion is skipped, one more stops the run with an error",
+        low=0,
+    )
+    sandbox: dict | str | None = option(
+        None,
+        "the code sandbox of every reward that takes one (code_tests), unless its spec names its own: a backend name "
+        "(auto, namespaces, bwrap, remote) or a mapping of grpo_fast.rewards.code.backends.SandboxConfig's fields "
+        "(backend: remote, url: ... for a SandboxFusion-compatible service)",
+    )
     overlap_chunks: int | Auto = option(
         "auto",
         "generation rounds split into this many chunks, scored while the next generates (1: no overlap; auto: 2 while "
@@ -231,6 +247,11 @@ class HealthConfig(ConfigSection, HealthThresholds):
     """Alarms during the run (grpo_fast.trainer.health) and the audit trail."""
 
     key = "health"
+    preflight: bool = option(
+        True,
+        "run the launch checklist when train() starts, unless it ran already: verifier start-up checks and "
+        "self-test, reward scale, prompt difficulty, baselines (a resumed run: the verifier checks only)",
+    )
     stop_on: list[Literal[ALARMS]] = option(help="alarms that save a checkpoint and end the run", factory=list)
     audit_every: int = option(10, "steps between audit-trail entries (0: none)", low=0)
     audit_samples: int = option(2, "best and worst completions kept per entry", low=0)

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import torch
 
+from grpo_fast.rewards.reward_set import FAILURE_KINDS
 from grpo_fast.trainer.advantages import reward_stats
 from grpo_fast.trainer.health import reward_by_length
 
@@ -42,7 +43,8 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
         col = col[~torch.isnan(col)]
         out[f"reward/{name}/mean"] = float(col.mean()) if col.numel() else math.nan
         out[f"reward/{name}/std"] = float(col.std()) if col.numel() > 1 else 0.0
-        out[f"reward/{name}/failures"] = float(rollout.reward_failures.get(name, 0))
+        for kind in FAILURE_KINDS:
+            out[f"reward/{name}/{kind}"] = float(rollout.reward_failures.get(f"{name}/{kind}", 0))
     out.update(
         {
             "time/generate": rollout.time_generate,

@@ -1,5 +1,10 @@
-"""The checks before a run (`grpo-fast check`, and the first thing `grpo-fast train` does):
+"""The launch checklist: the checks before a run (`grpo-fast check`, and the first thing `GRPOTrainer.train()`
+does, from the command line or from Python, unless health.preflight is false; a resumed run repeats 0 and 1):
 
+0. Verifier start-up: every reward function with a start-up check (grpo_fast.rewards.checks; code_tests runs a
+   known-correct and a known-wrong program through its real sandbox) passes it, or the run does not start: a
+   verifier that cannot work would score every completion alike. What each found (the sandbox backend) is logged,
+   reported and, as reward/<name>/... metrics, recorded at every step; an unprotected one is warned about.
 1. Verifier self-test: every reward function scores its known-good and known-bad samples
    (grpo_fast.rewards.self_test; adversarial ones included). A good sample that does not score above
    every bad one of the same function stops the run: the policy would learn the gap.
@@ -24,10 +29,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from grpo_fast.curate.pass_rates import sample_prompts
+from grpo_fast.rewards.checks import check_verifiers
 from grpo_fast.rewards.columns import TrainerState, call_reward
+from grpo_fast.rewards.outcomes import VerifierStartupError
 from grpo_fast.rewards.routing import unrouted
 from grpo_fast.rewards.self_test import info_of
 from grpo_fast.rollout.prompts import training_sampling
+from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer.advantages import group_advantages
 
 logger = logging.getLogger(__name__)
@@ -37,7 +45,7 @@ ZERO_VARIANCE_WARN = 0.5
 
 
 class PreflightError(RuntimeError):
-    """A check that must stop the run failed (the verifier self-test)."""
+    """A check that must stop the run failed (a verifier's start-up check or the verifier self-test)."""
 
 
 @dataclass
@@ -50,6 +58,8 @@ class SelfTestResult:
 
 @dataclass
 class PreflightReport:
+    startup: dict[str, str] = field(default_factory=dict)
+    startup_metrics: dict[str, float] = field(default_factory=dict)
     self_test: list[SelfTestResult] = field(default_factory=list)
     self_test_failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -57,7 +67,8 @@ class PreflightReport:
     baselines: dict = field(default_factory=dict)
 
     def text(self) -> str:
-        lines = ["verifier self-test:", f"  {'function':<22} {'sample':<30} {'kind':<5} {'reward':>8}"]
+        lines = [f"verifier start-up: {name}: {line}" for name, line in self.startup.items()]
+        lines += ["verifier self-test:", f"  {'function':<22} {'sample':<30} {'kind':<5} {'reward':>8}"]
         for r in self.self_test:
             reward = "None" if r.reward is None else f"{r.reward:.3f}"
             lines.append(f"  {r.function:<22} {r.sample:<30} {'good' if r.good else 'bad':<5} {reward:>8}")
@@ -78,6 +89,20 @@ class PreflightReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def verifier_startup(rewards, report: PreflightReport) -> None:
+    """The reward functions' start-up checks; PreflightError with the cause when one fails."""
+    try:
+        statuses = check_verifiers(rewards.funcs)
+    except VerifierStartupError as exc:
+        raise PreflightError(f"a verifier cannot work here: {exc}") from exc
+    for name, status in statuses.items():
+        report.startup[name] = status.text
+        report.startup_metrics |= {f"reward/{name}/{key}": value for key, value in status.metrics.items()}
+        logger.info("verifier %s: %s", name, status.text)
+        if status.unsafe:
+            report.warnings.append(f"reward {name}: {status.text}")
 
 
 def verifier_self_test(rewards, report: PreflightReport) -> None:
@@ -174,7 +199,6 @@ def baselines(trainer, sft_control_rows: list[dict] | None, sft_steps: int, repo
     report.baselines["start/reward_mean"] = start["eval/reward_mean"]
     if not sft_control_rows:
         return
-    from grpo_fast.sft.in_memory import sft_train
 
     policy = copy.deepcopy(trainer.model.state_dict())
     pairs = [(r["prompt"], r["completion"]) for r in sft_control_rows]
@@ -187,22 +211,30 @@ def baselines(trainer, sft_control_rows: list[dict] | None, sft_steps: int, repo
         trainer.sync_weights()
 
 
-def run_preflight(trainer, sft_control_rows: list[dict] | None = None) -> PreflightReport:
-    """All four checks on `trainer` (its engine is started); raises PreflightError after printing the table
-    when the verifier self-test fails."""
+def run_preflight(trainer, sft_control_rows: list[dict] | None = None, *, synced: bool = False) -> PreflightReport:
+    """All the checks on `trainer` (its engine is started, and given the policy's weights unless `synced`);
+    raises PreflightError, after logging the table, when a verifier's start-up check or the self-test fails."""
     cfg = trainer.config.check
-    report = PreflightReport()
-    verifier_self_test(trainer.rewards, report)
-    reward_scale_warnings(trainer.rewards, report)
-    if report.self_test_failures:
-        logger.error("preflight:\n%s", report.text())
-        raise PreflightError("verifier self-test failed: " + "; ".join(report.self_test_failures))
+    report = verifier_checks(trainer.rewards)
     trainer._ensure_engine()
-    trainer.sync_weights()
+    if not synced:
+        trainer.sync_weights()
     if cfg.difficulty_prompts > 0:
         difficulty_probe(trainer, cfg.difficulty_prompts, cfg.difficulty_samples, report)
     baselines(trainer, sft_control_rows, cfg.sft_control_steps, report)
     for warning in report.warnings:
         logger.warning("preflight: %s", warning)
     logger.info("preflight:\n%s", report.text())
+    return report
+
+
+def verifier_checks(rewards) -> PreflightReport:
+    """The checks of the verifiers alone (what a resumed run repeats): start-up, self-test, reward scale."""
+    report = PreflightReport()
+    verifier_startup(rewards, report)
+    verifier_self_test(rewards, report)
+    reward_scale_warnings(rewards, report)
+    if report.self_test_failures:
+        logger.error("preflight:\n%s", report.text())
+        raise PreflightError("verifier self-test failed: " + "; ".join(report.self_test_failures))
     return report

@@ -48,7 +48,7 @@ class RolloutBatch:
     its dataset row, for the step's metrics and the audit trail.
     frac_zero_var_groups: generated groups whose rewards are all equal; frac_stuck_groups: those of them below the
     full reward (identical and not all right: no signal and nothing learned).
-    reward_failures: per reward function, the completions its verifier failed on (timeout, crash, error).
+    reward_failures: "<function>/<kind>" -> count, kind one of rewards.reward_set.FAILURE_KINDS.
     time_score: scoring on the critical path; time_score_pool: the reward pool's own time (mostly overlapped).
     """
 

@@ -22,6 +22,8 @@ import torch
 from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger
 from grpo_fast.core.optim import build_optimizer, build_scheduler
+from grpo_fast.core.plots import save_plots
+from grpo_fast.core.policy import load_policy
 from grpo_fast.core.seeding import set_rng_state, set_seed
 from grpo_fast.core.sharded_checkpoint import (
     SHARDED_DIR,
@@ -30,6 +32,8 @@ from grpo_fast.core.sharded_checkpoint import (
     load_sharded,
     save_sharded,
 )
+from grpo_fast.data.loading import validate_prompt_rows
+from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.distributed.context import init_distributed
 from grpo_fast.distributed.fsdp import shard_policy
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
@@ -45,7 +49,7 @@ from grpo_fast.trainer.health import HealthMonitor
 from grpo_fast.trainer.loss_step import LossStep
 from grpo_fast.trainer.metrics import step_metrics
 from grpo_fast.trainer.offload import TrainerStateOffloader, memory_snapshot
-from grpo_fast.trainer.preflight import PreflightReport, run_preflight
+from grpo_fast.trainer.preflight import PreflightReport, run_preflight, verifier_checks
 from grpo_fast.trainer.report import write_report
 from grpo_fast.trainer.rollout_phase import RolloutPhase
 
@@ -59,6 +63,8 @@ SUMMED_METRICS = (
     "train/backbone_tokens",
     "tokens_per_second/*",
     "reward/*/failures",
+    "reward/*/program_failures",
+    "reward/*/infra_failures",
 )
 """The step metrics that add up over ranks (the others are averaged, times and memory the slowest rank's)."""
 
@@ -91,8 +97,6 @@ class GRPOTrainer:
         engine: RolloutEngine | None = None,
         callbacks: Sequence[Callable] = (),
     ) -> None:
-        from grpo_fast.core.policy import load_policy
-        from grpo_fast.data.tokenizer import load_tokenizer
 
         self.config = cfg = config or TrainConfig()
         self.dist = init_distributed()
@@ -391,8 +395,16 @@ class GRPOTrainer:
 
     # -- the loop ---------------------------------------------------------------------------------------
 
+    def _launch_checklist(self, resumed: bool) -> None:
+        """The launch checklist before the first step unless it ran already (`preflight()`, `grpo-fast check`) or
+        health.preflight is false: all of it for a fresh run, the verifiers' checks for a resumed one."""
+        if self.preflight_report is not None or not self.config.health.preflight:
+            return
+        self.preflight_report = verifier_checks(self.rewards) if resumed else run_preflight(self, synced=True)
+
     def train(self) -> dict:
-        """Runs `run.max_steps` steps (continuing a checkpoint with run.resume); returns the final metrics."""
+        """Runs `run.max_steps` steps (continuing a checkpoint with run.resume) after the launch checklist
+        (grpo_fast.trainer.preflight); returns the final metrics."""
         cfg = self.config
         fresh_dir = self.dist.run_on_main(lambda: not self.output_dir.exists())
         resume_from = self._prepare_output_dir()  # refusals come before the engine starts
@@ -403,6 +415,7 @@ class GRPOTrainer:
             if resume_from is not None:
                 self._load_checkpoint(resume_from)
             self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
+            self._launch_checklist(resumed=resume_from is not None)
         except BaseException:
             self._remove_unstarted_outputs(fresh_dir)
             raise
@@ -452,8 +465,6 @@ class GRPOTrainer:
         if cfg.run.save_final and not stop:
             self.save()
         if cfg.run.plots and main:
-            from grpo_fast.core.plots import save_plots
-
             save_plots(self.metrics.history, self.output_dir / "plots")
         if main:
             write_report(
@@ -526,6 +537,8 @@ class GRPOTrainer:
         out.update(mem)
         out["sync/bytes"] = sync.get("sync/bytes", 0.0)
         out["tokens_per_second/train"] = stats["train_tokens"] / max(t_train, 1e-9)
+        if self.preflight_report is not None:  # what the verifiers' start-up checks found (the sandbox backend)
+            out.update(self.preflight_report.startup_metrics)
         out = self.dist.reduce_metrics(out, sums=SUMMED_METRICS, maxes=("time/*", "mem/*"))
         for callback in self.callbacks:
             callback(self, rollout, out)
@@ -550,7 +563,6 @@ def check_model_path(path: str) -> None:
 
 
 def _as_rows(dataset) -> list[dict]:
-    from grpo_fast.data.loading import validate_prompt_rows
 
     if dataset is None:
         return []

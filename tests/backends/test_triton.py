@@ -20,11 +20,10 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from grpo_fast.kernels.linear_logprobs import BlockConfig, linear_logprobs_backward, linear_logprobs_forward  # noqa: E402
-
 from grpo_fast import GRPOLossConfig, fused_logprobs, grpo_loss  # noqa: E402
 from grpo_fast.backends.chunked import TORCH_BACKEND  # noqa: E402
 from grpo_fast.backends.triton import TRITON_BACKEND, TRITON_DETERMINISTIC_BACKEND  # noqa: E402
+from grpo_fast.kernels.linear_logprobs import BlockConfig, linear_logprobs_backward, linear_logprobs_forward  # noqa: E402
 from grpo_fast.loss import LOSS_TYPES, Objective  # noqa: E402
 from grpo_fast.loss.layout import packed_layout, padded_layout  # noqa: E402
 from grpo_fast.loss.token_loss import select_token_loss  # noqa: E402

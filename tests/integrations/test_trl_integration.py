@@ -39,6 +39,11 @@ def _close_grads(got, want, what):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=atol, msg=lambda m, n=name: f"{what} {n}: {m}")
 
 
+# What every TRL trainer of these tests runs with: CPU, fp32, no vLLM, no saving or reporting.
+CPU_ARGS = dict(use_vllm=False, use_cpu=True, bf16=False, gradient_checkpointing=False, report_to="none",
+                save_strategy="no", disable_tqdm=True)  # fmt: skip
+
+
 def _reward(completions, **kwargs):
     return [float(len(c) % 3) + 0.1 * c.count("1") for c in completions]
 
@@ -53,22 +58,16 @@ def _build(output_dir: str, peft_config=None):
     model = build_tiny_model(tokenizer, seed=0)
     args = trl.GRPOConfig(
         output_dir=output_dir,
-        use_vllm=False,
-        use_cpu=True,
-        bf16=False,
+        **CPU_ARGS,
         fp16=False,
-        gradient_checkpointing=False,
         per_device_train_batch_size=6,
         gradient_accumulation_steps=1,
         num_generations=3,
         max_completion_length=12,
         temperature=0.7,
         beta=0.0,
-        report_to="none",
-        save_strategy="no",
         logging_steps=1,
         max_steps=1,
-        disable_tqdm=True,
         seed=0,
     )
     prompts = [{"prompt": f"{a}*7=" if a % 2 else f"{a} times 7 is"} for a in range(12, 30)]
@@ -197,18 +196,12 @@ def test_rloo_trainer_head_matches_trl(tmp_path):
     model_dir = save_tiny(build_tiny_model(tokenizer, seed=1), tokenizer, tmp_path / "model")  # beta > 0: a ref
     args = trl.RLOOConfig(
         output_dir=str(tmp_path / "out"),
-        use_vllm=False,
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
+        **CPU_ARGS,
         per_device_train_batch_size=4,
         num_generations=2,
         max_completion_length=8,
         temperature=0.8,
         beta=0.05,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
     )
     trainer = trl.RLOOTrainer(
         model=str(model_dir),

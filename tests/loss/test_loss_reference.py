@@ -84,17 +84,7 @@ def test_packed_layout_equals_padded(loss_type, level):
     batch = make_loss_batch(**SHAPE, dtype=torch.float64, seed=3)
     config = _config(loss_type, level, OPTION_SETS["all"] | {"max_completion_length": 7})
     h, w, _ = _leaves(batch)
-    padded, padded_metrics = grpo_loss(
-        h,
-        w,
-        batch.completion_ids,
-        batch.completion_mask,
-        batch.advantages,
-        batch.old_logprobs,
-        batch.ref_logprobs,
-        batch.is_weights,
-        config=config,
-    )
+    padded, padded_metrics = grpo_loss(h, w, **batch.token_arguments(), config=config)
     padded_grads = torch.autograd.grad(padded, (h, w))
 
     mask = batch.completion_mask
@@ -177,17 +167,7 @@ def test_gradcheck_grpo_loss(level):
     h, w, _ = _leaves(batch)
 
     def loss(h, w):
-        return grpo_loss(
-            h,
-            w,
-            batch.completion_ids,
-            batch.completion_mask,
-            batch.advantages,
-            batch.old_logprobs,
-            batch.ref_logprobs,
-            batch.is_weights,
-            config=config,
-        )[0]
+        return grpo_loss(h, w, **batch.token_arguments(), config=config)[0]
 
     assert torch.autograd.gradcheck(loss, (h, w))
 

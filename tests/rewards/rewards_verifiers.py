@@ -33,3 +33,19 @@ def segfault_on_crash(prompts, completions, **_):
 def needs_difficulty(prompts, completions, difficulty, **_):
     """Echoes the `difficulty` column as the reward."""
     return [float(d) for d in difficulty]
+
+
+def infrastructure_on_down(prompts, completions, **_):
+    """Raises InfrastructureError on "down" (a service it needs is gone), else rewards 1.0."""
+    from grpo_fast.rewards.outcomes import InfrastructureError
+
+    if completions[0] == "down":
+        raise InfrastructureError("service down")
+    return [1.0]
+
+
+def time_left_of_the_item(prompts, completions, **_):
+    """Rewards the seconds the pool says this item has left."""
+    from grpo_fast.rewards.pool import time_left
+
+    return [time_left()]

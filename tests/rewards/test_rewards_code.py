@@ -17,6 +17,7 @@ import pytest
 from grpo_fast.rewards import code_tests
 from grpo_fast.rewards.code import SandboxLimits, ShellRunner, extract_code, isolation
 from grpo_fast.rewards.code.cases import parse_assert, parse_cases
+from grpo_fast.rewards.code.programs import close_idle
 
 LIMITS = SandboxLimits(wall_s=2.0, memory_bytes=1 << 30)
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
@@ -32,7 +33,9 @@ def score(program: str, tests=ADD_TESTS, **kw) -> float | None:
 
 
 def sandbox_processes() -> list[int]:
-    """PIDs of processes owned by a sandbox uid (>= 200000), i.e. anything a run left behind."""
+    """PIDs of processes owned by a sandbox uid (>= 200000), i.e. anything a run left behind (the idle
+    judges and sandboxes set up ahead are stopped first)."""
+    close_idle()
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -82,12 +85,16 @@ def test_pluggable_runner():
 
 def test_cases_parsing():
     case = parse_assert("x = 2\nassert f(x) == [1, 2]")
-    assert case.probe() == {"steps": [{"run": "x = 2", "items": [{"expr": "f(x)"}]}]}
-    assert case.clean == () and case.problem is None
-    assert [i.expr for i in parse_assert("assert f(1) == g(2)").candidate[0].items] == ["f(1)", "g(2)"]
-    assert [i.expr for i in parse_assert("assert is_prime(7)").candidate[0].items] == ["is_prime(7)", "bool(__v[0])"]
+    assert (case.program, case.known, case.prelude, case.problem) == (("f",), (), "", None)
+    assert parse_assert("def g(x):\n    return h(x)\nassert f(1) == g(2)").program == ("f", "h")
+    case = parse_assert("import numpy as np\nnp.random.seed(0)\nrandom.seed(1)\nassert Counter(f(1)) == {1: 2}")
+    assert case.program == ("f",) and dict(case.known) == {"Counter": "collections:Counter", "random": "random"}
+    assert case.prelude == "import numpy as np\nnp.random.seed(0)"  # random is not imported by the test
+    assert parse_assert("assert eval(f(1)) == 2").problem == "it uses eval"
     with pytest.raises(ValueError, match="tests"):
         parse_cases(["x = 1"])
+    with pytest.raises(ValueError, match="tests"):
+        parse_cases(["assert f(1) =="])
     with pytest.raises(ValueError, match="tests"):
         parse_cases([{"input": "1"}])
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from test_rewards_code import LIMITS, UNSANDBOXED, sandbox_processes, score
+from test_rewards_code import sandbox_processes, score
 
-from grpo_fast.rewards.code import PythonRunner, run_sandboxed
+from grpo_fast.rewards.code import PythonRunner, SandboxLimits, isolation
+from grpo_fast.rewards.code.sandbox import Session
+
+LEVEL = isolation()  # the unsandboxed levels run these benign programs as they are
 
 TESTS = [
     "assert is_prime(7)",
@@ -281,16 +284,10 @@ print(found[0] if found else "nothing")
 # ---- the protocol itself, with a hand-written runner ----
 
 _FAKE_RUNNER = """
-import json, os, sys
+import os, sys
 fd = int(os.read(0, 64))
 mode = sys.argv[1]
-def send(message):
-    os.write(fd, (json.dumps(message) + "\\n").encode())
-if mode == "early":
-    send({"loaded": True})
-    send({"token": "guess", "values": ["1"]})
-else:
-    send({"loaded": True})
+os.write(fd, b'{"hello": true}\\n' + (b"early\\n" if mode == "early" else b""))
 buffer = b""
 while True:
     while b"\\n" not in buffer:
@@ -299,36 +296,39 @@ while True:
             sys.exit(0)
         buffer += chunk
     line, _, buffer = buffer.partition(b"\\n")
-    token = json.loads(line)["token"]
-    if mode == "wrong_token":
-        send({"token": token[::-1], "values": ["1"]})
-    elif mode == "no_token":
-        send({"values": ["1"]})
-    elif mode == "twice":
-        send({"token": token, "values": ["1"]})
-        send({"token": token, "values": ["1"]})
-    else:
-        send({"token": token, "values": ["1"]})
+    if mode == "exit":
+        os._exit(0)
+    if mode != "silent":
+        answer = b"x" * (2 * 2**20) if mode == "huge" else line
+        os.write(fd, (answer + b"\\n") * (2 if mode == "twice" else 1))
 """
 
 
 @pytest.mark.parametrize(
-    ("mode", "accepted"),
+    ("mode", "answers"),
     [
-        ("honest", [True] * 3),
-        ("early", [False] * 3),
-        ("wrong_token", [False] * 3),
-        ("no_token", [False] * 3),
-        ("twice", [True, False, True]),
-    ],  # fmt: skip
+        ("honest", ["request 0", "request 1", "request 2"]),
+        ("twice", ["request 0", "the server wrote before it was asked", "request 2"]),
+        ("early", ["the server wrote before it was asked"] * 3),
+        ("silent", ["no answer: timeout"] * 3),
+        ("exit", ["no answer: the runner exited"] * 3),
+        ("huge", ["answer too large"] * 3),
+    ],
 )
-def test_only_one_tokened_answer_per_probe_after_the_probe_is_accepted(mode, accepted):
+def test_a_server_is_answered_only_in_turn_and_replaced_after_any_failure(mode, answers):
+    """One answer line per request, written after it, within the time and size limits; anything else
+    is an error and the server is killed (the next request starts a new one)."""
     python = PythonRunner().python
-    run = {"argv": [python, "-I", "-c", _FAKE_RUNNER, mode], "probes": [{"steps": []}] * 3}
-    result = run_sandboxed({}, [run], LIMITS, python, allow_unsandboxed=UNSANDBOXED)[0]
-    assert ["answer" in probe for probe in result["probes"]] == accepted
-    for probe in result["probes"]:
-        assert probe.get("answer", {"values": ["1"]}) == {"values": ["1"]}
+    got, serving = [], False
+    with Session(LEVEL, SandboxLimits(wall_s=1.0, output_bytes=1 << 20), python, {}) as session:
+        for i in range(3):
+            if not serving:
+                started = session.request({"op": "start", "argv": [python, "-I", "-c", _FAKE_RUNNER, mode]}, 2.0)
+                assert started == {"started": True}
+            answer = session.request({"op": "ask", "line": f"request {i}"}, 1.0)
+            serving = "reply" in answer
+            got.append(answer.get("reply", answer.get("error")))
+    assert got == answers
 
 
 def test_probe_channel_is_not_a_fixed_fd():

@@ -1,17 +1,25 @@
-"""The code sandbox: refusal without namespaces, the minimal /dev, and no process outliving a call."""
+"""The code sandbox: refusal without a sandbox, the minimal /dev, and no process outliving a call."""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 import time
 
 import pytest
-from test_rewards_code import LIMITS, needs_namespaces, sandbox_processes, score
+from test_rewards_code import LIMITS, UNSANDBOXED, needs_namespaces, sandbox_processes, score
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code import ShellRunner, run_sandboxed, sandbox
+from grpo_fast.rewards.checks import check_verifiers
+from grpo_fast.rewards.code import ShellRunner, isolation, run_sandboxed
+from grpo_fast.rewards.code.backends import BACKENDS
+from grpo_fast.rewards.outcomes import VerifierStartupError
+from grpo_fast.rewards.registry import reward_from_spec
+from grpo_fast.rewards.routing import RoutedReward
 
+isolation_module = sys.modules["grpo_fast.rewards.code.isolation"]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runs programs as another uid)")
 
 # escape(): a child that leaves the run's process group and session (with double=True: the grandchild of
@@ -33,18 +41,25 @@ ESCAPING = ESCAPE + "print(escape(False) + escape(True))\n"
 ADD = "def add(a, b):\n    return a + b\n"
 
 
+def _only(monkeypatch, level):
+    """Pretend this machine allows only `level` (no namespaces, no bwrap)."""
+    monkeypatch.setattr(isolation_module, "isolation", lambda: level)
+    monkeypatch.setattr(isolation_module, "probe", lambda backend: "not on this machine (test)")
+
+
 @pytest.mark.parametrize("level", ["uid", "rlimits"])
-def test_refuses_to_run_without_namespaces(monkeypatch, level):
-    monkeypatch.setattr(sandbox, "isolation", lambda: level)
-    with pytest.raises(RuntimeError, match=r"(?s)unshare.*allow_unsandboxed=True"):
+def test_refuses_to_run_without_a_sandbox(monkeypatch, level):
+    _only(monkeypatch, level)
+    options = r"(?s)namespaces: not on this machine.*bwrap: .*bubblewrap.*remote.*allow_unsandboxed=True"
+    with pytest.raises(RuntimeError, match=options):
         code_tests(["p"], ["def add(a, b):\n    return a + b\n"], [["assert add(1, 2) == 3"]])
-    with pytest.raises(RuntimeError, match=r"(?s)unshare.*allow_unsandboxed=True"):
+    with pytest.raises(RuntimeError, match=options):
         run_sandboxed({}, [{"argv": ["/bin/true"], "stdin": ""}])
 
 
 @needs_root
 def test_uid_level_opt_in_kills_every_process_of_the_sandbox_uid(monkeypatch):
-    monkeypatch.setattr(sandbox, "isolation", lambda: "uid")
+    _only(monkeypatch, "uid")
     sleeper = "setsid sh -c 'sleep 60' </dev/null >/dev/null 2>&1 &"
     program = f"{sleeper}\n( {sleeper} )\necho done\n"
     tests = [{"input": "", "output": "done"}]
@@ -54,7 +69,7 @@ def test_uid_level_opt_in_kills_every_process_of_the_sandbox_uid(monkeypatch):
 
 
 def test_rlimits_level_opt_in_kills_processes_that_left_the_session(monkeypatch):
-    monkeypatch.setattr(sandbox, "isolation", lambda: "rlimits")
+    _only(monkeypatch, "rlimits")
     run = {"argv": [sys.executable, "-I", "solution.py"], "stdin": ""}
     result = run_sandboxed({"solution.py": ESCAPING}, [run], LIMITS, allow_unsandboxed=True)[0]
     pids = [int(pid) for pid in result["stdout"].split()]
@@ -99,3 +114,37 @@ def test_a_runner_that_dies_is_replaced_and_one_that_never_loads_fails_every_tes
     program = "import os\ndef add(a, b):\n    if a == -1:\n        os._exit(0)\n    return a + b\n"
     assert score(program) == pytest.approx(2 / 3)  # add(-1, 1) kills its runner; add(10, 5) gets a new one
     assert score("raise SystemExit(0)\n" + program) == 0.0
+
+
+def test_scoring_from_a_thread_that_ends_leaves_later_scoring_intact():
+    """A sandbox dies with the thread that started it: nothing it leaves is reused by another thread."""
+    rewards = []
+    worker = threading.Thread(target=lambda: rewards.append(score(ADD)))
+    worker.start()
+    worker.join()
+    assert rewards == [1.0]
+    assert score(ADD) == 1.0
+
+
+def test_start_up_checks_name_the_backend_and_stop_a_broken_verifier():
+    spec = {"name": "code_tests", "limits": {"wall_s": 2.0}, "allow_unsandboxed": UNSANDBOXED}
+    routed = RoutedReward(reward_from_spec(spec), {"kind": "code"})
+    checked = check_verifiers([reward_from_spec(spec), routed, reward_from_spec("math_accuracy")])
+    status = checked["code_tests"]
+    assert list(checked) == ["code_tests"] and status.text.startswith(f"sandbox backend {isolation()}")
+    assert status.metrics == {f"sandbox/{isolation()}": 1.0} and status.unsafe == (isolation() not in BACKENDS)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    broken = reward_from_spec({"name": "code_tests", "sandbox": {"backend": "remote", "url": dead, "retries": 0}})
+    with pytest.raises(VerifierStartupError, match="remote sandbox .*Connection refused"):
+        check_verifiers([broken])
+
+
+def test_a_call_that_hangs_fails_its_test_only_and_a_load_that_hangs_fails_them_all_at_once():
+    hangs_on_one = "def add(a, b):\n    while a == 1:\n        pass\n    return a + b\n"
+    tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
+    assert score(hangs_on_one, tests) == pytest.approx(2 / 3)
+    start = time.monotonic()
+    assert score("while True:\n    pass\n" + ADD, tests) == 0.0
+    assert time.monotonic() - start < 2 * LIMITS.wall_s + 3  # one load's time, not one per test

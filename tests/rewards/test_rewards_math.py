@@ -33,7 +33,9 @@ EQUIVALENCE = [
     ("12", "123", False),
     ("123", "12", False),
     ("3.14", "3.14159", False),
-    # percentages
+    # percentages: p% matches p and p/100 (math-verify's reading)
+    ("5\\%", "5", True),
+    ("5\\%", "0.05", True),
     ("10\\%", "0.1", True),
     ("50\\%", "\\frac{1}{2}", True),
     ("25\\%", "0.25", True),
@@ -68,6 +70,22 @@ EQUIVALENCE = [
     ("x = 5", "5", True),
     ("x=-2", "-2", True),
     ("y = 5", "6", False),
+    ("y = 2x + 1", "2x+1", True),
+    ("f(3) = 7", "7", True),
+    # several operands joined by or / = / text, or juxtaposed: each would count as one of them
+    ("4(5)", "9", False),
+    ("4 \\lor 5", "5", False),
+    ("4 \\vee 5", "5", False),
+    ("4 or 5", "5", False),
+    ("4 = 5", "5", False),
+    ("2+2=4", "4", False),
+    ("4 \\text{ (or } 5)", "5", False),
+    ("4 \\text{ or } 5", "5", False),
+    ("4 \\text{ and } 5", "5", False),
+    ("2(3+4)", "14", True),
+    ("3\\frac{1}{2}", "3.5", True),
+    ("5\\text{ m}^2", "5", True),
+    ("\\text{(B)}", "B", True),
     # intervals
     ("[1, 2)", "[1,2)", True),
     ("(1, 2]", "[1, 2)", False),

@@ -1,4 +1,5 @@
-"""The reward pool: hanging or crashing verifiers cost one reward each, never the batch."""
+"""The reward pool: hanging or crashing verifiers cost one reward each (a wrong answer's, never a skip),
+never the batch; infrastructure failures are skipped, counted, and stop the scoring past a bound."""
 
 from __future__ import annotations
 
@@ -7,9 +8,19 @@ import signal
 import time
 
 import pytest
-from rewards_verifiers import constant, hang_on_hang, needs_difficulty, segfault_on_crash
+from rewards_verifiers import (
+    constant,
+    hang_on_hang,
+    infrastructure_on_down,
+    needs_difficulty,
+    segfault_on_crash,
+    time_left_of_the_item,
+)
 
 from grpo_fast.rewards import RewardPool, math_accuracy, score_completions
+from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure
+from grpo_fast.rewards.pool import lowest_reward
+from grpo_fast.rewards.registry import reward_from_spec
 
 
 @pytest.fixture(scope="module")
@@ -23,27 +34,55 @@ def test_hanging_verifier_costs_one_reward(pool):
     start = time.monotonic()
     scores = pool.score([hang_on_hang, constant], ["p"] * 4, completions)
     assert time.monotonic() - start < 10
-    assert scores.rewards == [[1.0, None, 1.0, 1.0], [1.0] * 4]
-    assert [(f.reward, f.index, f.kind) for f in scores.failures] == [("hang_on_hang", 1, "timeout")]
+    assert scores.rewards == [[1.0, 0.0, 1.0, 1.0], [1.0] * 4]
+    assert isinstance(scores.rewards[0][1], ProgramFailure) and "timeout" in scores.rewards[0][1].reason
+    assert scores.program_failures() == [1, 0] and scores.infra_failures() == [0, 0]
+    assert [(f.reward, f.index, f.kind, f.cause) for f in scores.failures] == [
+        ("hang_on_hang", 1, "timeout", "program")
+    ]
 
 
 def test_crashing_verifier_costs_one_reward(pool):
     completions = ["ok", "crash", "ok", "ok", "abort"]  # a NULL dereference (SIGSEGV) and os.abort (SIGABRT)
     scores = pool.score([segfault_on_crash], ["p"] * 5, completions)
-    assert scores.rewards == [[0.5, None, 0.5, 0.5, None]]
+    assert scores.rewards == [[0.5, 0.0, 0.5, 0.5, 0.0]]
     assert [(f.index, f.kind) for f in scores.failures] == [(1, "crash"), (4, "crash")]
 
 
 def test_raising_verifier_is_reported_and_pool_keeps_working(pool):
     scores = pool.score([segfault_on_crash], ["p"] * 2, ["raise", "ok"])
-    assert scores.rewards == [[None, 0.5]]
+    assert scores.rewards == [[0.0, 0.5]]
     assert scores.failures[0].kind == "error" and "verifier bug" in scores.failures[0].message
     assert pool.score([constant], ["p"], ["x"]).rewards == [[1.0]]
 
 
-def test_failure_reward_is_configurable():
-    scores = score_completions([segfault_on_crash], ["p"], ["crash"], workers=1, failure_reward=0.0)
-    assert scores.rewards == [[0.0]]
+def test_failure_reward_is_configurable_and_defaults_to_the_lowest_reward():
+    scores = score_completions([segfault_on_crash], ["p"], ["crash"], workers=1, failure_reward=-2.0)
+    assert scores.rewards == [[-2.0]]
+    overlong = {"name": "overlong_penalty", "max_completion_length": 8, "overlong_buffer": 4, "penalty_factor": 3.0}
+    specs = ["code_tests", "math_accuracy", overlong, "length_penalty"]
+    assert [lowest_reward(reward_from_spec(spec)) for spec in specs] == [0.0, 0.0, -3.0, 0.0]  # unbounded: 0
+    assert lowest_reward(segfault_on_crash) == 0.0  # nothing declared
+
+
+def test_infrastructure_failures_are_skipped_counted_and_stop_the_scoring_past_the_bound():
+    with RewardPool(workers=1, timeout=5.0, max_infra_failures=2) as pool:
+        scores = pool.score([infrastructure_on_down], ["p"] * 3, ["down", "up", "down"])
+        assert scores.rewards == [[None, 1.0, None]]
+        assert scores.infra_failures() == [2] and scores.program_failures() == [0]
+        assert [(f.index, f.kind, f.cause) for f in scores.failures] == [
+            (0, "infrastructure", "infrastructure"),
+            (2, "infrastructure", "infrastructure"),
+        ]
+        with pytest.raises(
+            InfrastructureError, match=r"3 infrastructure failures .*max_infra_failures=2.*service down"
+        ):
+            pool.score([infrastructure_on_down], ["p"], ["down"])
+
+
+def test_a_verifier_in_the_pool_knows_the_time_it_has_left(pool):
+    left = pool.score([time_left_of_the_item], ["p"], ["x"]).rewards[0][0]
+    assert 0.5 < left <= 2.0 - 1.0  # the pool's 2 s, less a margin of at least 1 s
 
 
 def test_columns_reach_functions_by_name(pool):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
 import pytest
 
@@ -108,6 +109,23 @@ def test_sql_memory_size_and_function_bounds(attack, reference):
     assert _sql(reference, reference) == 1.0  # the reference itself is fine
     reward = _sql(attack, reference, timeout_s=60, max_value_bytes=1 << 20, max_memory_bytes=16 << 20)
     assert reward == 0.0
+
+
+def test_sql_one_long_operation_ends_at_the_time_limit():
+    """A single SQLite operation that runs for seconds (a naive string search over megabytes), which no
+    progress handler or interrupt reaches: its process is killed at the time limit, and it scores 0."""
+    haystack, needle = "printf('%.*c', 900000, 'a')", "printf('%.*c', 400000, 'a') || 'b'"
+    start = time.monotonic()
+    reward = _sql(f"SELECT instr({haystack}, {needle})", "SELECT 0", timeout_s=0.3)
+    assert reward == 0.0 and time.monotonic() - start < 3.0
+
+
+def test_sql_runs_under_an_address_space_limit():
+    """The heap check is off here (max_memory_bytes large): the process's own limit still holds."""
+    huge = "SELECT length(printf('%.*c', 400000000, 'x'))"
+    bounds = dict(max_value_bytes=1 << 30, max_memory_bytes=4 << 30, memory_bytes=96 << 20, timeout_s=20)
+    assert _sql(huge, "SELECT 400000000", **bounds) == 0.0
+    assert _sql("SELECT 400000000", "SELECT 400000000", **bounds) == 1.0
 
 
 @pytest.mark.parametrize(

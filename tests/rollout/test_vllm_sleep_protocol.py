@@ -137,14 +137,15 @@ def test_a_whole_run_at_level_two_never_generates_from_discarded_weights(tmp_pat
     from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
     from grpo_fast.curate.sampling import run_sampling
     from grpo_fast.data.tasks import modular_arithmetic_dataset
-    from grpo_fast.trainer import GRPOTrainer, load_config
+    from grpo_fast.trainer import GRPOTrainer
+    from grpo_fast.trainer.config import load_sample_config
 
     tok = build_char_tokenizer()
     llm = ScriptedLLM([tok.convert_tokens_to_ids(str(d)) for d in range(10)], tok.eos_token_id)
     engine = _engine(2, llm)
     engine._vllm = SimpleNamespace(SamplingParams=lambda **kw: SimpleNamespace(**kw))
     engine._decoder = tok._tokenizer  # texts batch-decoded as with the real engine
-    cfg = load_config(
+    cfg = load_sample_config(  # a training config with the `sample` section
         None,
         [
             "rollout.engine=vllm",

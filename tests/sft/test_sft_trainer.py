@@ -113,7 +113,7 @@ def test_cli_trains_a_local_model_on_a_jsonl_file(tok, tmp_path, capsys):
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
-        ({"data": {"max_length": 0}}, "data.max_length: expected a positive value"),
+        ({"data": {"max_length": 0}}, "data.max_length: expected a value >= 1"),
         ({"data": {"format": "chat"}}, "data.format: expected one of"),
         ({"data": {"packing": True, "max_length": None}}, "data.max_length: packing needs a row length"),
         ({"run": {"micro_batch_tokens": 512}}, "run.micro_batch_tokens: 512 cannot hold one example"),
@@ -130,7 +130,7 @@ def test_config_errors_name_the_key(tree, message):
 
 
 def test_cli_reports_an_invalid_config_and_a_missing_model(tmp_path):
-    with pytest.raises(SystemExit, match="invalid config: run.max_steps: expected a positive value"):
+    with pytest.raises(SystemExit, match="invalid config: run.max_steps: expected a value >= 1"):
         main(["sft", "--set", "run.max_steps=0"])
     with pytest.raises(SystemExit, match="model.path is required"):
         main(["sft", "--set", "data.source=x.jsonl"])

@@ -7,21 +7,14 @@ import json
 import logging
 
 import pytest
+from tiny_trainer import tiny_trainer
 
 from grpo_fast.core import checkpoint as ckpt
-from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
-from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.rewards.tasks import exact_match_reward
-from grpo_fast.trainer import GRPOTrainer, load_config
+from grpo_fast.trainer import load_config
 
 
 def _trainer(out, *overrides):
-    tok = build_char_tokenizer()
-    opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
-    opts += ["run.prompts_per_step=2", "run.eval_every=0", "reward.workers=0", "run.tensorboard=false"]
-    opts += ["run.progress=false", "run.plots=false", f"run.output_dir={out}", *overrides]
-    rows = modular_arithmetic_dataset(8, seed=0)
-    return GRPOTrainer(build_tiny_model(tok), [exact_match_reward], rows, config=load_config(None, opts), tokenizer=tok)
+    return tiny_trainer(out, *overrides)
 
 
 @pytest.fixture
@@ -56,7 +49,7 @@ def test_an_incompatible_change_is_refused_with_the_keys_and_both_values(saved_r
 def test_harmless_changes_are_allowed_and_logged(saved_run, caplog):
     harmless = ["run.max_steps=2", "run.log_every=2", "run.save_every=1", "run.keep_checkpoints=3", "run.eval_every=5"]
     trainer = _trainer(saved_run, "run.resume=true", *harmless)
-    with caplog.at_level(logging.INFO, logger="grpo_fast.trainer"):
+    with caplog.at_level(logging.INFO, logger="grpo_fast"):
         trainer.train()
     trainer.close()
     assert trainer.step == 2

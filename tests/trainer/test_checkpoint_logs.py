@@ -7,24 +7,16 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_trainer import tiny_trainer
 
 from grpo_fast.cli import main
 from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger, read_jsonl
-from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
-from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.rewards.tasks import exact_match_reward
-from grpo_fast.trainer import GRPOTrainer, load_config
 from grpo_fast.trainer.audit import AuditTrail
 
 
 def _trainer(out, *overrides):
-    tok = build_char_tokenizer()
-    opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
-    opts += ["run.prompts_per_step=2", "run.eval_every=0", "reward.workers=0", "run.tensorboard=false"]
-    opts += ["run.progress=false", "run.plots=false", "health.audit_every=1", f"run.output_dir={out}", *overrides]
-    rows = modular_arithmetic_dataset(8, seed=0)
-    return GRPOTrainer(build_tiny_model(tok), [exact_match_reward], rows, config=load_config(None, opts), tokenizer=tok)
+    return tiny_trainer(out, "health.audit_every=1", *overrides)
 
 
 def _run(out, *overrides):

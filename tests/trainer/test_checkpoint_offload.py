@@ -5,22 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_trainer import tiny_trainer
 
 from grpo_fast.core import checkpoint as ckpt
-from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
-from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.rewards.tasks import exact_match_reward
-from grpo_fast.trainer import GRPOTrainer, load_config
 
 
 def _trainer(out, *overrides, device="cpu"):
-    tok = build_char_tokenizer()
-    opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
-    opts += ["run.prompts_per_step=2", "run.eval_every=0", "reward.workers=0", "run.tensorboard=false"]
-    opts += ["run.progress=false", "run.plots=false", "run.save_final=false", f"run.output_dir={out}", *overrides]
-    rows = modular_arithmetic_dataset(8, seed=0)
-    model = build_tiny_model(tok).to(device)
-    return GRPOTrainer(model, [exact_match_reward], rows, config=load_config(None, opts), tokenizer=tok)
+    return tiny_trainer(out, "run.save_final=false", *overrides, device=device)
 
 
 def _optimizer_tensors(state_dict):

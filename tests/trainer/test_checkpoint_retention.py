@@ -7,21 +7,14 @@ import shutil
 
 import pytest
 import torch
+from tiny_trainer import tiny_trainer
 
 from grpo_fast.core import checkpoint as ckpt
-from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
-from grpo_fast.data.tasks import modular_arithmetic_dataset
-from grpo_fast.rewards.tasks import exact_match_reward
-from grpo_fast.trainer import GRPOTrainer, load_config
+from grpo_fast.trainer import load_config
 
 
 def _trainer(out, *overrides):
-    tok = build_char_tokenizer()
-    opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
-    opts += ["run.prompts_per_step=2", "run.eval_every=0", "reward.workers=0", "run.tensorboard=false"]
-    opts += ["run.progress=false", "run.plots=false", "run.save_every=1", f"run.output_dir={out}", *overrides]
-    rows = modular_arithmetic_dataset(8, seed=0)
-    return GRPOTrainer(build_tiny_model(tok), [exact_match_reward], rows, config=load_config(None, opts), tokenizer=tok)
+    return tiny_trainer(out, "run.save_every=1", *overrides)
 
 
 def _names(out):
@@ -72,5 +65,5 @@ def test_save_checkpoint_protects_the_paths_it_is_told_to_keep(tmp_path):
 
 @pytest.mark.parametrize("value", [0, -1])
 def test_keep_checkpoints_must_be_positive(value):
-    with pytest.raises(ValueError, match="run.keep_checkpoints: expected a positive value"):
+    with pytest.raises(ValueError, match="run.keep_checkpoints: expected a value >= 1"):
         load_config(None, [f"run.keep_checkpoints={value}"])

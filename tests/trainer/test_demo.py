@@ -55,3 +55,4 @@ def test_code_demo_learns_through_the_pool_and_forged_programs_earn_nothing_extr
     assert summary["reward_after_rl"] - summary["reward_before_rl"] >= 0.1, summary
     assert summary["forged_completions"] > 100
     assert summary["forged_above_honest"] == 0 and summary["forged_gain_max"] <= 0, summary
+    assert summary["forged_unscored"] == 0, summary

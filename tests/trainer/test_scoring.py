@@ -4,7 +4,6 @@ function without a fixed place runs: in the pool until the workers have measured
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 
@@ -79,9 +78,9 @@ def test_a_failing_verifier_costs_one_reward_each_and_is_counted():
     finally:
         rewards.close()
     first = scored.per_func[:, 0].tolist()
-    assert first[0] == 1.0 and first[4] == 1.0 and all(math.isnan(v) for v in first[1:4])
+    assert first == [1.0, 0.0, 0.0, 0.0, 1.0]  # a hang, a crash, a raise: the lowest reward, never a skip
     torch.testing.assert_close(scored.per_func[:, 1], torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
-    assert scored.failures == {"misbehaving": 3}
+    assert scored.failures == {"misbehaving/failures": 3, "misbehaving/program_failures": 3}
 
 
 def test_length_rewards_need_no_glue():

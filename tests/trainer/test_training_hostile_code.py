@@ -438,7 +438,8 @@ def host():
     ]
     host_only = [Path(f"/tmp/grpo-hostile-{token}"), Path(f"/dev/shm/grpo-hostile-{token}")]
     touch = {
-        p: p.stat().st_mtime_ns for p in [REPO / "grpo_fast/rewards/code/judge.py", Path(sys.prefix) / "pyvenv.cfg"]
+        p: p.stat().st_mtime_ns
+        for p in [REPO / "grpo_fast/rewards/code/judge_runner.py", Path(sys.prefix) / "pyvenv.cfg"]
     }
     sockets = {}
     victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
@@ -541,6 +542,7 @@ def test_training_run_with_hostile_code_completions_leaves_the_host_untouched(ho
     opts += [f"run.max_steps={STEPS}", "run.eval_every=0", "run.save_final=false", "run.plots=false"]
     opts += ["run.tensorboard=false", "run.progress=false", f"run.output_dir={out_dir}", "health.audit_every=1"]
     opts += ["reward.workers=2", "reward.timeout=60"]
+    opts += ["check.difficulty_prompts=0"]  # the scripted engine answers its scripts only; the verifier checks run
     seen: list[tuple[str, str, float]] = []  # (prompt, label, reward) of every completion scored
     step_metrics: list[dict] = []
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_fast.bench.models import shape_of
 from grpo_fast.bench.step.configs import StepConfig
 from grpo_fast.core.tiny_models import (
     TinyModelSpec,
@@ -82,14 +83,7 @@ def build_policy(cfg: StepConfig, path: Path) -> dict:
         model = build_tiny_model(tokenizer, TinyModelSpec(), seed=cfg.seed)
     else:
         tokenizer = build_word_tokenizer(cfg.vocab)
-        spec = TinyModelSpec(
-            hidden_size=cfg.hidden,
-            num_layers=cfg.layers,
-            num_heads=cfg.heads,
-            num_kv_heads=cfg.kv_heads,
-            intermediate_size=cfg.intermediate,
-            max_position_embeddings=max(1024, cfg.max_model_len),
-        )
+        spec = shape_of(cfg, max_positions=max(1024, cfg.max_model_len))
         model = random_qwen2(cfg.vocab, spec, seed=cfg.seed, tokenizer=tokenizer)
     model.eval()
     eos = tune_eos(model, tokenizer.eos_token_id, cfg.eos_prob, cfg.seed) if cfg.eos_prob else None

@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from grpo_fast.bench.common import REPO_ROOT  # noqa: E402
+from grpo_fast.bench.common import REPO_ROOT, cpu_model  # noqa: E402
 from grpo_fast.bench.step.configs import PHASES  # noqa: E402
 
 VERSION_PACKAGES = (
@@ -154,16 +154,6 @@ def _git(*args: str) -> str | None:
     return out.stdout.rstrip("\n")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment() -> dict:
     """Commit (and the uncommitted files), versions, CPU, load and date of this run."""
     dirty = _git("status", "--porcelain")
@@ -174,7 +164,7 @@ def environment() -> dict:
         "dirty_files": [line[3:] for line in dirty.splitlines()] if dirty else [],
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_average_start": os.getloadavg(),

@@ -1,38 +1,41 @@
-"""Sandbox launcher: runs as root at the start of the sandbox, sets it up, runs the candidate unprivileged.
+"""Sandbox launcher: sets a sandbox up, then runs programs in it on request, one at a time.
 
-Standalone (stdlib only), started by `sandbox.py` as `python -I -S _launcher.py`, inside
-`unshare --mount --net --pid --fork --kill-child` when the machine allows it. Reads one JSON job on
-stdin, writes one JSON result on stdout.
+Standalone (stdlib only), started by `sandbox.py` as `python -I -S -c <this source> <caller pid>`: as
+root for the "namespaces" backend, inside bubblewrap for "bwrap" (caller pid 0: bwrap ties it to the
+caller), as root or the caller's user for the unsandboxed levels. It dies with its caller
+(parent-death signal, checked against the caller's pid).
 
-Job: {"isolate": bool, "root": dir for the new root (empty, root-owned), "workdir": working directory
-without isolate, "binds": [host paths shown read-only], "uid": int or null (stay the current user),
-"limits": {...}, "files": {name: text},
-"runs": [{"argv": [...], "stdin": str | null, "probes": [probe, ...] | null}]}.
-Result: {"runs": [{"exit": int | null, "timed_out": bool, "stdout": str, "stderr": str,
-"output_exceeded": bool, "loaded": bool, "probes": [{"answer": {...}} | {"error": str}]}]}
+Protocol: one JSON line per message. The first stdin line is the job:
+{"isolate": bool, "root": mount point of the new root (an empty directory), "workdir": working
+directory without isolate, "binds": [host paths shown read-only], "uid": int or null (stay the
+current user), "limits": {...}, "seccomp": [[code, jt, jf, k], ...] or null, "files": {name: text},
+"cgroup": [cgroup.procs files the launcher writes its pid to first, joining its control group]}.
+The launcher answers {"ready": true} once the sandbox is set up (nothing of the caller's has run yet),
+or {"setup_error": "..."}. Then each request line gets one answer line:
 
-With `isolate`: the launcher (PID 1 of a fresh PID namespace, in its own mount and network namespaces)
-builds a read-only root from a small tmpfs holding read-only binds of `binds`, a minimal /dev (binds
-of null, zero, full, random and urandom; fd/stdin/stdout/stderr links; a private tmpfs /dev/shm), a
-fresh /proc, and a size-limited tmpfs at /sandbox (the only other writable place, /tmp points to it),
-then chroots into it. Every run is a child that drops to `uid` (no supplementary groups,
-no_new_privs), applies the resource limits, and execs with a scrubbed environment. After each run,
-kill(-1) empties the PID namespace: a setsid() or double fork inside does not escape it. Without
-`isolate`: same limits and timeouts in a temporary working directory, as `uid` when given (root
-without namespaces; afterwards every process of that uid is killed), else as the current user
-(afterwards the run's process group is killed, then every process that escaped it: the launcher is a
-child subreaper, so orphans of the run are re-parented to it and found by their parent pid).
+- {"op": "run", "argv": [...], "stdin": str, "timeout": s}: run to the end or the timeout ->
+  {"exit": int | null, "timed_out": bool, "stdout": str, "stderr": str, "output_exceeded": bool}.
+- {"op": "start", "argv": [...], "timeout": s}: start a server (call_runner.py, judge_runner.py)
+  with a channel (a socketpair end at a random fd, its number on the server's stdin); answers
+  {"started": true} once it says {"hello": true}, else {"error": ..., "exit": ..., "stderr": ...}.
+- {"op": "ask", "line": str, "timeout": s}: send one line to the server, answer {"reply": its next
+  line}; {"error": ...} (and the server is killed) when it wrote anything before the line was sent,
+  does not answer within the timeout ("no answer: timeout"), dies, or answers more than `output_bytes`.
+- {"op": "stop"}: kill the server -> {"stopped": true}.
+- {"op": "write", "files": {name: text}}: write files into the working directory -> {"written": true}
+  (a sandbox set up ahead, with its server started, gets its program this way).
+At the end of its stdin the launcher kills everything it started and exits.
 
-Probe protocol (Python assert tests, see probe_runner.py): the runner's channel is one end of a
-socketpair, placed at a random fd number that the launcher writes on the runner's stdin (obscurity
-only). The runner loads the program and says {"loaded": true}; then, for each probe, the launcher
-checks that nothing arrived since the last answer, adds a fresh random token to the probe, sends it,
-and accepts as answer the next line only if it carries that token, within `wall_s` per probe.
-So every accepted answer was written after that probe was issued and is the only one for it; early,
-extra, duplicated, tokenless or mistokened lines fail the probe, and the runner is replaced for the
-next probes. A runner that dies or times out is also replaced; one that never loads fails every probe.
-The token does not stop the program from answering in the runner's place (it shares the runner's
-interpreter and can read the token); what it bounds is what an answer can be (see plan.py).
+With `isolate` (root): the launcher enters new mount, network, PID, IPC and UTS namespaces (it is PID
+1 of the new PID namespace; its parent only waits), builds a read-only root from a small tmpfs holding
+read-only binds of `binds`, a minimal /dev (binds of null, zero, full, random and urandom; fd links;
+a private tmpfs /dev/shm), a fresh /proc and a size-limited tmpfs at /sandbox (the only other
+writable place, /tmp points to it), and chroots into it. Every process it starts drops to `uid` (no
+supplementary groups, no_new_privs, the seccomp filter), applies the resource limits and execs with
+a scrubbed environment; after each, kill(-1) empties the PID namespace. Without `isolate`: same
+limits in `workdir`, as `uid` when given (afterwards every process of that uid is killed), else as
+the current user (afterwards the process group, then every process that escaped it: the launcher is
+a child subreaper, so orphans are re-parented to it and found by their parent pid).
 """
 
 import ctypes
@@ -42,12 +45,21 @@ import os
 import resource
 import select
 import signal
+import struct
 import sys
 import time
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 38, 36
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
+    0x20000,
+    0x4000000,
+    0x8000000,
+    0x20000000,
+    0x40000000,
+)
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER, PR_SET_SECCOMP = 1, 38, 36, 22
+SECCOMP_MODE_FILTER = 2
 AF_UNIX, SOCK_STREAM, SOCK_CLOEXEC = 1, 1, 0o2000000
 DEVICES = ("null", "zero", "full", "random", "urandom")
 DEV_LINKS = {
@@ -57,6 +69,7 @@ DEV_LINKS = {
     "stderr": "/proc/self/fd/2",
 }
 NOFILE = 256
+TAIL = 4096
 ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/sandbox",
@@ -71,16 +84,46 @@ ENV = {
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def _check(result, what):
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
 def _mount(source, target, fstype, flags, data=None):
     enc = [None if x is None else x.encode() for x in (source, target, fstype, data)]
-    if _libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {source} -> {target}: {os.strerror(err)}")
+    _check(_libc.mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {source} -> {target}")
 
 
 def _bind_ro(host, target, extra=MS_NOSUID):
     _mount(host, target, None, MS_BIND)
     _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | extra)
+
+
+def _die_with(parent):
+    """SIGKILL this process when its parent dies (and now, if it already has)."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def enter_namespaces():
+    """unshare mount, network, PID, IPC and UTS namespaces and fork: the child, PID 1 of the new PID
+    namespace, returns (and dies with this process); this process waits for it and exits alike."""
+    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    alive_r, alive_w = os.pipe()  # EOF on alive_r: this process is gone (the child cannot see its pid)
+    pid = os.fork()
+    if pid == 0:
+        os.close(alive_w)
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if select.select([alive_r], [], [], 0)[0]:
+            os._exit(1)
+        os.close(alive_r)
+        _libc.sethostname(b"sandbox", 7)
+        return
+    os.close(alive_r)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
 def build_root(job):
@@ -92,9 +135,15 @@ def build_root(job):
         target = root + host
         if os.path.islink(host):
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.symlink(os.readlink(host), target)
+            if not os.path.lexists(target):
+                os.symlink(os.readlink(host), target)
         elif os.path.isdir(host):
             os.makedirs(target, exist_ok=True)
+            _bind_ro(host, target, MS_NOSUID | MS_NODEV)
+        elif os.path.isfile(host):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "w"):
+                pass  # the mount point
             _bind_ro(host, target, MS_NOSUID | MS_NODEV)
     _build_dev(root + "/dev", limits)
     os.makedirs(root + "/proc")
@@ -130,6 +179,24 @@ def _build_dev(dev, limits):
     _mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options)
 
 
+def _oom_score_adj(value):
+    """Set this process's OOM score adjustment where allowed: -1000 keeps a root launcher out of reach of
+    a control group's OOM killer (it picks the program instead); children go back to 0."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(value))
+    except OSError:
+        pass
+
+
+def _install_seccomp(instructions):
+    """Load a classic BPF seccomp filter ([[code, jt, jf, k], ...]; no_new_privs must be set)."""
+    program = b"".join(struct.pack("HBBI", *ins) for ins in instructions)
+    buffer = ctypes.create_string_buffer(program)
+    fprog = struct.pack("HxxxxxxP", len(instructions), ctypes.addressof(buffer))
+    _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.c_char_p(fprog), 0, 0), "seccomp")
+
+
 def _child(job, argv, fds, workdir):
     """In the forked child: wire `fds` ({number in the child: fd here}), limits, drop privileges, exec.
     Never returns."""
@@ -152,27 +219,35 @@ def _child(job, argv, fds, workdir):
             ("RLIMIT_NOFILE", NOFILE),
         ):
             resource.setrlimit(getattr(resource, name), (value, value))
+        _oom_score_adj(0)
         if job["uid"] is not None:
             os.setgroups([])
             os.setgid(job["uid"])
             os.setuid(job["uid"])
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after setuid, which clears it
         _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if job.get("seccomp"):
+            _install_seccomp(job["seccomp"])
         os.chdir(workdir)
         env = dict(ENV, HOME=workdir, TMPDIR=workdir)
         os.execve(argv[0], argv, env)
+    except BaseException as exc:  # noqa: BLE001 - said on the child's stderr: the cause of a failed start
+        os.write(2, f"sandbox: cannot start {argv[0]}: {type(exc).__name__}: {exc}\n".encode(errors="replace"))
     finally:
         os._exit(127)
 
 
 class _Process:
-    """One run's child with its pipes (stdin, stdout, stderr) and, for probe runs, its channel: our end
-    of a socketpair whose other end the child has at a random fd number, sent on its stdin."""
+    """One child with its pipes (stdin, stdout, stderr) and, for servers, its channel: our end of a
+    socketpair whose other end the child has at a random fd number, sent on its stdin. A run keeps
+    its output up to `output_bytes` in all; a server keeps the last TAIL bytes of stdout and stderr
+    and at most `output_bytes` unread on its channel."""
 
-    def __init__(self, job, argv, stdin_text, workdir, channel=False):
+    def __init__(self, job, argv, stdin_text, workdir, server=False):
         (stdin_r, stdin_w), (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe(), os.pipe()
         child_fds = {0: stdin_r, 1: out_w, 2: err_w}
         self.channel = None
-        if channel:
+        if server:
             number = 10 + int.from_bytes(os.urandom(4), "big") % (NOFILE - 16)
             self.channel, child_fds[number] = _socketpair()
             stdin_text = f"{number}\n"
@@ -181,12 +256,12 @@ class _Process:
             _child(job, argv, child_fds, workdir)
         for fd in child_fds.values():
             os.close(fd)
-        self.stdout, self.stderr = out_r, err_r
-        readers = [out_r, err_r] + ([self.channel] if channel else [])
+        self.stdout, self.stderr, self.server = out_r, err_r, server
+        readers = [out_r, err_r] + ([self.channel] if server else [])
         self.out = {fd: bytearray() for fd in readers}
         self.open = set(readers)
         self.outgoing = {stdin_w: (stdin_text or "").encode()}
-        if channel:
+        if server:
             self.outgoing[self.channel] = b""
         for fd in self.outgoing:
             os.set_blocking(fd, False)
@@ -220,7 +295,10 @@ class _Process:
             if not data:
                 self.open.discard(fd)
             self.out[fd] += data
-            if sum(len(b) for b in self.out.values()) > self.limit:
+            if self.server and fd != self.channel:
+                del self.out[fd][:-TAIL]
+            kept = len(self.out[self.channel]) if self.server else sum(len(b) for b in self.out.values())
+            if kept > self.limit:
                 self.exceeded = True
 
     def _take_line(self):
@@ -250,12 +328,12 @@ class _Process:
             self._round(0)
         return not self.out[self.channel]
 
-    def send(self, message):
-        """Queue one JSON line on the channel, written while pumping."""
-        self.outgoing[self.channel] += (json.dumps(message) + "\n").encode()
+    def send(self, line):
+        """Queue one line on the channel, written while pumping."""
+        self.outgoing[self.channel] += line.encode() + b"\n"
 
     def finish(self, job):
-        """Kill everything the run left behind and reap the child; returns its exit code."""
+        """Kill everything the child left behind and reap it; returns its exit code."""
         if job["isolate"]:
             os.kill(-1, signal.SIGKILL)
         elif job["uid"] is not None:
@@ -275,9 +353,7 @@ class _Process:
 def _socketpair():
     """A connected pair of Unix stream sockets, as fds (libc: the socket module costs ~5 ms to import)."""
     fds = (ctypes.c_int * 2)()
-    if _libc.socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"socketpair: {os.strerror(err)}")
+    _check(_libc.socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), "socketpair")
     return fds[0], fds[1]
 
 
@@ -352,83 +428,136 @@ def _text(data, limit=20000):
     return bytes(data[:limit]).decode("utf-8", "replace")
 
 
-def _run_plain(job, run, workdir):
-    proc = _Process(job, run["argv"], run.get("stdin"), workdir)
-    proc.pump(time.monotonic() + job["limits"]["wall_s"])
-    timed_out = bool(proc.open) and not proc.exceeded
-    code = proc.finish(job)
-    return {
-        "exit": None if timed_out else code,
-        "timed_out": timed_out,
-        "output_exceeded": proc.exceeded,
-        "stdout": _text(proc.out[proc.stdout], job["limits"]["output_bytes"]),
-        "stderr": _text(proc.out[proc.stderr][-4000:]),
-    }
+def _stderr(proc):
+    return _text(proc.out[proc.stderr][-TAIL:])
 
 
-def _run_probes(job, run, workdir):
-    """The probe protocol (module doc): one answer per probe, in order, restarting the runner when it
-    dies, times out or says anything but the answer to the probe just sent."""
-    wall, probes = job["limits"]["wall_s"], run["probes"]
-    answers, loaded = [], False
-    while len(answers) < len(probes):
-        proc = _Process(job, run["argv"], None, workdir, channel=True)
-        if _decode(proc.pump(time.monotonic() + wall, until_line=True)).get("loaded") is not True:
-            proc.finish(job)
-            break
-        loaded = True
-        while len(answers) < len(probes):
-            answer, trusted = _ask(proc, probes[len(answers)], wall)
-            answers.append(answer)
-            if not trusted:
-                break
-        proc.finish(job)
-    answers += [{"error": "program did not load"}] * (len(probes) - len(answers))
-    return {"loaded": loaded, "probes": answers}
+class Launcher:
+    """The set-up sandbox and its one server (if started)."""
 
+    def __init__(self, job, workdir):
+        self.job, self.workdir, self.server = job, workdir, None
 
-def _ask(proc, probe, wall):
-    """Send one probe with a fresh token and read its answer: ({"answer": ...} or {"error": ...}, whether
-    the runner may go on)."""
-    if not proc.quiet():
-        return {"error": "the runner wrote before the probe was sent"}, False
-    token = os.urandom(16).hex()
-    proc.send({**probe, "token": token})
-    message = _decode(proc.pump(time.monotonic() + wall, until_line=True))
-    if not message:
-        return {"error": "no answer (timeout, crash, exit or malformed line)"}, False
-    # A plain comparison: timing reveals nothing the program cannot read in its own interpreter anyway.
-    if message.pop("token", None) != token:
-        return {"error": "answer without this probe's token"}, False
-    return {"answer": message}, True
+    def handle(self, request):
+        op = request.get("op")
+        timeout = float(request.get("timeout") or self.job["limits"]["wall_s"])
+        if op == "run":
+            return self.run(request["argv"], request.get("stdin"), timeout)
+        if op == "start":
+            return self.start(request["argv"], timeout)
+        if op == "ask":
+            return self.ask(request["line"], timeout)
+        if op == "stop":
+            self.stop()
+            return {"stopped": True}
+        if op == "write":
+            _write_files(self.job, self.workdir, request["files"])
+            return {"written": True}
+        return {"error": f"unknown request {op!r}"}
+
+    def run(self, argv, stdin, timeout):
+        self.stop()
+        proc = _Process(self.job, argv, stdin, self.workdir)
+        proc.pump(time.monotonic() + timeout)
+        timed_out = bool(proc.open) and not proc.exceeded
+        code = proc.finish(self.job)
+        return {
+            "exit": None if timed_out else code,
+            "timed_out": timed_out,
+            "output_exceeded": proc.exceeded,
+            "stdout": _text(proc.out[proc.stdout], self.job["limits"]["output_bytes"]),
+            "stderr": _text(proc.out[proc.stderr][-4000:]),
+        }
+
+    def start(self, argv, timeout):
+        self.stop()
+        self.server = _Process(self.job, argv, None, self.workdir, server=True)
+        line = self.server.pump(time.monotonic() + timeout, until_line=True)
+        if _decode(line).get("hello") is not True:
+            return self.fail("the server did not start (timeout, crash or exit)")
+        return {"started": True}
+
+    def ask(self, line, timeout):
+        if self.server is None:
+            return {"error": "no server"}
+        if not self.server.quiet():
+            return self.fail("the server wrote before it was asked")
+        self.server.send(line)
+        reply = self.server.pump(time.monotonic() + timeout, until_line=True)
+        if reply is None:
+            if self.server.exceeded:
+                return self.fail("answer too large")
+            return self.fail("no answer: timeout" if self.server.open else "no answer: the runner exited")
+        return {"reply": reply.decode("utf-8", "replace")}
+
+    def fail(self, why):
+        stderr = _stderr(self.server)
+        code = self.stop()
+        return {"error": why, "exit": code, "stderr": stderr}
+
+    def stop(self):
+        if self.server is None:
+            return None
+        server, self.server = self.server, None
+        return server.finish(self.job)
 
 
 def _decode(line):
     """The JSON object on `line`, or {} (no line, not JSON, not an object)."""
     try:
         message = json.loads(line) if line is not None else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         return {}
     return message if isinstance(message, dict) else {}
 
 
-def main():
-    job = json.loads(sys.stdin.read())
-    sys.stdin.close()
-    if not job["isolate"]:
+def _setup(job):
+    """Namespaces and root (isolate), working directory and files; returns the working directory."""
+    if job["isolate"]:
+        enter_namespaces()
+        workdir = build_root(job)
+    else:
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    workdir = build_root(job) if job["isolate"] else job["workdir"]
-    if not job["isolate"] and job["uid"] is not None:
-        os.chown(workdir, job["uid"], job["uid"])
-    for name, text in job["files"].items():
+        workdir = job["workdir"]
+        if job["uid"] is not None:
+            os.chown(workdir, job["uid"], job["uid"])
+    _write_files(job, workdir, job["files"])
+    return workdir
+
+
+def _write_files(job, workdir, files):
+    """Write {name: text} into the working directory, owned by the sandbox's uid."""
+    for name, text in files.items():
         path = os.path.join(workdir, name)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         if job["uid"] is not None:
             os.chown(path, job["uid"], job["uid"])
-    results = [(_run_probes if run.get("probes") is not None else _run_plain)(job, run, workdir) for run in job["runs"]]
-    sys.stdout.write(json.dumps({"runs": results}))
-    sys.stdout.flush()
+
+
+def main():
+    if int(sys.argv[1]):
+        _die_with(int(sys.argv[1]))
+    requests, out = sys.stdin.buffer, sys.stdout
+
+    def answer(message):
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    job = json.loads(requests.readline())
+    for procs in job.get("cgroup") or ():  # join the sandbox's control group before starting anything
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    _oom_score_adj(-1000)
+    try:
+        launcher = Launcher(job, _setup(job))
+    except Exception as exc:  # noqa: BLE001 - any set-up failure is reported, not raised
+        answer({"setup_error": f"{type(exc).__name__}: {exc}"})
+        return
+    answer({"ready": True})
+    for line in requests:
+        answer(launcher.handle(json.loads(line)))
+    launcher.stop()
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ A runner is anything with `files(program) -> {name: text}` (written into the san
 directory) and `command() -> argv` (run there once per test, with the test input on stdin). Commands
 run inside the sandbox, so they may only use interpreters and compilers under the system and Python
 directories it shows. Compiled languages can compile and run in one command, e.g.
-`["/bin/sh", "-c", "cc -O2 -o main main.c && ./main"]`. Assert tests always use the Python probe
-runner (`probe_runner.py`).
+`["/bin/sh", "-c", "cc -O2 -o main main.c && ./main"]`. For the remote backend a runner also names
+its `remote_language` (SandboxFusion's: "python", "bash", "cpp", ...), and the program is its first
+file. Assert tests always use the Python call runner (`call_runner.py`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class PythonRunner:
     """Runs `solution.py` with `python` in isolated mode (-I: no user site, no PYTHON* variables)."""
 
     python: str = sys.executable
+    remote_language = "python"
 
     def files(self, program: str) -> dict[str, str]:
         return {"solution.py": program}
@@ -41,6 +43,7 @@ class ShellRunner:
     """Runs `solution.sh` with /bin/sh (a second language, to keep the protocol honest)."""
 
     shell: str = "/bin/sh"
+    remote_language = "bash"
 
     def files(self, program: str) -> dict[str, str]:
         return {"solution.sh": program}

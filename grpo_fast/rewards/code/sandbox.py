@@ -1,69 +1,73 @@
-"""Run untrusted programs in a sandbox: the caller's side of `_launcher.py`.
+"""Run untrusted programs in a local sandbox: the caller's side of `_launcher.py`.
 
-Isolation, strongest available (see `isolation()`):
-- "namespaces" (root, and `unshare` permitted): the launcher starts in new mount, network and PID
-  namespaces; the program sees a read-only root made of read-only binds of the system and Python
-  directories only (no home, no dataset, no test files), a minimal /dev (null, zero, full, random,
-  urandom, fd links and a private /dev/shm: no GPU, disk or tty nodes), a fresh /proc showing only its
-  own processes, no network interface but a down loopback, and one writable size-limited tmpfs,
-  /sandbox (also /tmp). It runs as a fresh random uid (so RLIMIT_NPROC, which root ignores, holds, and
-  it can signal nothing but its own processes), with no supplementary groups and no_new_privs.
-  This is the only level `run_sandboxed` and `code_tests` use unless told `allow_unsandboxed=True`.
-- "uid" (root, but `unshare` refused), UNSAFE: no namespaces; the program still runs as a fresh random
-  uid in a temporary working directory it owns, so it cannot write root-owned files, signal other
-  processes, or exceed RLIMIT_NPROC, and every process of that uid is killed after each run; it CAN
-  read world-readable files (the host's /dev included), write world-writable directories (/tmp) and
-  use the network. The interpreter must be readable by other users (one under /root, mode 0700, is
-  not: every run then fails with exit code 127).
-- "rlimits" (not root), UNSAFE: resource limits, timeouts and scrubbed environment only, as the
-  current user: the program can read and write that user's files, signal its processes (the caller's
-  included), use the network, and start processes outside the launcher's reach (through other
-  services: ssh, cron, systemd); what it leaves among the launcher's descendants (setsid and double
-  forks included) is killed after each run, best effort.
+A `Session` is one sandbox: a launcher process started for a backend of backends.py ("namespaces",
+"bwrap", or an unsandboxed level), set up once, then asked to run programs or servers on request
+(the protocol: _launcher.py). The caller trusts nothing that comes back: every answer is one line
+read within a deadline and a size bound, and a launcher that dies, overruns or garbles its answer
+only yields {"error": ...} (the session is then closed).
 
-Always: CPU seconds, address space, file size, process count and open-file limits; a wall-clock limit
-per run (and per test) after which the whole run is killed (SIGKILL to the PID namespace, or to the
-sandbox uid, or to the process group and then the launcher's re-parented orphans); stdout/stderr
-capped; environment reduced to a fixed PATH/HOME/TMPDIR/locale. The launcher itself runs under an
-overall deadline and its process group is killed if it overruns, so nothing outlives a call.
+Lifetime: the launcher dies with the process (the thread) that started it (a parent-death signal;
+bwrap's --die-with-parent), and takes its sandbox with it: in the namespaces and bwrap backends the
+whole PID namespace goes when its first process does, and `close` only has to kill that process
+(`reap` finishes the teardown later). Where control groups can be made (cgroups.py), the sandbox
+runs in one, with `memory_bytes` (plus the launcher's share), process and CPU limits for all of it,
+and whatever is left in it is killed before the group is removed. The unsandboxed levels work in a temporary
+directory named after this process, removed by `close`, or by a later process's `sweep` if this
+one dies first.
+
+Always: CPU seconds, address space, file size, process count and open-file limits per process; a
+wall-clock limit per request, after which the launcher kills what it started; stdout/stderr and
+answers capped at `output_bytes`; environment reduced to a fixed PATH/HOME/TMPDIR/locale; the
+seccomp filter of seccomp.py where the architecture is known.
 """
 
 from __future__ import annotations
 
-import functools
+import atexit
 import json
-import logging
 import math
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from grpo_fast.rewards.code import cgroups
+from grpo_fast.rewards.code.backends import ROOT_MOUNT, binds, launcher_argv
+from grpo_fast.rewards.code.seccomp import denylist_filter
+from grpo_fast.rewards.outcomes import InfrastructureError
 
-_LAUNCHER = Path(__file__).with_name("_launcher.py")
-_NAMESPACES = ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child"]
-_SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin", "/etc")
 _UID_BASE, _UID_SPAN = 200_000, 1 << 24
+_GRACE_S = 5.0  # how long past a request's own time limit the launcher may take to answer
+_SETUP_S = 30.0  # how long a launcher may take to set its sandbox up
+_LAUNCHER_MEMORY = 128 << 20  # the launcher's own share of a control group's memory limit
+_WORKDIR_PREFIX = "grpo-sandbox-"
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits of one sandboxed run.
+    """Resource limits of one sandbox.
 
-    wall_s: wall-clock seconds per run, and per test for assert tests (load + each test).
-    cpu_s: CPU seconds per process; None = ceil(wall_s) + 1, times the number of tests for the
-        process that answers all assert tests.
-    memory_bytes: address space (RLIMIT_AS). file_bytes: largest file it may write (RLIMIT_FSIZE).
-    disk_bytes: size of the writable /sandbox tmpfs. nproc: processes + threads of the sandbox uid.
-    output_bytes: stdout + stderr + answers kept per run; more kills the run.
+    wall_s: wall-clock seconds per stdin/stdout run, and per assert test for the program (its load
+        and every call of the test) and again for the judge's own work on it.
+    cpu_s: CPU seconds per process; None = ceil(wall_s) + 1 for a stdin/stdout run, and
+        ceil(completion_s) + 1 for the process that answers all of a completion's assert tests.
+    memory_bytes: address space per process (RLIMIT_AS), and the whole sandbox's memory where a
+        control group can be made. file_bytes: largest file it may write (RLIMIT_FSIZE).
+    disk_bytes: size of the writable /sandbox tmpfs. nproc: processes + threads of the sandbox.
+    output_bytes: stdout + stderr kept per run, and the largest answer of a call.
+    completion_s: wall-clock seconds for all of one completion's tests (the tests left when it runs
+        out fail); keep it below the reward pool's timeout (RewardPool also cuts it to the time it
+        has left, so that the pool never has to kill a worker for a slow program).
     """
 
     wall_s: float = 5.0
@@ -73,105 +77,227 @@ class SandboxLimits:
     disk_bytes: int = 64 << 20
     nproc: int = 32
     output_bytes: int = 1 << 20
+    completion_s: float = 20.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
             if value is not None and value <= 0:
                 raise ValueError(f"SandboxLimits.{name}: must be > 0, got {value}")
 
-
-@functools.cache
-def isolation() -> str:
-    """The isolation level this process can build: "namespaces", "uid" or "rlimits" (see module doc)."""
-    if os.geteuid() != 0:
-        log.warning("sandbox: not root; programs could only run as this user with rlimits (no fs/network isolation)")
-        return "rlimits"
-    if shutil.which("unshare"):
-        probe = subprocess.run([*_NAMESPACES, "true"], capture_output=True, timeout=30)
-        if probe.returncode == 0:
-            return "namespaces"
-        reason = probe.stderr.decode().strip()
-    else:
-        reason = "no unshare binary"
-    log.warning("sandbox: namespaces unavailable (%s); programs could only run as an unprivileged uid", reason)
-    return "uid"
+    @classmethod
+    def of(cls, limits: SandboxLimits | Mapping[str, Any] | None) -> SandboxLimits:
+        """Limits from themselves, a mapping of the fields (as a YAML config gives them) or None."""
+        if isinstance(limits, Mapping):
+            return cls(**limits)
+        return limits or cls()
 
 
-def require_isolation(allow_unsandboxed: bool = False) -> None:
-    """Raise unless programs can run in namespaces, or the caller accepts running them without."""
-    level = isolation()
-    if level == "namespaces" or allow_unsandboxed:
-        return
-    raise RuntimeError(
-        f"code sandbox: this machine only allows isolation level {level!r} "
-        f"({'root, but unshare of mount/network/PID namespaces is refused' if level == 'uid' else 'not root'}), "
-        "so untrusted programs would run with access to the host's files, processes and network. Run as root "
-        "where `unshare --mount --net --pid --fork true` works (in a container: one allowed to unshare, e.g. "
-        "started with --privileged or with CAP_SYS_ADMIN and no seccomp/AppArmor block on unshare and mount), "
-        "or pass allow_unsandboxed=True to run them anyway (UNSAFE: only for trusted programs)."
-    )
+class Session:
+    """One sandbox (see module doc). The launcher starts at once; `ready()` (or the first `request`)
+    waits until it is set up and raises InfrastructureError when it cannot be. Requests may be posted
+    ahead (`post`) and their answers collected later, in order (`collect`)."""
+
+    def __init__(
+        self,
+        level: str,
+        limits: SandboxLimits,
+        python: str,
+        files: Mapping[str, str],
+        *,
+        cpu_s: int | None = None,
+        cgroup: bool = True,
+    ) -> None:
+        self.level, self.limits = level, limits
+        self.workdir = self.cgroup = None
+        self.buffer = b""
+        self.closed = self.set_up = False
+        self.posted: deque[tuple[float, bool]] = deque()  # (deadline, whether it is the job) per answer owed
+        reap()
+        if level == "namespaces":
+            _root_mount()
+        elif level in ("uid", "rlimits"):
+            _sweep_workdirs()
+            self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+        if cgroup:
+            cgroups.sweep()
+            self.cgroup = cgroups.Cgroup.create(limits.memory_bytes + _LAUNCHER_MEMORY, limits.nproc + 8)
+        job = {
+            "isolate": level == "namespaces",
+            "root": ROOT_MOUNT,
+            "workdir": "/sandbox" if level == "bwrap" else self.workdir,
+            "binds": binds(python),
+            "uid": _UID_BASE + secrets.randbelow(_UID_SPAN) if level in ("namespaces", "uid") else None,
+            "limits": {**asdict(limits), "cpu_s": cpu_s or math.ceil(limits.wall_s) + 1},
+            "seccomp": denylist_filter(),
+            "files": dict(files),
+            # the launcher joins its control group itself, before it starts anything (inside bwrap it
+            # cannot see the control-group file system: there the group is joined from here)
+            "cgroup": self.cgroup.procs_files() if self.cgroup is not None and level != "bwrap" else [],
+        }
+        self.proc = subprocess.Popen(
+            launcher_argv(level, python, limits.disk_bytes),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+        )
+        try:
+            if self.cgroup is not None and level == "bwrap":
+                self.cgroup.add(self.proc.pid)
+            self._post(job, _SETUP_S + limits.wall_s, job=True)
+        except OSError as exc:
+            self._fail_setup({"error": f"{type(exc).__name__}: {exc}"})
+
+    def ready(self) -> None:
+        """Wait until the sandbox is set up; InfrastructureError (and the session closed) when it is not."""
+        if not self.set_up and self.posted and self.posted[0][1]:
+            answer = self.collect()
+            if answer.get("ready") is not True:
+                self._fail_setup(answer)
+            self.set_up = True
+
+    def _fail_setup(self, answer: Mapping[str, Any]) -> None:
+        stderr = self._stderr()
+        self.close()
+        cause = answer.get("setup_error") or answer.get("error") or answer
+        raise InfrastructureError(f"sandbox ({self.level}) could not be set up: {cause}; {stderr}".rstrip("; "))
+
+    def post(self, message: Mapping[str, Any], timeout: float) -> None:
+        """Send a request (the launcher's own time limit `timeout`) whose answer `collect` reads later
+        (possibly before the sandbox is set up: the launcher reads its requests in order)."""
+        self._post({**message, "timeout": timeout}, timeout + _GRACE_S)
+
+    def request(self, message: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+        """The launcher's answer to `message` (its own time limit `timeout`), or {"error": ...}."""
+        self.ready()
+        if self.posted:
+            raise RuntimeError("Session.request: collect the answers of the requests posted first")
+        if self.closed:
+            return {"error": "the sandbox is closed"}
+        self._post({**message, "timeout": timeout}, timeout + _GRACE_S)
+        return self.collect()
+
+    def _post(self, message: Mapping[str, Any], timeout: float, job: bool = False) -> None:
+        if self.closed:
+            return
+        self.posted.append((time.monotonic() + timeout, job))
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            pass  # the launcher is gone: collect says so
+
+    def collect(self) -> dict[str, Any]:
+        """The answer to the oldest request posted and not collected, or {"error": ...}."""
+        if self.closed or not self.posted:
+            return {"error": "the sandbox is closed"}
+        deadline, _ = self.posted.popleft()
+        line = self._read_line(deadline)
+        if line is None:
+            return self._broken("the sandbox's launcher did not answer in time (or died)")
+        try:
+            answer = json.loads(line)
+        except (ValueError, RecursionError):
+            return self._broken("the sandbox's launcher answered garbage")
+        return answer if isinstance(answer, dict) else self._broken("the sandbox's launcher answered garbage")
+
+    def _broken(self, why: str) -> dict[str, Any]:
+        self.close()
+        return {"error": why, "launcher": True}
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        fd, limit = self.proc.stdout.fileno(), 8 * self.limits.output_bytes + (1 << 20)
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(self.buffer) > limit or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line if len(line) <= limit else None
+
+    def _stderr(self) -> str:
+        """What the launcher wrote on stderr (read only once it is gone: it writes there only when it fails)."""
+        try:
+            self.proc.kill()
+            return self.proc.stderr.read(8000).decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+    def close(self) -> None:
+        """Stop the launcher and everything it started; remove the control group and the workdir.
+        A namespaces or bwrap sandbox is killed whole (its PID namespace goes with its first process)
+        and left to the kernel to tear down: its process is reaped and its group removed by a later
+        Session (or at exit). The unsandboxed levels are waited for: their launcher kills what the
+        program left behind."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.level in ("uid", "rlimits"):
+            try:
+                self.proc.stdin.close()  # the launcher kills its children and exits at the end of its input
+                self.proc.wait(timeout=2.0)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        with _lock:
+            _closing.append(self)
+        reap()
+
+    def _finished(self, block: bool) -> bool:
+        """Reap the launcher and remove what is left of the sandbox: whether that is done."""
+        if block:
+            self.proc.wait()
+        elif self.proc.poll() is None:
+            return False
+        if self.cgroup is not None and not self.cgroup.remove(wait=block):
+            return False
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return True
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _binds(python: str) -> list[str]:
-    candidates = [*_SYSTEM_DIRS, sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(python).resolve().parents[1])]
-    dirs = []
-    for path in sorted({os.path.abspath(p) for p in candidates if os.path.lexists(p)}):
-        if not any(path.startswith(d + "/") for d in dirs if not os.path.islink(d)):
-            dirs.append(path)
-    return dirs
+_closing: list[Session] = []
+_lock = threading.Lock()
 
 
-def run_sandboxed(
-    files: Mapping[str, str],
-    runs: Sequence[Mapping[str, Any]],
-    limits: SandboxLimits = SandboxLimits(),
-    python: str = sys.executable,
-    *,
-    allow_unsandboxed: bool = False,
-) -> list[dict[str, Any]]:
-    """Write `files` into a fresh sandbox, execute each run there in turn, return one result per run.
+def reap(block: bool = False) -> None:
+    """Finish the teardown of closed sessions (all of them with `block`; else those that are done)."""
+    with _lock:
+        _closing[:] = [session for session in _closing if not session._finished(block)]
 
-    A run is {"argv": [...], "stdin": str | None} (a program reading stdin), or {"argv": [...],
-    "probes": [...]} (the probe protocol of `_launcher.py`). Result keys: see `_launcher.py`.
-    A launcher that fails or overruns yields {"error": ...} for every run. Raises RuntimeError when
-    namespaces are unavailable, unless `allow_unsandboxed` (UNSAFE, see the module doc).
-    """
-    require_isolation(allow_unsandboxed)
-    level = isolation()
-    probes = max((len(r.get("probes") or ()) for r in runs), default=0)
-    cpu_s = limits.cpu_s or (math.ceil(limits.wall_s) + 1) * (probes + 1)
-    scratch = tempfile.mkdtemp(prefix="grpo-sandbox-")
-    job = {
-        "isolate": level == "namespaces",
-        "root": scratch,
-        "workdir": scratch,
-        "binds": _binds(python),
-        "uid": None if level == "rlimits" else _UID_BASE + secrets.randbelow(_UID_SPAN),
-        "limits": {**asdict(limits), "cpu_s": cpu_s},
-        "files": dict(files),
-        "runs": [dict(r) for r in runs],
-    }
-    command = [python, "-I", "-S", str(_LAUNCHER)]
-    deadline = 5.0 + limits.wall_s * sum(2 * len(r.get("probes") or ()) + 1 for r in runs)
-    proc = subprocess.Popen(
-        [*_NAMESPACES, *command] if level == "namespaces" else command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        env={"PATH": os.defpath, "LANG": "C.UTF-8"},
-    )
-    try:
-        out, err = proc.communicate(json.dumps(job).encode(), timeout=deadline)
-        return json.loads(out)["runs"]
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return [{"error": f"sandbox overran its {deadline:.0f} s deadline"}] * len(runs)
-    except (ValueError, KeyError):
-        return [{"error": f"sandbox launcher failed: {err.decode(errors='replace')[-2000:]}"}] * len(runs)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        shutil.rmtree(scratch, ignore_errors=True)
+
+atexit.register(reap, True)
+
+
+def _root_mount() -> None:
+    """The namespaces backend's mount point (backends.ROOT_MOUNT): an empty directory owned by root."""
+    os.makedirs(ROOT_MOUNT, mode=0o755, exist_ok=True)
+    info = os.lstat(ROOT_MOUNT)
+    if not Path(ROOT_MOUNT).is_dir() or Path(ROOT_MOUNT).is_symlink() or info.st_uid != 0:
+        raise InfrastructureError(f"sandbox: {ROOT_MOUNT} must be a directory owned by root")
+
+
+def _sweep_workdirs() -> None:
+    """Remove the working directories of processes that died before removing them."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_WORKDIR_PREFIX}*"):
+        owner = path.name[len(_WORKDIR_PREFIX) :].split("-")[0]
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""Which sandbox backend (backends.py) runs programs here: `isolation()` is the strongest local backend this
+machine allows (probed once per process by starting a real launcher); `choose(config, allow_unsandboxed)` the
+backend a reward uses: the one a `SandboxConfig` names, or with "auto" the strongest available (namespaces, bwrap,
+then remote when a URL is configured), else an InfrastructureError (a RuntimeError) that says what is missing and
+the options. `run_sandboxed` runs programs in the chosen local backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from grpo_fast.rewards.code.backends import BACKENDS, URL_VARIABLE, SandboxConfig
+from grpo_fast.rewards.code.sandbox import SandboxLimits, Session
+from grpo_fast.rewards.outcomes import InfrastructureError
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def probe(level: str) -> str | None:
+    """Why `level` cannot run here (None: it can): a real launcher is started and set up."""
+    if level == "namespaces" and os.geteuid() != 0:
+        return "not root"
+    if level == "bwrap" and not shutil.which("bwrap"):
+        return "no bwrap binary (Debian/Ubuntu: apt-get install bubblewrap)"
+    try:
+        Session(level, SandboxLimits(), sys.executable, {}, cgroup=False).close()
+    except InfrastructureError as exc:
+        return str(exc)
+    return None
+
+
+@functools.cache
+def isolation() -> str:
+    """The strongest local backend this machine allows: "namespaces", "bwrap", else "uid" (root) or
+    "rlimits" (see module doc)."""
+    for level in ("namespaces", "bwrap"):
+        if probe(level) is None:
+            return level
+    return "uid" if os.geteuid() == 0 else "rlimits"
+
+
+def choose(config: SandboxConfig, allow_unsandboxed: bool = False) -> str:
+    """The backend programs run in under `config` (see module doc); logs the choice once."""
+    if config.backend != "auto":
+        reason = None if config.backend == "remote" else probe(config.backend)
+        if reason is not None:
+            raise InfrastructureError(f"code sandbox: backend {config.backend!r} cannot run here: {reason}")
+        return _chosen(config.backend)
+    local = isolation()
+    if local in BACKENDS:
+        return _chosen(local)
+    if config.url:
+        return _chosen("remote")
+    if allow_unsandboxed:
+        log.warning(
+            "code sandbox: NO SANDBOX (level %r, allow_unsandboxed=True): programs run with access to this "
+            "machine's files, processes and network. Only for trusted programs.",
+            local,
+        )
+        return local
+    raise InfrastructureError(
+        "code sandbox: no backend can run untrusted programs on this machine "
+        f"(namespaces: {probe('namespaces')}; bwrap: {probe('bwrap')}; remote: no URL). Options: run as root "
+        "where the launcher may unshare namespaces (a container allowed to unshare, e.g. with CAP_SYS_ADMIN and "
+        "no seccomp/AppArmor block); install bubblewrap where unprivileged user namespaces are enabled "
+        "(apt-get install bubblewrap; sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0); "
+        f"give a SandboxFusion-compatible service with sandbox={{backend: remote, url: ...}} or {URL_VARIABLE}; "
+        "or pass allow_unsandboxed=True to run them anyway (UNSAFE: only for trusted programs)."
+    )
+
+
+@functools.cache
+def _chosen(backend: str) -> str:
+    log.info("code sandbox: backend %r", backend)
+    return backend
+
+
+def run_sandboxed(
+    files: Mapping[str, str],
+    runs: Sequence[Mapping[str, Any]],
+    limits: SandboxLimits = SandboxLimits(),
+    python: str = sys.executable,
+    *,
+    sandbox: SandboxConfig | Mapping[str, Any] | str | None = None,
+    allow_unsandboxed: bool = False,
+) -> list[dict[str, Any]]:
+    """Write `files` into a fresh local sandbox and run each {"argv": [...], "stdin": str} there in turn,
+    for at most `limits.wall_s` each. Results: _launcher.py's "run" answers, or {"error": ...} where the
+    sandbox failed. Raises RuntimeError where no local backend can run programs (unless
+    `allow_unsandboxed`, UNSAFE), InfrastructureError where the sandbox cannot be set up."""
+    level = choose(SandboxConfig.of(sandbox), allow_unsandboxed)
+    if level == "remote":
+        raise RuntimeError("run_sandboxed runs programs locally; the remote backend runs them through code_tests")
+    with Session(level, limits, python, files) as session:
+        message = {"op": "run"}
+        return [session.request({**message, **run}, limits.wall_s) for run in runs]

@@ -1,0 +1,190 @@
+"""Attacks that earned a wrong program more than its honest score, by class, each paired with the honest
+program that shows the tests are judgeable:
+
+1. expected values reach the program: the test's setup binds them next to the inputs it needs;
+2. program objects decide the verdict: a method of a returned value, a name the test does not import,
+   a comparison in a setup statement;
+3. failure pays: an answer that breaks the caller, a program that outlasts the reward pool's timeout.
+
+Every wrong program here returns nothing right by itself: whatever it earns, it stole or forged.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+from test_rewards_code import UNSANDBOXED, sandbox_processes, score
+
+from grpo_fast.rewards import RewardPool, code_tests
+
+# ---- 1. expected values reach the program ----
+
+THIEF = """
+import io, sys
+_seen = io.StringIO()
+sys.stdout = _seen
+def _steal(x):
+    g = globals()
+    if "expected" in g:
+        return g["expected"]
+    for rows in (g.get("cases"), g.get("tests")):
+        for row in rows or ():
+            if isinstance(row, tuple) and row[0] == x:
+                return row[1]
+            if isinstance(row, dict) and row.get("input") == x:
+                return row.get("expected")
+    for line in _seen.getvalue().splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == str(x):
+            return int(words[1])
+    return None
+def square(x):
+    return _steal(x)
+def my_sort(xs):
+    return _steal(xs)
+"""
+HONEST = "def square(x):\n    return x * x\ndef my_sort(xs):\n    return sorted(xs)\n"
+LEAKY_SETUPS = {
+    "tuple_assignment": ["x, expected = 5, 25\nassert square(x) == expected"],
+    "list_of_tuples": ["cases = [(2, 4), (3, 9)]\nassert square(cases[0][0]) == cases[0][1]"],
+    "list_of_dicts": [
+        'tests = [{"input": 3, "expected": 9}]\nassert square(tests[0]["input"]) == tests[0]["expected"]'
+    ],
+    "input_computed_from_expected": [
+        "expected = [1, 2, 3, 4]\nxs = list(reversed(expected))\nassert my_sort(xs) == expected"
+    ],
+    "print_in_setup": ["x = 6\nexpected = x * x\nprint(x, expected)\nassert square(x) == expected"],
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LEAKY_SETUPS))
+def test_the_program_never_sees_expected_values(layout):
+    tests = LEAKY_SETUPS[layout]
+    assert score(THIEF, tests) == 0.0
+    assert score(HONEST, tests) == 1.0
+
+
+# ---- 2. program objects decide the verdict ----
+
+OBJECT_ATTACKS = {
+    "methods_of_a_returned_value": (
+        "class _Yes(str):\n"
+        "    def endswith(self, *a): return True\n"
+        "    startswith = isupper = isdigit = endswith\n"
+        "class _Sub(frozenset):\n"
+        "    def issubset(self, other): return True\n"
+        "def greet(name): return _Yes('nope')\n"
+        "def shout(word): return _Yes('nope')\n"
+        "def digits(n): return _Yes('nope')\n"
+        "def small(n): return _Sub({99})\n",
+        "def greet(name): return 'Hello ' + name + '!'\n"
+        "def shout(word): return word.upper()\n"
+        "def digits(n): return str(n)\n"
+        "def small(n): return set(range(n))\n",
+        [
+            "assert greet('bob').endswith('bob!')",
+            "assert greet('amy').startswith('Hello')",
+            "assert shout('hi').isupper()",
+            "assert digits(42).isdigit()",
+            "assert small(3).issubset({0, 1, 2})",
+        ],
+    ),
+    "names_the_test_does_not_import": (
+        "def Counter(d=None): return 0\ndef count(s): return 0\n"
+        "class np:\n    isclose = staticmethod(lambda *a, **k: True)\ndef area(r): return 0\n",
+        "def count(s):\n    out = {}\n    for c in s:\n        out[c] = out.get(c, 0) + 1\n    return out\n"
+        "def area(r): return 3.14159265 * r * r\n",
+        ["assert count('aab') == Counter({'a': 2, 'b': 1})", "assert np.isclose(area(1), 3.14159)"],
+    ),
+    "comparisons_in_setup_statements": (
+        "class _Yes:\n    def __eq__(self, other): return True\n    __hash__ = None\ndef f(x): return _Yes()\n",
+        "def f(x): return x * x\n",
+        ["ok = f(3) == 9\nassert ok", "result = f(4)\ncheck = result == 16\nassert check"],
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(OBJECT_ATTACKS))
+def test_the_verdict_is_computed_outside_from_plain_data(attack):
+    forged, honest, tests = OBJECT_ATTACKS[attack]
+    if attack == "names_the_test_does_not_import":
+        pytest.importorskip("numpy")
+    assert score(forged, tests) == 0.0
+    assert score(honest, tests) == 1.0
+
+
+# ---- 3. failure never pays ----
+
+# f(depth) finds the request on its way (a probe and its token in the runner's frames, or the channel
+# socket), answers it with JSON nested `depth` deep, and dies. The depths tried straddle the recursion
+# limit of a JSON reader somewhere between the program and the verdict, at any stack depth of its caller.
+DEEP_ANSWER = """
+import gc, json, os, stat, sys
+def _deep(depth):
+    return "[" * depth + "]" * depth
+def _forge(depth):
+    probe, channels = None, []
+    frame = sys._getframe(1)
+    while frame is not None:
+        for value in frame.f_locals.values():
+            if isinstance(value, dict) and "token" in value and "steps" in value:
+                probe = value
+        frame = frame.f_back
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "_Channel":
+            channels.append(obj.fd)
+    for fd in range(3, 256):
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                channels.append(fd)
+        except OSError:
+            pass
+    if probe is not None:
+        count = sum(len(step["items"]) for step in probe["steps"])
+        line = '{"token": "%s", "values": %s, "x": %s}' % (probe["token"], json.dumps(["0"] * count), _deep(depth))
+    else:
+        line = '{"value": %s}' % _deep(depth)
+    for fd in channels:
+        try:
+            os.write(fd, line.encode() + b"\\n")
+        except OSError:
+            pass
+    os._exit(0)
+def f(x):
+    _forge(x)
+"""
+DEPTHS = list(range(880, 1000, 12))
+
+
+def test_an_answer_that_breaks_the_callers_reader_scores_zero():
+    assert score("def f(x):\n    return 1\n", ["assert f(900) == 1"]) == 1.0
+    assert [score(DEEP_ANSWER, [f"assert f({depth}) == 1"]) for depth in DEPTHS] == [0.0] * len(DEPTHS)
+    nested = "def f(x):\n    v = []\n    for _ in range(x * 50):\n        v = [v]\n    return v\n"
+    assert score(nested, ["assert f(900) == 1"]) == 0.0
+
+
+def test_a_program_that_outlasts_the_pool_scores_zero_not_none():
+    """Each call stays under the per-test limit; together they outlast the pool's timeout."""
+    slow = "import time\ndef f(x):\n    time.sleep(0.8)\n    return -1\n"
+    tests = [f"assert f({i}) == {i}" for i in range(12)]
+    spec = {"limits": {"wall_s": 1.0, "memory_bytes": 1 << 30}, "allow_unsandboxed": UNSANDBOXED}
+    fn = functools.partial(code_tests, **spec)
+    with RewardPool(workers=1, timeout=4.0) as pool:
+        start = time.monotonic()
+        scores = pool.score([fn], ["p"], [slow], {"tests": [tests]})
+        assert time.monotonic() - start < 12
+    assert scores.rewards == [[0.0]]
+    assert sandbox_processes() == []
+
+
+def test_code_tests_called_directly_never_raises_on_program_output():
+    programs = [
+        "def f(x):\n    return 10 ** 4000 * 10 ** 4000\n",  # an int with more digits than str() allows
+        "def f(x):\n    class Bad:\n        def __repr__(self): raise SystemExit\n    return Bad()\n",
+        "import os\ndef f(x):\n    os.write(1, b'\\xff\\xfe' * 100000)\n    return float('nan')\n",
+        "def f(x):\n    return {frozenset({1}): [bytearray(b'x'), 1j, range(3)]}\n",
+    ]
+    tests = ["assert f(1) == 2", "assert f(2) != f(2)", "assert str(f(3)) == '1'"]
+    assert [score(program, tests) for program in programs] == [0.0, 0.0, pytest.approx(1 / 3), 0.0]
