@@ -34,12 +34,14 @@ def column_value(prompts, completions, difficulty, **_):
 
 
 def misbehaving(prompts, completions, **_):
-    """Hangs on "hang", kills its process on "crash", raises on "raise", else rewards 1.0."""
-    text = completions[0] if isinstance(completions[0], str) else completions[0][0]["content"]
-    if text == "hang":
-        time.sleep(3600)
-    if text == "crash":
-        os._exit(3)
-    if text == "raise":
-        raise RuntimeError("verifier bug")
-    return [1.0]
+    """Hangs on "hang", kills its process on "crash", raises on "raise", else rewards 1.0 (per completion: cheap, it
+    may be moved in-process and called on a whole batch)."""
+    for completion in completions:
+        text = completion if isinstance(completion, str) else completion[0]["content"]
+        if text == "hang":
+            time.sleep(3600)
+        if text == "crash":
+            os._exit(3)
+        if text == "raise":
+            raise RuntimeError("verifier bug")
+    return [1.0] * len(completions)

@@ -101,7 +101,7 @@ def test_trainer_counts_verifier_failures_in_its_metrics(tmp_path):
     opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
     opts += ["run.prompts_per_step=2", "run.max_steps=1", "run.eval_every=0", "run.save_final=false"]
     opts += ["run.plots=false", "run.tensorboard=false", "run.progress=false", f"run.output_dir={tmp_path}"]
-    opts += ["reward.timeout=5"]
+    opts += ["reward.timeout=5", "health.preflight=false"]  # the step's batch is the first the pool scores
     trainer = GRPOTrainer(
         build_tiny_model(tok), [misbehaving, completion_length], [{"prompt": "1"}, {"prompt": "2"}],
         config=load_config(None, opts), tokenizer=tok,
