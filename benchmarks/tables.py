@@ -182,7 +182,12 @@ def render_trl_integration(payload: dict) -> str:
     return table(lines) + f"\n\nFrom `{payload['command']}` on {where(payload['environment'])}."
 
 
-STEP_RESULTS = ("bench_step_cpu.json", "bench_step_mb8_cpu.json", "bench_step_tiny_cpu.json")
+STEP_RESULTS = (
+    "bench_step_cpu.json",
+    "bench_step_mb8_cpu.json",
+    "bench_step_tiny_cpu.json",
+    "bench_step_tiny_r2_cpu.json",
+)
 """The step benchmark's results files README's headline draws from (grpo_fast with its defaults against TRL)."""
 
 
