@@ -5,8 +5,8 @@
     <!-- /table -->
 
 The name is the stem of a results file, benchmarks/results/<name>.json; its "benchmark" field picks the columns
-(loss, logits_tile, sft, grpo_step, bench_trl_integration, r1_pipeline, loss_fuzz). No number inside a marked block
-is typed by hand: edit the JSON by re-running the benchmark, then this script.
+(loss, logits_tile, sft, grpo_step, bench_trl_integration, r1_pipeline, loss_fuzz, demo_ab). No number inside a
+marked block is typed by hand: edit the JSON by re-running the benchmark, then this script.
 
     python benchmarks/tables.py                    # rewrite the marked tables of README.md, docs/ and benchmarks/
     python benchmarks/tables.py --check            # exit status 1, naming each table that differs from its JSON
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 MARKER = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 MiB = 2**20
+STEP_PHASES = ("generate", "score", "old_logprobs", "train", "sync")
 
 LOSS_LABELS = {
     "gemm3": "three plain GEMMs (speed of light)",
@@ -134,17 +135,37 @@ def render_sft(payload: dict) -> str:
 
 
 def render_grpo_step(payload: dict) -> str:
-    lines = [["config", "contender", "step s", "p20-p80 s", "generate / train s", "completion tok/s", "peak RSS MiB",
-              "vs TRL"]]  # fmt: skip
+    """One row per (config, contender): the attention it ran, the step's median and spread, its phases, throughput,
+    peak RSS and the ratio to TRL's step in the same run."""
+    phase_names = "generate / score / old-logprob / train / sync s"
+    lines = [["config", "contender", "attention", "step s", "p20-p80 s", phase_names, "completion tok/s",
+              "peak RSS MiB", "vs TRL"]]  # fmt: skip
     for r in payload["table"]:
-        phases = r["phases_median_s"]
+        phases = " / ".join(f"{r['phases_median_s'].get(p, 0.0):.2f}" for p in STEP_PHASES)
         vs_trl = r.get("step_vs_trl")
         lines.append([
-            r["config"], r["contender"], f"{r['step_median_s']:.1f}", f"{r['step_p20_s']:.1f}-{r['step_p80_s']:.1f}",
-            f"{phases['generate']:.1f} / {phases['train']:.1f}", f"{r['completion_tokens_per_s']:.0f}",
+            r["config"], r["contender"], r.get("attention", ""), f"{r['step_median_s']:.2f}",
+            f"{r['step_p20_s']:.2f}-{r['step_p80_s']:.2f}", phases, f"{r['completion_tokens_per_s']:.0f}",
             mib(r["peak_rss_bytes"]), "" if vs_trl is None else f"{vs_trl:.2f}x",
         ])  # fmt: skip
-    return table(lines) + f"\n\nFrom `python benchmarks/bench_step.py` on {where(payload['environment'])}."
+    settings = payload.get("settings", {})
+    command = " ".join(settings.get("command", ["bench_step.py"]))
+    rounds = settings.get("rounds", 1)
+    stopped = (
+        " The command was stopped before its end: the table holds the contenders it finished."
+        if settings.get("complete") is False
+        else ""
+    )
+    return table(lines) + (
+        f"\n\nMedians of {settings.get('steps')} timed steps after {settings.get('warmup')} warm-up step(s) per run, "
+        f"{rounds} run(s) of each contender in turn. From `python benchmarks/{command}` on "
+        f"{where(payload['environment'])}{_load_at_end(payload['environment'])}.{stopped}"
+    )
+
+
+def _load_at_end(stamp: dict) -> str:
+    end = stamp.get("load_average_end")
+    return f" (at the end {end[0]:.1f})" if end else ""
 
 
 def render_trl_integration(payload: dict) -> str:
@@ -159,6 +180,15 @@ def render_trl_integration(payload: dict) -> str:
             f"{r['loss']:.6f}",
         ])  # fmt: skip
     return table(lines) + f"\n\nFrom `{payload['command']}` on {where(payload['environment'])}."
+
+
+STEP_RESULTS = (
+    "bench_step_cpu.json",
+    "bench_step_mb8_cpu.json",
+    "bench_step_tiny_cpu.json",
+    "bench_step_tiny_r2_cpu.json",
+)
+"""The step benchmark's results files README's headline draws from (grpo_fast with its defaults against TRL)."""
 
 
 def render_headline(results: Path) -> str:
@@ -178,15 +208,17 @@ def render_headline(results: Path) -> str:
                 f"{ours['peak_extra_bytes'] / other['peak_extra_bytes']:.3f}x memory",
                 "bench_loss_cpu.json",
             ])  # fmt: skip
-    step = json.loads((results / "bench_step_cpu.json").read_text())
-    for r in step["table"]:
-        if r["contender"] == "grpo_fast_vllm" and r.get("step_vs_trl") is not None:
-            trl = next(t for t in step["table"] if t["config"] == r["config"] and t["contender"] == "trl")
-            lines.append([
-                f"GRPO step, config {r['config']}", f"{r['step_median_s']:.1f} s (vLLM rollouts)",
-                f"TRL GRPOTrainer: {trl['step_median_s']:.1f} s", f"{r['step_vs_trl']:.2f}x time",
-                "bench_step_cpu.json",
-            ])  # fmt: skip
+    for source in STEP_RESULTS:
+        step = json.loads((results / source).read_text())
+        load = step["environment"].get("load_average_start")
+        for r in step["table"]:
+            if r["contender"] == "grpo_fast" and r.get("step_vs_trl") is not None:
+                trl = next(t for t in step["table"] if t["config"] == r["config"] and t["contender"] == "trl")
+                lines.append([
+                    f"GRPO step, config {r['config']}" + (f" (load {load[0]:.0f})" if load else ""),
+                    f"{r['step_median_s']:.1f} s (every default)", f"TRL GRPOTrainer: {trl['step_median_s']:.1f} s",
+                    f"{r['step_vs_trl']:.2f}x time", source,
+                ])  # fmt: skip
     sft = json.loads((results / "bench_sft_cpu.json").read_text())
     mine = next(r for r in sft["results"] if r["contender"] == "fused")
     theirs = next(r for r in sft["results"] if r is not mine)
@@ -270,6 +302,27 @@ def _fuzz_worst(worst: dict | None) -> str:
 COMPOSITES: dict[str, Callable[[Path], str]] = {"headline": render_headline}
 """Tables drawn from several results files, by marker name."""
 
+
+def render_demo_ab(payload: dict) -> str:
+    """One row per source tree: its commit, the medians of the demo's wall time, its own total, its SFT and RL
+    phases, and the ratios of its total and RL phase to the first tree's."""
+    first = payload["summary"][0]["tree"]
+    lines = [["tree", "commit", "runs", "wall s", "demo s", "SFT s", "RL s", f"demo vs {first}", f"RL vs {first}"]]
+    num = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
+    for r in payload["summary"]:
+        lines.append([
+            r["tree"], r["commit"], str(r["runs"]), num(r["wall_s_median"], ".1f"),
+            num(r["seconds_total_median"], ".1f"), num(r["seconds_sft_median"], ".1f"),
+            num(r["seconds_rl_median"], ".1f"),
+            num(r[f"seconds_total_vs_{first}"], ".2f") + "x", num(r[f"seconds_rl_vs_{first}"], ".2f") + "x",
+        ])  # fmt: skip
+    settings = payload["settings"]
+    return table(lines) + (
+        f"\n\nMedians of each tree's runs ({settings['repeats']} asked per tree), alternating. From `python benchmarks/"
+        f"{' '.join(settings['command'])}` on {where(payload['environment'])}{_load_at_end(payload['environment'])}."
+    )
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "loss": render_loss,
     "logits_tile": render_logits_tile,
@@ -278,6 +331,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "bench_trl_integration": render_trl_integration,
     "r1_pipeline": render_r1_pipeline,
     "loss_fuzz": render_loss_fuzz,
+    "demo_ab": render_demo_ab,
 }
 
 

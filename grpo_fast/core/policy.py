@@ -74,26 +74,43 @@ class SequenceBatch:
         )
 
 
+def segments(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For consecutive segments of `lengths` [n] (int64, >= 0): (owner, within) [Σ lengths], each element's segment
+    and its position inside it, and starts [n], each segment's first element.
+
+    owner is a running sum of the steps between segment indices marked at each non-empty segment's start: no
+    repeat_interleave or searchsorted, whose parallel regions cost milliseconds on a busy CPU."""
+    ends = torch.cumsum(lengths, 0)
+    starts = ends - lengths
+    total = int(ends[-1]) if lengths.numel() else 0
+    filled = torch.nonzero(lengths > 0).squeeze(1)
+    steps = torch.zeros(total, dtype=torch.long)
+    steps[starts[filled]] = torch.diff(filled, prepend=filled.new_zeros(1))
+    owner = torch.cumsum(steps, 0)
+    return owner, torch.arange(total) - starts[owner], starts
+
+
+def padded_rows(rows: list[list], width: int, fill, dtype=torch.long, left: bool = False) -> torch.Tensor:
+    """Lists of different lengths (each at most `width`) as one [len(rows), width] tensor of `dtype`, right-padded
+    with `fill` (left-padded with `left`): the rows padded on the host, then one tensor made from them."""
+    if left:
+        return torch.tensor([[fill] * (width - len(r)) + list(r) for r in rows], dtype=dtype).reshape(-1, width)
+    return torch.tensor([list(r) + [fill] * (width - len(r)) for r in rows], dtype=dtype).reshape(-1, width)
+
+
 def build_sequence_batch(
     prompts: list[list[int]], completions: list[list[int]], pad_id: int, min_completion_width: int = 1
 ) -> SequenceBatch:
     if len(prompts) != len(completions):
         raise ValueError("one prompt per completion expected")
-    b = len(prompts)
     p = max(len(x) for x in prompts)
     t = max(min_completion_width, max(len(x) for x in completions))
-    input_ids = torch.full((b, p + t), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, p + t), dtype=torch.long)
-    comp_ids = torch.full((b, t), pad_id, dtype=torch.long)
-    comp_mask = torch.zeros((b, t), dtype=torch.bool)
-    for i, (pr, co) in enumerate(zip(prompts, completions, strict=True)):
-        input_ids[i, p - len(pr) : p] = torch.tensor(pr, dtype=torch.long)
-        attn[i, p - len(pr) : p] = 1
-        if co:
-            input_ids[i, p : p + len(co)] = torch.tensor(co, dtype=torch.long)
-            attn[i, p : p + len(co)] = 1
-            comp_ids[i, : len(co)] = torch.tensor(co, dtype=torch.long)
-            comp_mask[i, : len(co)] = True
+    prompt_ids = padded_rows(prompts, p, pad_id, left=True)
+    comp_ids = padded_rows(completions, t, pad_id)
+    prompt_mask = padded_rows([[1] * len(x) for x in prompts], p, 0, left=True)
+    comp_mask = padded_rows([[True] * len(x) for x in completions], t, False, torch.bool)
+    input_ids = torch.cat([prompt_ids, comp_ids], dim=1)
+    attn = torch.cat([prompt_mask, comp_mask.long()], dim=1)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     return SequenceBatch(input_ids, attn, position_ids, comp_ids, comp_mask, p)
 

@@ -121,12 +121,19 @@ class Failure:
 
 @dataclass
 class Scores:
-    """Rewards `[num_funcs][num_completions]` (float or None), the failures met on the way, and the wall
-    seconds the scoring took."""
+    """Rewards `[num_funcs][num_completions]` (float or None), the failures met on the way, the wall seconds the
+    scoring took, and per function the seconds its calls took inside the workers (`call_seconds`: their sum;
+    `slowest_call`: the longest one; a timed-out call counts its time limit)."""
 
     rewards: list[list[float | None]]
     failures: list[Failure] = field(default_factory=list)
     seconds: float = 0.0
+    call_seconds: list[float] = field(default_factory=list)
+    slowest_call: list[float] = field(default_factory=list)
+
+    def add_call(self, function: int, seconds: float) -> None:
+        self.call_seconds[function] += seconds
+        self.slowest_call[function] = max(self.slowest_call[function], seconds)
 
     def program_failures(self) -> list[int]:
         """Per function: completions scored as a program's failure (their reward is a ProgramFailure)."""
@@ -175,13 +182,14 @@ def _worker_main(conn: Connection) -> None:
         for tasks, f, prompts, completions, columns in calls:
             budget = _call_budget(timeout, len(tasks))
             _item_deadline = time.monotonic() + budget - max(1.0, _MARGIN * budget)
+            start = time.perf_counter()
             try:
                 values = call_reward(funcs[f], prompts, completions, columns, call_kwargs)
-                conn.send((tasks, "ok", values))
+                conn.send((tasks, "ok", values, time.perf_counter() - start))
             except InfrastructureError as exc:
-                conn.send((tasks, "infrastructure", f"{type(exc).__name__}: {exc}"))
+                conn.send((tasks, "infrastructure", f"{type(exc).__name__}: {exc}", time.perf_counter() - start))
             except Exception:
-                conn.send((tasks, "error", traceback.format_exc(limit=5)))
+                conn.send((tasks, "error", traceback.format_exc(limit=5), time.perf_counter() - start))
             finally:
                 _item_deadline = None
 
@@ -267,7 +275,11 @@ class _Job:
         self.names = [reward_name(fn) for fn in reward_funcs]
         failure_reward = pool.failure_reward
         self.lowest = [lowest_reward(fn) if failure_reward is None else failure_reward for fn in reward_funcs]
-        self.scores = Scores([[None] * self.n for _ in reward_funcs])
+        self.scores = Scores(
+            [[None] * self.n for _ in reward_funcs],
+            call_seconds=[0.0] * len(reward_funcs),
+            slowest_call=[0.0] * len(reward_funcs),
+        )
 
     @classmethod
     def of(
@@ -412,7 +424,9 @@ class RewardPool:
                     if not w.ready:
                         raise RuntimeError(f"reward worker not ready after {_STARTUP_S} s")
                     tasks = w.pending.popleft()
-                    job.failed(tasks, "timeout", f"no result within {_call_budget(self.timeout, len(tasks))} s")
+                    budget = _call_budget(self.timeout, len(tasks))
+                    job.scores.add_call(tasks[0] // job.n, budget)
+                    job.failed(tasks, "timeout", f"no result within {budget} s")
                     self._replace(w, job)
         job.scores.seconds = time.perf_counter() - start
         return job.scores
@@ -462,8 +476,9 @@ class RewardPool:
             self._startup_deaths = 0
             return
         if message != "loaded":
-            tasks, status, value = message
+            tasks, status, value, seconds = message
             w.pending.popleft()
+            job.scores.add_call(tasks[0] // job.n, seconds)
             job.answered(tasks, status, value)
         w.deadline = time.monotonic() + self._budget(w)
 

@@ -79,8 +79,11 @@ class RewardConfig(ConfigSection):
         "(auto, namespaces, bwrap, remote) or a mapping of grpo_fast.rewards.code.backends.SandboxConfig's fields "
         "(backend: remote, url: ... for a SandboxFusion-compatible service)",
     )
-    overlap_chunks: int = option(
-        2, "generation rounds split into this many chunks, scored while the next generates (1: no overlap)", low=1
+    overlap_chunks: int | Auto = option(
+        "auto",
+        "generation rounds split into this many chunks, scored while the next generates (1: no overlap; auto: 2 while "
+        "the reward pool's work on the last round came to at least a quarter of its generation time, else 1)",
+        low=1,
     )
 
 
@@ -193,7 +196,15 @@ class RunConfig(ConfigSection):
         None, "tokens per packed micro-batch (null: micro_batch_size x the batch's longest sequence)", low=1
     )
     packing: bool | Auto = option(
-        "auto", "pack sequences padding-free (auto: when the packing probe finds the model keeps them apart)"
+        "auto",
+        "pack sequences padding-free (auto: where the packing probe finds the model keeps them apart and the packed "
+        "layout costs fewer FLOPs than the padded one, always with a variable-length attention kernel)",
+    )
+    packed_attention: Literal["auto", "model", "per_sequence"] = option(
+        "auto",
+        "attention of a packed row: model (the model's own implementation: flash-attn's variable-length kernels, "
+        "or sdpa / eager over the whole row with a block-diagonal mask), per_sequence (each sequence's own causal "
+        "sdpa, gathered into a padded batch), auto (model where it is variable-length, else per_sequence)",
     )
     share_prompt: bool | Auto = option(
         False, "run each group's prompt through the backbone once (auto: when the prompts are long enough to pay)"

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_fast.core.packing import packing_error
-from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, lm_head_params
+from grpo_fast.core.packed_attention import attention_path, implementation
+from grpo_fast.core.packing import ModelFlops, packing_error
+from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, lm_head_params, padded_rows
 from grpo_fast.distributed.context import Distributed
 from grpo_fast.distributed.fsdp import full_tensor, is_sharded
 from grpo_fast.loss import grpo_loss
@@ -28,7 +29,14 @@ from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.entropy_control import AdaptiveEntropy
 from grpo_fast.trainer.importance import rollout_importance_weights
-from grpo_fast.trainer.micro_batches import idle_copy, packed_micro_batches, padded_micro_batches, sequence_lengths
+from grpo_fast.trainer.micro_batches import (
+    Packing,
+    idle_copy,
+    packed_micro_batches,
+    padded_micro_batches,
+    padded_work,
+    sequence_lengths,
+)
 from grpo_fast.trainer.prefix_sharing import prefix_sharing_error, shared_completion_hidden, worth_sharing
 from grpo_fast.trainer.rollout_phase import RolloutBatch
 
@@ -108,7 +116,11 @@ class LossStep:
         self.ref_model = ref_model
         if ref_model is None and config.loss.beta > 0 and not hasattr(model, "disable_adapter"):
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self._packing: bool | None = None
+        self._packing_probed = False
+        self._packed_attention: str | None = None  # the packed rows' attention path; None: packing off
+        self._flops: ModelFlops | None = None
+        self._packing_pays: bool | None = None  # run.packing auto's last choice, logged when it changes
+        self.layout = "padded"  # the last batch's micro-batch layout: padded, packed (<path>) or shared_prompt
         self._sharing_error: str | None = None
         self._sharing_probed = False
         g = config.grpo
@@ -123,17 +135,50 @@ class LossStep:
     # -- micro-batches ----------------------------------------------------------------------------------
 
     @property
-    def packing(self) -> bool:
-        """Whether micro-batches are packed padding-free (run.packing; "auto" asks the packing probe once)."""
-        if self._packing is None:
-            mode = self.config.run.packing
-            error = None if mode is False else packing_error(self.model)
+    def packed_attention(self) -> str | None:
+        """The attention path of packed micro-batches (grpo_fast.core.packed_attention; run.packed_attention), or
+        None when packing is off: run.packing false, or the packing probe (run once) finds that the model does
+        not keep packed sequences apart on that path."""
+        mode = self.config.run.packing
+        if mode is False:
+            return None
+        if not self._packing_probed:
+            path = attention_path(self.model, self.config.run.packed_attention)
+            error = packing_error(self.model, path)
             if mode is True and error:
                 raise ValueError(f"run.packing: true, but {error}; set run.packing: auto or false")
-            if mode == "auto" and error:
+            if error:
                 logger.warning("packing off, micro-batches padded: %s", error)
-            self._packing = mode is not False and error is None
-        return self._packing
+            self._packed_attention, self._packing_probed = (None if error else path), True
+        return self._packed_attention
+
+    def packing_for(self, batch: SequenceBatch) -> Packing | None:
+        """How the batch's sequences are packed, or None to pad them: with run.packing true, or "auto" where the
+        packed rows' attention is variable-length, always (when the probe passes); with "auto" otherwise, when
+        the packed layout's work (`ModelFlops`: backbone tokens, attention scores, lm_head rows) is below the
+        padded layout's for this batch. The choice is logged when it changes, with both costs."""
+        path = self.packed_attention
+        if path is None:
+            return None
+        run = self.config.run
+        packing = Packing.of(batch, run.micro_batch_tokens or run.micro_batch_size * batch.input_ids.shape[1])
+        if run.packing is True or path == "varlen":
+            return packing
+        if self._flops is None:
+            self._flops = ModelFlops.of(self.model)
+        packed, padded = packing.work(path).cost(self._flops), padded_work(batch).cost(self._flops)
+        if (packed < padded) != self._packing_pays:
+            self._packing_pays = packed < padded
+            logger.info(
+                "run.packing auto: %s micro-batches (attn_implementation=%r, packed rows' attention %s): %.3g GFLOP "
+                "packed against %.3g padded",
+                "packed" if packed < padded else "padded",
+                implementation(self.model),
+                path,
+                packed / 1e9,
+                padded / 1e9,
+            )
+        return packing if packed < padded else None
 
     def shares_prompts(self, batch: SequenceBatch) -> bool:
         """Whether this batch's micro-batches run each group's prompt once (run.share_prompt; "auto": when
@@ -159,16 +204,17 @@ class LossStep:
 
     def micro_batches(self, batch: SequenceBatch) -> list:
         """The batch's micro-batches on the device (see grpo_fast.trainer.micro_batches): whole groups
-        sharing their prompt's forward when `shares_prompts`, else packed when `packing`, else padded; with
-        several ranks, topped up with idle copies to the most any rank has."""
-        run = self.config.run
+        sharing their prompt's forward when `shares_prompts`, else packed as `packing_for` says, else padded
+        (`layout` names the choice); with several ranks, topped up with idle copies to the most any rank has."""
         if self.shares_prompts(batch):
+            self.layout = "shared_prompt"
             plan = padded_micro_batches(batch, self.group_rows()[0], self.device, shared_completion_hidden)
-        elif not self.packing:
-            plan = padded_micro_batches(batch, run.micro_batch_size, self.device)
+        elif (packing := self.packing_for(batch)) is not None:
+            self.layout = f"packed ({self.packed_attention})"
+            plan = packed_micro_batches(batch, packing, self.device, self.packed_attention)
         else:
-            budget = run.micro_batch_tokens or run.micro_batch_size * batch.input_ids.shape[1]
-            plan = [mb for mb in packed_micro_batches(batch, budget, self.device) if mb.completion_ids.numel()]
+            self.layout = "padded"
+            plan = padded_micro_batches(batch, self.config.run.micro_batch_size, self.device)
         if self.dist.enabled:
             most = max(self.dist.all_gather_ints(len(plan)))
             filler = plan[0] if plan else padded_micro_batches(batch, 1, self.device)[0]
@@ -284,10 +330,7 @@ class LossStep:
             batch.completion_mask[torch.tensor([c.truncated for c in comps])] = False
         advantages = self.advantages(rollout.rewards)
         check_step_inputs(batch, advantages, lm_head_params(self.model)[0].shape[0])
-        rollout_lp = torch.zeros(batch.completion_ids.shape)
-        for i, c in enumerate(comps):
-            if c.logprobs:
-                rollout_lp[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
+        rollout_lp = padded_rows([c.logprobs for c in comps], batch.completion_ids.shape[1], 0.0, torch.float32)
         has_rollout_lp = all(len(c.logprobs) == len(c.token_ids) for c in comps) and cfg.rollout.temperature > 0
         mask = batch.completion_mask.to(device)
         rollout_lp, advantages = rollout_lp.to(device), advantages.to(device)
@@ -338,7 +381,8 @@ class LossStep:
             control.update(float(totals[0]), float(totals[1]))
         if current is not None:
             step.stats.update(mismatch_metrics(current, step.measure_from, step.mask))
-        norm = full_tensor(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.max_grad_norm))
+        params, max_norm = self.model.parameters(), self.config.optim.max_grad_norm
+        norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))  # one op, not one per tensor
         grad_norms.append(norm.to(self.device))
         losses = agg["loss"][len(agg["loss"]) - step.real_micro_batches :]  # this update's
         loss_sum = torch.stack(losses).sum() if losses else torch.zeros((), device=self.device)

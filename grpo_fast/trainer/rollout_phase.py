@@ -1,13 +1,18 @@
 """The rollout phase of a step: sample prompts, generate G completions each, score them, and (DAPO's
 dynamic sampling) replace groups whose rewards are all equal. Returns a `RolloutBatch`.
 
-Scoring overlaps generation: a round's prompts are generated in `reward.overlap_chunks` chunks, and
+Scoring can overlap generation: a round's prompts are generated in `reward.overlap_chunks` chunks, and
 each chunk goes to the reward pool as soon as it exists, so the pool scores chunk k while the engine
 generates chunk k + 1. Only the scoring of the last chunk (and in-process functions) stays on the
-critical path; the step metrics report both that time and the pool's own."""
+critical path; the step metrics report both that time and the pool's own. Each extra chunk is an extra
+engine call, which costs more than cheap rewards take to score: with `overlap_chunks: auto` a round is
+generated in one call, and in two from the next round on while the pool's work on the last round (the
+workers' time in calls of the functions still pooled: cheap ones move in-process after one batch,
+grpo_fast.rewards.reward_set) came to at least OVERLAP_SHARE of its generation time (each change is logged)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -22,6 +27,14 @@ from grpo_fast.rollout.prompts import PromptEncoder, training_sampling
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.data_sampler import PromptSampler
+
+logger = logging.getLogger(__name__)
+
+OVERLAP_SHARE = 0.25
+"""reward.overlap_chunks auto: split generation in two while the reward pool's work on the last round came to at least
+this share of the round's generation time (the hidden share, up to half the pool's time, must beat the cost of
+one more engine call: 16 ms on a 22 ms round of the demo's tiny model)."""
+AUTO_CHUNKS = 2
 
 
 @dataclass(frozen=True)
@@ -71,6 +84,7 @@ class RolloutPhase:
         self.config, self.rows, self.prompts, self.rewards, self.sampler = config, rows, prompts, rewards, sampler
         self.stop_ids = stop_ids
         self.dist = dist or Distributed()
+        self.auto_chunks = 1  # reward.overlap_chunks auto: the chunks of the next round
 
     def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
         """This rank's share of the step's batch: run.prompts_per_step / world_size groups.
@@ -129,6 +143,27 @@ class RolloutPhase:
             reward_failures=dict(failures),
         )
 
+    def chunks(self, engine: RolloutEngine) -> int:
+        """Engine calls per generation round (reward.overlap_chunks; "auto": `auto_chunks`); with a lockstep
+        engine, the most any rank makes, so that every rank calls generate equally often."""
+        setting = self.config.reward.overlap_chunks
+        chunks = self.auto_chunks if setting == "auto" else setting
+        return max(self.dist.all_gather_ints(chunks)) if engine.lockstep else chunks
+
+    def _observe_round(self, seconds_pool: float, seconds_generate: float) -> None:
+        """reward.overlap_chunks auto: the next round's chunks from this round's generation time and what the
+        pool's work on it would take with the functions pooled now (`RewardSet.pool_seconds`)."""
+        chunks = AUTO_CHUNKS if seconds_pool >= OVERLAP_SHARE * seconds_generate else 1
+        if self.config.reward.overlap_chunks == "auto" and chunks != self.auto_chunks:
+            logger.info(
+                "reward.overlap_chunks auto: %d generation call(s) per round from now on (the reward pool's calls "
+                "need %.3f s against %.3f s of generation)",
+                chunks,
+                seconds_pool,
+                seconds_generate,
+            )
+            self.auto_chunks = chunks
+
     def _generate_and_score(
         self, engine: RolloutEngine, index: list[int], seed: int, step: int, times: Counter, failures: Counter
     ):
@@ -138,22 +173,24 @@ class RolloutPhase:
         cfg, n = self.config, self.config.rollout.num_generations
         prompt_ids = self.prompts.encode_rows(self.rows, index, cache=True)
         state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
-        chunk = max(1, -(-len(index) // cfg.reward.overlap_chunks))
+        calls = self.chunks(engine)
+        chunk = max(1, -(-len(index) // calls))
         starts = list(range(0, len(index), chunk))
-        if engine.lockstep:  # every rank calls generate overlap_chunks times, empty-handed where it has no prompts
-            starts += [len(index)] * (cfg.reward.overlap_chunks - len(starts))
-        flat, pending = [], []
+        if engine.lockstep:  # every rank calls generate as often, empty-handed where it has no prompts
+            starts += [len(index)] * (calls - len(starts))
+        flat, pending, generating = [], [], 0.0
         for start in starts:
             # Request i of the round keeps seed + i * n however the round is split.
             spec = training_sampling(cfg.rollout, self.stop_ids, n, seed + start * n)
             t0 = time.perf_counter()
             part = [c for group in engine.generate(prompt_ids[start : start + chunk], spec) for c in group]
-            times["generate"] += time.perf_counter() - t0
+            generating += time.perf_counter() - t0
             if not part:
                 continue
             rows = [self.rows[i] for i in index[start : start + chunk] for _ in range(n)]
             pending.append(self.rewards.submit(rows, [c.text for c in part], [c.token_ids for c in part], state))
             flat += part
+        times["generate"] += generating
         if not pending:  # this rank has its groups; the others resample
             return [], [], torch.zeros(0, len(self.rewards.names)), torch.zeros(0)
         scored = [p.result() for p in pending]
@@ -161,7 +198,13 @@ class RolloutPhase:
             times["score"] += s.seconds_critical
             times["score_pool"] += s.seconds_pool
             failures.update(s.failures)
+        self._observe_round(sum(self.rewards.pool_seconds(s) for s in scored), generating)
         per_func = torch.cat([s.per_func for s in scored])
+        return prompt_ids, flat, per_func, self._combined(per_func, flat)
+
+    def _combined(self, per_func: torch.Tensor, completions: list[Completion]) -> torch.Tensor:
+        """[N] the weighted sum of the [N, F] rewards, with DAPO's soft overlong penalty when it is on."""
+        cfg = self.config
         rewards = self.rewards.combine(per_func)
         if cfg.grpo.overlong_buffer > 0:
             max_len, buffer, factor = (
@@ -169,6 +212,6 @@ class RolloutPhase:
                 cfg.grpo.overlong_buffer,
                 cfg.grpo.overlong_penalty_factor,
             )
-            penalties = [soft_overlong_penalty(len(c.token_ids), max_len, buffer, factor) for c in flat]
+            penalties = [soft_overlong_penalty(len(c.token_ids), max_len, buffer, factor) for c in completions]
             rewards = rewards + torch.tensor(penalties)
-        return prompt_ids, flat, per_func, rewards
+        return rewards

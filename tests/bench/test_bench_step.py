@@ -1,6 +1,6 @@
 """benchmarks/bench_step.py --quick runs end to end on the tiny config: the JSON has its structure, positive step
-and phase times, and grpo_fast and TRL generated (and trained on) the same number of completions per step, as
-counted by the reward function in each contender's own process."""
+and phase times, every row names its attention, and grpo_fast (its defaults) and TRL generated (and trained on)
+the same number of completions per step, as counted by the reward function in each contender's own process."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def quick_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench_step")
     out = tmp / "bench_step.json"
-    contenders = ["grpo_fast_hf", *(["trl"] if HAS_TRL else [])]
+    contenders = ["grpo_fast", *(["trl"] if HAS_TRL else [])]
     cmd = [sys.executable, "benchmarks/bench_step.py", "--quick", "--configs", "tiny", "--contenders", *contenders]
     proc = subprocess.run(
         [*cmd, "--out", str(out), "--work", str(tmp / "work")],
@@ -57,25 +57,26 @@ def _check_contender(run: dict, steps: int) -> None:
     assert summary["step_median_s"] > 0 and summary["completion_tokens_per_s"] > 0
 
 
-def test_quick_grpo_fast_hf(quick_run):
+def test_quick_grpo_fast(quick_run):
     data, out = quick_run
     env = data["environment"]
     assert env["commit"] and isinstance(env["dirty"], bool) and env["cpu_count"] >= 1
     assert env["versions"]["torch"] and env["versions"]["transformers"]
     assert data["settings"]["quick"] and data["settings"]["steps"] == 2
     assert data["configs"]["tiny"]["policy"]["parameters"] > 0
-    run = _contender(data, "grpo_fast_hf")
+    run = _contender(data, "grpo_fast")
     _check_contender(run, data["settings"]["steps"])
-    assert run["settings"]["rollout"]["engine"] == "hf"
+    assert run["engine"] == "hf"  # rollout.engine auto at 0.3M parameters on CPU
     assert out.with_suffix(".png").stat().st_size > 0
-    assert "| tiny | grpo_fast_hf |" in data["markdown_table"]
+    assert "| tiny | grpo_fast | sdpa, " in data["markdown_table"]
+    assert all(row["attention"].startswith("sdpa, ") for row in data["table"])
 
 
 @pytest.mark.skipif(not HAS_TRL, reason="trl is not installed")
 def test_quick_trl_does_the_same_work(quick_run):
     data, _ = quick_run
     assert data["environment"]["versions"]["trl"]
-    ours, trl = _contender(data, "grpo_fast_hf"), _contender(data, "trl")
+    ours, trl = _contender(data, "grpo_fast"), _contender(data, "trl")
     _check_contender(trl, data["settings"]["steps"])
     assert trl["trl_derived"]["generation_batch_size"] == step_config("tiny", quick=True).completions_per_step
     # measured by the reward function in each process: the same number of completions per optimizer step

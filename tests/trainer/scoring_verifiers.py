@@ -12,6 +12,12 @@ def completion_length(prompts, completions, completion_ids, **_):
     return [float(len(ids)) for ids in completion_ids]
 
 
+def slow_length(prompts, completions, completion_ids, **_):
+    """completion_length after 5 ms per completion: more than a cheap function costs (is_cheap)."""
+    time.sleep(0.005 * len(completions))
+    return [float(len(ids)) for ids in completion_ids]
+
+
 def global_step(prompts, completions, trainer_state, **_):
     """trainer_state.global_step, passed as it is (not one per completion)."""
     return [float(trainer_state.global_step)] * len(completions)
@@ -28,12 +34,14 @@ def column_value(prompts, completions, difficulty, **_):
 
 
 def misbehaving(prompts, completions, **_):
-    """Hangs on "hang", kills its process on "crash", raises on "raise", else rewards 1.0."""
-    text = completions[0] if isinstance(completions[0], str) else completions[0][0]["content"]
-    if text == "hang":
-        time.sleep(3600)
-    if text == "crash":
-        os._exit(3)
-    if text == "raise":
-        raise RuntimeError("verifier bug")
-    return [1.0]
+    """Hangs on "hang", kills its process on "crash", raises on "raise", else rewards 1.0 (per completion: cheap, it
+    may be moved in-process and called on a whole batch)."""
+    for completion in completions:
+        text = completion if isinstance(completion, str) else completion[0]["content"]
+        if text == "hang":
+            time.sleep(3600)
+        if text == "crash":
+            os._exit(3)
+        if text == "raise":
+            raise RuntimeError("verifier bug")
+    return [1.0] * len(completions)

@@ -27,7 +27,7 @@ def setup(tmp_path_factory):
 def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type, packed):
     trainer, batch, inp = setup
     model = trainer.model
-    trainer.loss_step._packing = packed
+    trainer.loss_step.config.run.packing = packed
     trainer.config.run.micro_batch_tokens = 9  # sequences of 9, 6, 6, 5 tokens (+ the masked one): 4 packs
     plan = trainer.loss_step.micro_batches(batch)
     assert len(plan) == (4 if packed else 3)

@@ -17,7 +17,7 @@ from grpo_fast.core.policy import build_sequence_batch, completion_hidden
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.trainer.config import load_config
 from grpo_fast.trainer.loss_step import LossStep
-from grpo_fast.trainer.micro_batches import packed_micro_batches
+from grpo_fast.trainer.micro_batches import Packing, packed_micro_batches
 
 TOK = build_char_tokenizer()
 PROMPTS = (3, 5, 2, 4, 3, 6, 2, 3)
@@ -41,11 +41,12 @@ def _loss_step(*overrides) -> LossStep:
     return LossStep(cfg, model, optimizer, scheduler, TOK.pad_token_id)
 
 
-def test_packed_micro_batches_are_padding_free_within_budget_and_exact():
+@pytest.mark.parametrize("attention", ["per_sequence", "block_mask"])
+def test_packed_micro_batches_are_padding_free_within_budget_and_exact(attention):
     model = build_tiny_model(TOK, seed=0).eval()
     batch = _batch()
     budget = 12
-    plan = packed_micro_batches(batch, budget, torch.device("cpu"))
+    plan = packed_micro_batches(batch, Packing.of(batch, budget), torch.device("cpu"), attention)
     lengths = [p + c for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
     assert all(mb.input_ids.numel() <= budget for mb in plan)
     # Every sequence in exactly one micro-batch; only the masked one runs nothing through the backbone.
@@ -66,7 +67,7 @@ def test_packed_micro_batches_are_padding_free_within_budget_and_exact():
 
 
 def test_auto_packing_falls_back_to_padding_with_a_reason(monkeypatch, caplog):
-    monkeypatch.setattr(loss_step_module, "packing_error", lambda model: "packed sequences see each other")
+    monkeypatch.setattr(loss_step_module, "packing_error", lambda model, path: "packed sequences see each other")
     step = _loss_step()
     with caplog.at_level(logging.WARNING):
         plan = step.micro_batches(_batch())
@@ -79,7 +80,7 @@ def test_auto_packing_falls_back_to_padding_with_a_reason(monkeypatch, caplog):
 def test_packing_is_on_by_default_for_a_model_that_keeps_sequences_apart():
     step = _loss_step("run.micro_batch_tokens=16")
     plan = step.micro_batches(_batch())
-    assert step.packing and all(mb.cu_seqlens is not None for mb in plan)
+    assert step.layout == "packed (per_sequence)" and all(mb.cu_seqlens is not None for mb in plan)
     assert all(mb.input_ids.numel() <= 16 for mb in plan)
 
 

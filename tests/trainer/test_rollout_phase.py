@@ -1,8 +1,13 @@
 """The rollout phase on its own: a real engine (transformers generation of the tiny model), real reward
-functions, and DAPO's dynamic sampling replacing the groups whose rewards are all equal."""
+functions, DAPO's dynamic sampling replacing the groups whose rewards are all equal, and reward.overlap_chunks
+auto splitting generation only while the rewards cost enough to hide."""
 
 from __future__ import annotations
 
+import logging
+import time
+
+import pytest
 import torch
 
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
@@ -22,7 +27,13 @@ def flat_on_even_prompts(prompts, completions, **_):
     return [1.0 if int(p) % 2 == 0 else float(p in c) for p, c in zip(prompts, completions, strict=True)]
 
 
-def _phase(dynamic: bool, rounds: int = 3):
+def slow_flat_on_even_prompts(prompts, completions, **_):
+    """flat_on_even_prompts after 0.2 s per completion: a reward worth overlapping with generation."""
+    time.sleep(0.2 * len(completions))
+    return flat_on_even_prompts(prompts, completions)
+
+
+def _phase(dynamic: bool, rounds: int = 3, reward=flat_on_even_prompts):
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, seed=1)
     overrides = [f"rollout.num_generations={G}", "rollout.max_completion_length=6", "run.prompts_per_step=3"]
@@ -33,7 +44,7 @@ def _phase(dynamic: bool, rounds: int = 3):
         cfg,
         rows,
         PromptEncoder(tok, cfg.data),
-        RewardSet([flat_on_even_prompts]),
+        RewardSet([reward]),
         PromptSampler(len(rows), seed=0),
         stop_token_ids(tok, []),
     )
@@ -71,3 +82,32 @@ def test_dynamic_sampling_replaces_zero_variance_groups():
     # Zero-variance groups are kept only when the rounds ran out without enough others.
     assert not any(flat) or batch.resample_rounds == 3
     assert batch.generated_rewards.numel() == len(batch.generated) == generated_groups * G
+
+
+@pytest.mark.parametrize(
+    ("reward", "calls"),
+    [(flat_on_even_prompts, [1, 1, 1]), (slow_flat_on_even_prompts, [1, 2, 2])],
+    ids=["cheap", "slow"],
+)
+def test_overlap_chunks_auto_splits_generation_only_for_rewards_worth_hiding(reward, calls, caplog):
+    """Step 0 generates in one engine call; the cheap reward then scores in-process and generation stays one call,
+    the slow one stays in the pool and later rounds split generation in two (logged). The rewards do not depend on
+    the split."""
+    phase, engine = _phase(dynamic=False, reward=reward)
+    made, generate = [], engine.generate
+
+    def counted(prompt_ids, sampling):
+        made[-1] += 1
+        return generate(prompt_ids, sampling)
+
+    engine.generate = counted
+    try:
+        with caplog.at_level(logging.INFO, logger="grpo_fast.trainer.rollout_phase"):
+            for step in range(3):
+                made.append(0)
+                batch = phase.collect(engine, step=step)
+                assert batch.rewards.numel() == 3 * G
+    finally:
+        phase.rewards.close()
+    assert made == calls
+    assert ("2 generation call(s) per round from now on" in caplog.text) == (calls[-1] == 2)

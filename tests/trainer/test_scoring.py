@@ -1,13 +1,15 @@
-"""The trainer's scoring: TRL's reward arguments, the reward pool's isolation, in-process functions."""
+"""The trainer's scoring: TRL's reward arguments, the reward pool's isolation, in-process functions, and where a
+function without a fixed place runs: in the pool until the workers have measured it, then in-process when cheap."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
 import pytest
 import torch
-from scoring_verifiers import chat_shaped, column_value, completion_length, global_step, misbehaving
+from scoring_verifiers import chat_shaped, column_value, completion_length, global_step, misbehaving, slow_length
 
 from grpo_fast.rewards import overlong_penalty
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
@@ -29,10 +31,29 @@ def _score(rewards, rows, texts, ids=None):
 
 def test_reward_functions_get_what_trl_passes(pooled):
     rows = [{"prompt": "p", "difficulty": 3}, {"prompt": [{"role": "user", "content": "p"}], "difficulty": 5}]
+    assert pooled.in_process == [False] * 4 and pooled.placed == [False] * 4  # the first batch goes to the workers
     scored = _score(pooled, rows, ["a", "b"], ids=[[1, 2, 3], [4]])
-    assert pooled.in_process == [False] * 4  # all of them went to the worker processes
     torch.testing.assert_close(scored.per_func, torch.tensor([[3.0, 7.0, 0.0, 3.0], [1.0, 7.0, 1.0, 5.0]]))
     assert scored.failures == {} and scored.seconds_pool > 0
+
+
+def test_cheap_functions_move_in_process_after_one_pooled_batch(caplog):
+    """Measured in the workers on the first batch: the cheap function moves in-process (logged), the one that sleeps
+    5 ms per completion stays in the pool, and so does a cheap one whose spec says in_process: false."""
+    specs = [completion_length, slow_length, {"name": "exact_match", "in_process": False}]
+    rewards = RewardSet(specs, workers=2)
+    rows = [{"prompt": "p", "answer": "x"}] * 4
+    try:
+        with caplog.at_level(logging.INFO, logger="grpo_fast.rewards.reward_set"):
+            first = _score(rewards, rows, ["x"] * 4)
+            assert rewards.in_process == [True, False, False] and rewards.placed == [True, True, True]
+            second = _score(rewards, rows, ["x"] * 4)
+    finally:
+        rewards.close()
+    assert "reward completion_length" in caplog.text and "scored in-process from now on" in caplog.text
+    assert "slow_length" not in caplog.text
+    torch.testing.assert_close(first.per_func, second.per_func)
+    torch.testing.assert_close(second.per_func[:, 0], torch.tensor([1.0, 2.0, 3.0, 4.0]))
 
 
 def test_in_process_option_and_unpicklable_functions_run_here():
@@ -80,7 +101,7 @@ def test_trainer_counts_verifier_failures_in_its_metrics(tmp_path):
     opts = ["rollout.engine=hf", "rollout.num_generations=2", "rollout.max_completion_length=2"]
     opts += ["run.prompts_per_step=2", "run.max_steps=1", "run.eval_every=0", "run.save_final=false"]
     opts += ["run.plots=false", "run.tensorboard=false", "run.progress=false", f"run.output_dir={tmp_path}"]
-    opts += ["reward.timeout=5"]
+    opts += ["reward.timeout=5", "health.preflight=false"]  # the step's batch is the first the pool scores
     trainer = GRPOTrainer(
         build_tiny_model(tok), [misbehaving, completion_length], [{"prompt": "1"}, {"prompt": "2"}],
         config=load_config(None, opts), tokenizer=tok,

@@ -85,7 +85,7 @@ def test_accumulated_gradient_is_trls(setup, loss_type, packed, extra):
     _trl()
     trainer, batch, inp = setup
     model, step = trainer.model, trainer.loss_step
-    step._packing = packed
+    step.config.run.packing = packed
     trainer.config.run.micro_batch_tokens = 11
     plan = step.micro_batches(batch)
     row_tokens = batch.completion_mask.sum(1)
@@ -133,7 +133,7 @@ def test_bnpo_is_no_longer_dapo_in_the_trainer(setup):
     batch token mean, which the whole-batch call still gives."""
     trainer, batch, inp = setup
     step = trainer.loss_step
-    step._packing = False
+    step.config.run.packing = False
     plan = step.micro_batches(batch)
     grads = {}
     for loss_type in ("bnpo", "dapo"):
@@ -271,7 +271,7 @@ def test_adaptive_entropy_config_and_trainer_wiring(setup):
     # accumulate_gradients takes the controller's coefficient and returns what the controller measures
     trainer, batch, inp = setup
     step = trainer.loss_step
-    step._packing = False
+    step.config.run.packing = False
     step.loss_config = _config("grpo", beta=0.0, entropy_coef=0.0)
     plan = step.micro_batches(batch)
     results = {}

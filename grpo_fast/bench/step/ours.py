@@ -1,4 +1,5 @@
-"""grpo_fast's contender: warm-up and timed steps of our GRPOTrainer, with the vLLM or the transformers engine."""
+"""grpo_fast's contenders: warm-up and timed steps of our GRPOTrainer, with its defaults or one choice forced
+(configs.GRPO_FAST_VARIANTS)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import time
 
 import torch
 
-from grpo_fast.bench.step.configs import StepConfig
+from grpo_fast.bench.step.configs import GRPO_FAST_VARIANTS, StepConfig
 from grpo_fast.bench.step.policy import dataset_rows
 from grpo_fast.bench.step.reward import REWARD_SPEC, reset_seen, seen_stats
 from grpo_fast.core.optim import OptimConfig
+from grpo_fast.core.packed_attention import implementation
 from grpo_fast.core.policy import ModelConfig
 from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.rollout.registry import resolve_engine_name
 from grpo_fast.rollout.vllm_engine import VLLMEngine, VLLMOptions
 from grpo_fast.trainer.config import (
     AlgorithmConfig,
@@ -54,14 +57,14 @@ class MinTokensVLLMEngine(VLLMEngine):
         self._vllm = _SamplingParamsWithMinTokens(self._vllm, self.min_tokens)
 
 
-def grpo_fast_config(cfg: StepConfig, engine: str, model_dir: str, output_dir: str, max_steps: int, kv_bytes: int):
-    """Our TrainConfig for the step: `engine` is "vllm" or "hf"."""
-    if engine == "vllm" and cfg.min_completion_length:
-        engine = MIN_TOKENS_ENGINE
-    return TrainConfig(
+def grpo_fast_config(cfg: StepConfig, contender: str, model_dir: str, output_dir: str, max_steps: int, kv_bytes: int):
+    """Our TrainConfig for the step of `contender` (a key of GRPO_FAST_VARIANTS): the defaults, but for the shape of
+    the step, the sampling settings both trainers share, the engine's minimum length, and the variant's overrides."""
+    engine, run_overrides = GRPO_FAST_VARIANTS[contender]
+    config = TrainConfig(
         model=ModelConfig(path=model_dir, dtype="float32"),
         data=DataConfig(use_chat_template=False),
-        reward=RewardConfig(funcs=[REWARD_SPEC], workers=0, overlap_chunks=1),
+        reward=RewardConfig(funcs=[REWARD_SPEC]),
         rollout=RolloutConfig(
             engine=engine,
             num_generations=cfg.num_generations,
@@ -89,6 +92,18 @@ def grpo_fast_config(cfg: StepConfig, engine: str, model_dir: str, output_dir: s
         ),
         health=HealthConfig(audit_every=0),
     )
+    for key, value in run_overrides.items():
+        setattr(config.run, key, value)
+    return config
+
+
+def with_min_tokens(config: TrainConfig, cfg: StepConfig, model) -> None:
+    """Makes vLLM (named, or chosen by "auto" for `model`) generate at least cfg.min_completion_length tokens,
+    through MinTokensVLLMEngine; the transformers engine gets it through the policy's generation config (set by
+    the caller)."""
+    if cfg.min_completion_length and resolve_engine_name(config.rollout.engine, model) == "vllm":
+        MinTokensVLLMEngine.min_tokens = cfg.min_completion_length
+        config.rollout.engine = MIN_TOKENS_ENGINE
 
 
 class StepRecorder:
@@ -99,6 +114,7 @@ class StepRecorder:
     def __init__(self, trainer: GRPOTrainer) -> None:
         self.records: list[dict] = []
         self.current: dict = {}
+        self.loss_step = trainer.loss_step
         self.logprob_pass = getattr(trainer.loss_step, "logprobs", None)  # the old-policy (and reference) pass
         if self.logprob_pass is not None:
             trainer.loss_step.logprobs = self.timed_logprobs
@@ -136,6 +152,7 @@ class StepRecorder:
                 **seen_stats(),
                 "sequences_trained": self.current.get("sequences_trained"),
                 "train_tokens": float(out.get("train_tokens", math.nan)),
+                "layout": f"{implementation(self.loss_step.model)}, {self.loss_step.layout}",
                 "metrics": {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and "/" in k},
             }
         )
@@ -144,16 +161,13 @@ class StepRecorder:
 
 def run_grpo_fast(job: dict) -> dict:
     """Warm-up + timed steps of grpo_fast's GRPOTrainer in this process."""
-    cfg = StepConfig(**job["config"])
-    engine = "vllm" if job["contender"] == "grpo_fast_vllm" else "hf"
-    if engine == "vllm":
-        MinTokensVLLMEngine.min_tokens = cfg.min_completion_length
-    config = grpo_fast_config(
-        cfg, engine, job["model_dir"], job["output_dir"], job["warmup"] + job["steps"], job["kv_cache_memory_bytes"]
-    )
+    cfg = StepConfig.from_dict(job["config"])
+    steps, kv_bytes = job["warmup"] + job["steps"], job["kv_cache_memory_bytes"]
+    config = grpo_fast_config(cfg, job["contender"], job["model_dir"], job["output_dir"], steps, kv_bytes)
     t0 = time.perf_counter()
     trainer = GRPOTrainer(job["model_dir"], [REWARD_SPEC], dataset_rows(cfg), config=config)
-    if engine == "hf" and cfg.min_completion_length:
+    with_min_tokens(config, cfg, trainer.model)  # before the engine exists: "auto" sized on the loaded policy
+    if cfg.min_completion_length:  # the transformers engine generates with the trainer's model
         trainer.model.generation_config.min_new_tokens = cfg.min_completion_length
     trainer._ensure_engine()  # built here so that its start-up is reported apart from the steps
     setup_seconds = time.perf_counter() - t0
@@ -161,7 +175,7 @@ def run_grpo_fast(job: dict) -> dict:
     trainer.train()
     engine_obj = trainer.engine
     result = {
-        "engine": getattr(engine_obj, "name", engine),
+        "engine": getattr(engine_obj, "name", config.rollout.engine),
         "engine_class": f"{type(engine_obj).__module__}.{type(engine_obj).__qualname__}",
         "engine_startup_s": float(getattr(engine_obj, "startup_seconds", 0.0)),
         "setup_s": setup_seconds,

@@ -37,15 +37,31 @@ def _quantile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, round(q * (len(s) - 1)))]
 
 
+def merge_rounds(results: list[dict]) -> dict:
+    """One contender's runs (one per round, in order) as one result: the first run's description, every round's timed
+    steps (and warm-up steps) in order, the highest peak RSS, and each round's summary under "rounds"."""
+    merged = dict(results[0])
+    merged["records"] = [rec for r in results for rec in r["records"]]
+    merged["warmup_records"] = [rec for r in results for rec in r["warmup_records"]]
+    merged["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in results)
+    merged["rounds"] = [summarize(r) for r in results]
+    merged["summary"] = summarize(merged)
+    return merged
+
+
 def summarize(result: dict) -> dict:
-    """Medians over the timed steps, throughput and the measured per-step counts."""
+    """Medians over the timed steps, throughput, the measured per-step counts, and the attention each step ran
+    (the model's implementation and the micro-batch layout; several when it changed between steps)."""
     recs = result["records"]
     if not recs:
         raise ValueError(f"{result['config']}/{result['contender']}: no timed steps")
+    if not all(r["completions"] for r in recs):
+        raise ValueError(f"{result['config']}/{result['contender']}: a timed step whose reward saw no completion")
     times = [r["step_s"] for r in recs]
     tokens = sum(r["completion_tokens"] for r in recs)
     completions = [r["completions"] for r in recs]
     return {
+        "attention": " / ".join(dict.fromkeys(r.get("layout", "?") for r in recs)),
         "steps_timed": len(recs),
         "step_median_s": statistics.median(times),
         "step_p20_s": _quantile(times, 0.2),
@@ -76,22 +92,18 @@ def table_rows(results: dict[str, list[dict]]) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    """Markdown: step time, its phases, throughput, measured completions and peak RSS per contender."""
+    """Markdown: attention, step time, its phases, throughput, measured completions and peak RSS per contender."""
     lines = [
-        "| config | contender | step median (s) | p20-p80 (s) | generate / score / train / sync / other (s) "
-        "| completions/step | mean length | completion tok/s | peak RSS (MiB) | ours / TRL |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| config | contender | attention | step median (s) | p20-p80 (s) | generate / score / old-logprob / train / "
+        "sync / other (s) | completions/step | mean length | completion tok/s | peak RSS (MiB) | ours / TRL |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        ph = r["phases_median_s"]
-        phases = " / ".join(
-            f"{ph[p] + (ph['old_logprobs'] if p == 'train' else 0.0):.2f}"
-            for p in ("generate", "score", "train", "sync", "other")
-        )
+        phases = " / ".join(f"{r['phases_median_s'][p]:.2f}" for p in PHASES)
         counts = sorted(set(r["completions_per_step"]))
         ratio = f"{r['step_vs_trl']:.2f}x" if r["step_vs_trl"] is not None else ""
         lines.append(
-            f"| {r['config']} | {r['contender']} | {r['step_median_s']:.2f} "
+            f"| {r['config']} | {r['contender']} | {r['attention']} | {r['step_median_s']:.2f} "
             f"| {r['step_p20_s']:.2f}-{r['step_p80_s']:.2f} "
             f"| {phases} | {'/'.join(map(str, counts))} | {r['completion_length_mean']:.1f} "
             f"| {r['completion_tokens_per_s']:.0f} | {r['peak_rss_bytes'] / 2**20:.0f} | {ratio} |"

@@ -146,13 +146,14 @@ class StepTimer(TrainerCallback):
                 **seen_stats(),
                 "sequences_trained": current.get("sequences_trained"),
                 "train_tokens": float(current.get("train_tokens", math.nan)),
+                "layout": f"{kwargs['model'].config._attn_implementation}, padded",
             }
         )
 
 
 def run_trl(job: dict) -> dict:
     """Warm-up + timed optimizer steps of trl.GRPOTrainer in this process."""
-    cfg = StepConfig(**job["config"])
+    cfg = StepConfig.from_dict(job["config"])
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(job["model_dir"], dtype=torch.float32)
     tokenizer = load_tokenizer(job["model_dir"])

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from grpo_fast.bench.common import REPO_ROOT
+from grpo_fast.bench.step.configs import GRPO_FAST_VARIANTS
 
 CONTENDER_RUNNERS = {
-    "grpo_fast_vllm": ("grpo_fast.bench.step.ours", "run_grpo_fast"),
-    "grpo_fast_hf": ("grpo_fast.bench.step.ours", "run_grpo_fast"),
+    **{name: ("grpo_fast.bench.step.ours", "run_grpo_fast") for name in GRPO_FAST_VARIANTS},
     "trl": ("grpo_fast.bench.step.trl_contender", "run_trl"),
 }
 
