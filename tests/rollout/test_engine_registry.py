@@ -86,7 +86,7 @@ def test_trainer_builds_and_drives_a_plug_in_engine(tmp_path, name):
     trainer.train()
     (engine,) = CountingEngine.built
     assert trainer.engine is engine and engine.seed == 5
-    assert engine.generate_calls == 1 + 2 * 2  # the launch checklist's difficulty probe, then 2 steps x 2 chunks
+    assert engine.generate_calls == 1 + 2  # the launch checklist's difficulty probe, then one call a step
     assert engine.syncs == 3  # at the start and after each step
 
 

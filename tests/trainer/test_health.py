@@ -108,7 +108,7 @@ def test_a_destructive_learning_rate_fires_entropy_collapse(tmp_path, tokenizer)
 
 def test_off_policy_drift_and_collapse_stop_the_run_with_a_checkpoint(tmp_path, sft_model, tokenizer):
     opts = ["health.window=3", "rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=3e-2"]
-    opts += ["grpo.num_iterations=4", "run.eval_every=2", "run.save_every=2", "health.stop_on=[collapse]"]
+    opts += ["grpo.num_iterations=8", "run.eval_every=2", "run.save_every=2", "health.stop_on=[collapse]"]
     trainer = _trainer(tmp_path, sft_model, tokenizer, [exact_match_reward], opts)
     trainer.train()
     (drift, *_) = _alarms(trainer, "off_policy_drift")
