@@ -9,8 +9,9 @@ steps before (needs 2·window steps of history):
   that learns its task also loses entropy, but its identical groups are all-correct ones.)
 - length_inflation: mean and p95 completion length both rose by at least `length_rise` (relative) while
   reward per generated token did not rise: longer, not better.
-- reward_hacking: the train reward rose by at least `reward_rise` while held-out accuracy did not rise
-  between the last two evaluations; or one verifier's mean rose by `reward_rise` while another's fell
+- reward_hacking: the train reward rose by at least `reward_rise` while held-out accuracy fell between the
+  last two evaluations (a plateau is not evidence: a learning run's held-out accuracy stays put between two
+  evaluations often, the demo's included); or one verifier's mean rose by `reward_rise` while another's fell
   by as much.
 - off_policy_drift: over the last `window` steps, the clipped fraction is above `clip_ratio_max` or the
   rollout/trainer logprob mismatch above `mismatch_max`.
@@ -213,7 +214,7 @@ class HealthMonitor:
             self._read(heldout_change=self.evals[-1][1] - self.evals[-2][1])
         if reward is not None and reward[1] - reward[0] >= self.t.reward_rise and len(self.evals) >= 2:
             (_, before), (_, after) = self.evals[-2:]
-            if after <= before:
+            if after < before:
                 evidence.append(
                     f"train reward {reward[0]:.3f} -> {reward[1]:.3f} while held-out accuracy {before:.3f} -> "
                     f"{after:.3f}"
@@ -258,7 +259,7 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
 
     entropy_collapse: entropy_fall / entropy_drop, if stuck_rise >= zero_var_rise and reward_rise < reward_rise.
     length_inflation: length_rise / length_rise (the thresholds of HealthThresholds), if reward_per_token_change <= 0.
-    reward_hacking: the larger of verifier_split / reward_rise and, if heldout_change <= 0, reward_rise /
+    reward_hacking: the larger of verifier_split / reward_rise and, if heldout_change < 0, reward_rise /
     reward_rise. off_policy_drift: the larger of clip_ratio / clip_ratio_max and mismatch / mismatch_max.
     collapse: accuracy_drop / collapse_drop."""
     r, out, over = readings, {}, _over
@@ -270,7 +271,7 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
     if {"length_rise", "reward_per_token_change"} <= r.keys():
         out["length_inflation"] = (over(r["length_rise"], t.length_rise), r["reward_per_token_change"] <= 0)
     hacking = [over(r["verifier_split"], t.reward_rise)] if "verifier_split" in r else []
-    if "reward_rise" in r and "heldout_change" in r and r["heldout_change"] <= 0:
+    if "reward_rise" in r and "heldout_change" in r and r["heldout_change"] < 0:
         hacking.append(over(r["reward_rise"], t.reward_rise))
     if hacking:
         out["reward_hacking"] = (max(hacking), True)

@@ -225,6 +225,25 @@ def test_rules_stay_quiet_on_a_healthy_learning_run():
     assert monitor.observe_eval(30, 0.8, []) == [] and monitor.observe_eval(35, 0.75, []) == []
 
 
+def test_reward_hacking_needs_held_out_accuracy_to_fall_not_to_plateau():
+    """The demo's learning runs hold their held-out accuracy between two evaluations while the train reward
+    rises; that is not evidence of hacking. A fall is."""
+    monitor = HealthMonitor(HealthThresholds(window=5), ["exact_match"])
+    rising = _series(
+        22, **{"reward/mean": lambda i: 0.3 + 0.03 * i, "reward/exact_match/mean": lambda i: 0.3 + 0.03 * i}
+    )
+
+    def hacking(steps):
+        return [a for step in steps for a in monitor.observe(step, rising[step - 1]) if a.name == "reward_hacking"]
+
+    monitor.observe_eval(0, 0.725, [])
+    assert hacking(range(1, 11)) == []
+    monitor.observe_eval(10, 0.725, [])  # a plateau
+    assert hacking(range(11, 21)) == []
+    monitor.observe_eval(20, 0.70, [])  # a fall while the train reward keeps rising
+    assert hacking(range(21, 23))
+
+
 def test_collapse_names_the_last_good_checkpoint_and_alarms_cool_down():
     monitor = HealthMonitor(HealthThresholds(window=4, collapse_drop=0.2), [])
     monitor.observe_eval(0, 0.3, [])
