@@ -44,10 +44,11 @@ class _GRPOLossFunction(torch.autograd.Function):
     its own rows only (token-level terms, or whole sequences per chunk: GSPO's ratio, vespo's weight):
     backward then only scales.
     Otherwise forward keeps O(N) state and backward recomputes the logits tiles.
+    `logprobs_out` ([N] or None) receives each active row's logprob from the same forward (0 elsewhere).
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, batch: PreparedBatch, config, backend):
+    def forward(ctx, hidden, weight, bias, batch: PreparedBatch, config, backend, logprobs_out):
         needs_grad = any(ctx.needs_input_grad[:3])
         token_loss = select_token_loss(backend, config)
         head = LogitHead(config.logit_scale, config.final_logit_softcapping)
@@ -72,6 +73,8 @@ class _GRPOLossFunction(torch.autograd.Function):
             partial_sums = []
 
             def token_grads(rows, logp, entropy):
+                if logprobs_out is not None:
+                    logprobs_out[rows] = torch.where(batch.layout.mask[rows] > 0, logp.detach(), 0.0)
                 out = token_loss(logp, entropy, batch.inputs, batch.layout, config, rows)
                 partial_sums.append(out.sums)
                 return out.grad_logprobs, out.grad_entropy
@@ -97,6 +100,8 @@ class _GRPOLossFunction(torch.autograd.Function):
             stats = backend.forward(
                 hidden, weight, bias, batch.targets, inv_temperature, config.workspace_bytes, softcap=softcap
             )
+            if logprobs_out is not None:
+                logprobs_out.copy_(torch.where(batch.layout.mask > 0, stats.logprobs, 0.0))
             out = token_loss(stats.logprobs, stats.entropy, batch.inputs, batch.layout, config)
             sums = out.sums
             ctx.mode = "recompute"
@@ -112,7 +117,7 @@ class _GRPOLossFunction(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_sums):
         if ctx.mode == "precomputed":
             if not ctx.saved_tensors:
-                return None, None, None, None, None, None
+                return None, None, None, None, None, None, None
             grad_h, grad_w, grad_b = ctx.saved_tensors
             # loss.backward() passes 1: hand the buffers over as they are, so autograd can adopt them as
             # .grad without a copy (the saved references are released before the gradient is accumulated).
@@ -143,7 +148,7 @@ class _GRPOLossFunction(torch.autograd.Function):
                 softcap=ctx.softcap,
             )
         dtype = ctx.weight_dtype
-        return grad_h, grad_w.to(dtype), None if grad_b is None else grad_b.to(dtype), None, None, None
+        return grad_h, grad_w.to(dtype), None if grad_b is None else grad_b.to(dtype), None, None, None, None
 
 
 def grpo_loss(
@@ -161,6 +166,7 @@ def grpo_loss(
     bias: torch.Tensor | None = None,
     cu_seqlens: torch.Tensor | None = None,
     validate: bool = True,
+    logprobs_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO-family policy loss (TRL semantics, see GRPOLossConfig) and its metrics.
 
@@ -180,13 +186,33 @@ def grpo_loss(
     validate=False skips the checks of values (token ids in range, finite per-token inputs, mask values),
     each a device-to-host synchronisation on a GPU, for callers that checked them already (the trainer
     checks each step's batch once on the host); shapes, dtypes and devices are always checked.
+
+    logprobs_out: a floating tensor of hidden's leading shape ([B, T], or [N] packed) on its device that
+    receives each completion token's logprob under the current weights, detached, from the loss's own forward
+    (what `fused_logprobs` gives, without a second lm_head pass; 0 outside completion_mask; eager mode only).
     """
     per_token = (completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights)
     if torch.compiler.is_compiling():  # one custom op for dynamo (the eager path reads the host)
+        if logprobs_out is not None:
+            raise ValueError("grpo_loss: logprobs_out is not supported under torch.compile; call fused_logprobs")
         return _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate)
     inputs, batch, backend = _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate)
-    loss, sums = _GRPOLossFunction.apply(*inputs, batch, config, backend)
+    loss, sums = _GRPOLossFunction.apply(*inputs, batch, config, backend, _flat_logprobs_out(logprobs_out, hidden))
     return loss, finalize_metrics(sums.detach(), batch.layout.mask.sum(), config, is_weights is not None)
+
+
+def _flat_logprobs_out(out: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor | None:
+    """`logprobs_out` checked against hidden [..., H] and viewed as [N] (writes reach the caller's tensor)."""
+    if out is None:
+        return None
+    if out.shape != hidden.shape[:-1] or not out.is_floating_point() or out.device != hidden.device:
+        raise ValueError(
+            f"logprobs_out: expected a floating tensor of shape {tuple(hidden.shape[:-1])} on {hidden.device} "
+            f"(hidden's leading dims), got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    if not out.is_contiguous():
+        raise ValueError("logprobs_out: expected a contiguous tensor (it is written through a flat view)")
+    return out.view(-1)
 
 
 def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
@@ -242,7 +268,7 @@ def _grpo_loss_op(
     # A custom op runs below the autograd dispatcher: the autograd function's forward and backward are called
     # directly, with a stand-in for its ctx.
     ctx = _DirectContext(needs_grad)
-    loss, sums = _GRPOLossFunction.forward(ctx, *inputs, batch, options, backend)
+    loss, sums = _GRPOLossFunction.forward(ctx, *inputs, batch, options, backend, None)
     if needs_grad:
         dh, dw, db, *_ = _GRPOLossFunction.backward(ctx, torch.ones_like(loss), None)
         dh = dh.view(hidden.shape)

@@ -415,7 +415,7 @@ class LossStep:
         adding up to TRL 1.16's gradient (`GRPOTrainer._compute_loss` per micro-batch, summed). Per-token arguments
         are [B, T] (advantages and sequence-level is_weights [B]); `agg` (a dict of lists) gets each micro-batch's
         loss and metrics as device tensors; with `current_logprobs` ([B, T]) the micro-batches' logprobs under the
-        current policy are written into it from the same forward (an extra lm_head pass, no backbone pass).
+        current policy are written into it by the loss's own forward (no extra pass).
 
         Each micro-batch's loss is scaled by its reduction's `micro_batch_share` (rows / B for the per-sequence
         reductions and bnpo, whose token mean is the micro-batch's own as in TRL; 1 for the global ones, given the
@@ -448,6 +448,7 @@ class LossStep:
                 mb_coef = coef * (rows / max(n_rows, 1)) / share if share else 0.0
                 config = dataclasses.replace(config, entropy_coef=mb_coef)
             per_token = [None if t is None else mb.tokens(t, device) for t in (old_lp, ref_lp, is_weights)]
+            lp = None if current_logprobs is None else hidden.new_empty(hidden.shape[:-1], dtype=torch.float32)
             loss, metrics = grpo_loss(
                 hidden,
                 weight,
@@ -460,14 +461,12 @@ class LossStep:
                 bias=bias,
                 cu_seqlens=mb.cu_seqlens,
                 validate=False,  # check_step_inputs checked the step's inputs once, on the host
+                logprobs_out=lp,  # the current policy's logprobs from the loss's own forward
             )
             if share != 1.0:
                 loss = loss * share
-            if current_logprobs is not None:
-                with torch.no_grad():
-                    frozen_bias = None if bias is None else bias.detach()
-                    lp = logprobs_with_config(hidden.detach(), weight.detach(), mb.completion_ids, config, frozen_bias)
-                mb.scatter(current_logprobs, lp.float())
+            if lp is not None:
+                mb.scatter(current_logprobs, lp)
             # FSDP averages the ranks' gradients of their shares of the batch's loss: scale to the sum.
             (loss * self.dist.world_size if self.dist.enabled else loss).backward()
             agg["loss"].append(loss.detach())
