@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
 from grpo_fast.rewards.tasks import exact_match_reward
+from grpo_fast.rollout.hf_engine import HFEngine
 from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer.health import margins
 
@@ -27,6 +28,23 @@ TASK = dict(modulus=10, max_operand=1000, ops="*", fixed_b=7)
 def longer_is_better(prompts, completions, **_):
     """A hackable verifier: pays for length, whatever the answer."""
     return [math.sqrt(len(c)) / 4.0 for c in completions]
+
+
+class StaleWeightsEngine(HFEngine):
+    """The transformers engine on its own copy of the policy, taken when the run starts and never updated: its
+    `load_weights` takes the stream and keeps nothing, as a broken weight sync would. Every step samples from a
+    policy further behind the trained one (the rollout/trainer logprob mismatch grows)."""
+
+    name = "stale_weights"
+
+    @classmethod
+    def from_config(cls, config, *, options, model, tokenizer, export_model):
+        return cls(copy.deepcopy(model).eval().requires_grad_(False), tokenizer, options.batch_size, owns_model=True)
+
+    def load_weights(self, weights):
+        for _ in weights:  # consumed, not copied
+            pass
+        return {"sync/seconds": 0.0, "sync/bytes": 0.0, "sync/buckets": 0.0}
 
 
 @dataclass(frozen=True)
@@ -41,6 +59,7 @@ class Recipe:
     overrides: tuple[str, ...]
     fires: tuple[str, ...]
     evals: bool = True
+    min_margin: float = 1.5  # how far past its threshold each alarm of `fires` must go (peak margin)
     doc: str = ""
 
 
@@ -52,9 +71,10 @@ RECIPES = {
             0.3,
             60,
             (exact_match_reward, longer_is_better),
-            ("health.window=5", "rollout.max_completion_length=16", "run.max_steps=15", "optim.lr=3e-3")
+            ("health.window=5", "rollout.max_completion_length=16", "run.max_steps=20", "optim.lr=5e-3")
             + ("run.eval_every=5", "health.audit_every=5"),
             ("length_inflation", "reward_hacking"),
+            min_margin=1.0,  # reward_hacking's verifier split: exact match (~0.3) can fall by 0.3 at most
             doc="a weak SFT model paid for length beside its exact-match reward",
         ),
         Recipe(
@@ -62,10 +82,10 @@ RECIPES = {
             0.0,
             0,
             (longer_is_better,),
-            ("health.window=5", "rollout.max_completion_length=6", "run.max_steps=10", "optim.lr=5e-2"),
+            ("health.window=5", "rollout.max_completion_length=6", "run.max_steps=10", "optim.lr=1e-1"),
             ("entropy_collapse",),
             evals=False,
-            doc="the random-init model at learning rate 5e-2",
+            doc="the random-init model at learning rate 1e-1",
         ),
         Recipe(
             "stale_rollouts",
@@ -73,9 +93,20 @@ RECIPES = {
             80,
             (exact_match_reward,),
             ("health.window=3", "rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=3e-2")
-            + ("grpo.num_iterations=4", "run.eval_every=2"),
-            ("off_policy_drift", "collapse"),
-            doc="a good SFT model, four updates per rollout at learning rate 3e-2",
+            + ("grpo.num_iterations=8", "run.eval_every=2"),
+            ("collapse",),
+            doc="a good SFT model, eight updates per rollout at learning rate 3e-2",
+        ),
+        Recipe(
+            "broken_weight_sync",
+            0.9,
+            80,
+            (exact_match_reward,),
+            ("health.window=3", "rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=3e-3")
+            + (f"rollout.engine={__name__}:StaleWeightsEngine",),
+            ("off_policy_drift",),
+            evals=False,
+            doc="a good SFT model whose rollouts come from its starting weights (StaleWeightsEngine), lr 3e-3",
         ),
         Recipe(
             "healthy",
@@ -115,12 +146,15 @@ def sft_model(tokenizer, right: float, steps: int, seed: int = 0):
 
 
 def build_trainer(recipe: Recipe, seed: int, output_dir, model=None, tokenizer=None, extra=()):
-    """The recipe's GRPOTrainer (seeded), on a fresh SFT model unless `model` is given (it is copied)."""
+    """The recipe's GRPOTrainer (seeded), on a fresh SFT model unless `model` is given (it is copied). The SFT
+    model is seed 0's for every seed: the seed varies the RL run (sampling, data order), not the starting model
+    (seed 1's SFT model, for one, loses held-out accuracy under RL at any learning rate tried, 3e-4 to 1e-3, and
+    `collapse` rightly fires there)."""
     from grpo_fast.trainer import GRPOTrainer, load_config
 
     tokenizer = tokenizer or build_char_tokenizer()
     if model is None:
-        model = sft_model(tokenizer, recipe.teacher_right, recipe.sft_steps, seed)
+        model = sft_model(tokenizer, recipe.teacher_right, recipe.sft_steps, seed=0)
     opts = ["rollout.engine=hf", "rollout.num_generations=8", "run.prompts_per_step=8", "run.progress=false"]
     opts += ["run.tensorboard=false", "run.plots=false", "run.save_final=false", "reward.workers=0"]
     opts += ["check.difficulty_prompts=8", "check.difficulty_samples=4", f"run.output_dir={output_dir}"]

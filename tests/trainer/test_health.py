@@ -6,27 +6,24 @@ from __future__ import annotations
 
 import copy
 import json
-import math
-import random
 
 import pytest
 
+from grpo_fast.bench import alarms
+from grpo_fast.bench.alarms import RECIPES, TASK, build_trainer, run_recipe, summarize
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.tasks import exact_match_reward
-from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer import GRPOTrainer, load_config
 from grpo_fast.trainer.health import HealthMonitor, HealthThresholds, margins
 from grpo_fast.trainer.preflight import PreflightError
 
-TASK = dict(modulus=10, max_operand=1000, ops="*", fixed_b=7)
-
-
-def longer_is_better(prompts, completions, **_):
-    """A hackable verifier: pays for length, whatever the answer."""
-    return [math.sqrt(len(c)) / 4.0 for c in completions]
+MARGIN = 1.5
+"""The healthy run stays below 1 / MARGIN of each threshold; each provoked alarm's main reading goes its recipe's
+`min_margin` (1.5 but for one, grpo_fast.bench.alarms) times past its threshold while the rule's other conditions
+hold (grpo_fast.trainer.health.margins): neither passes by a hair."""
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +34,7 @@ def tokenizer():
 def _sft(tokenizer, right: float, steps: int):
     """The tiny model after a cold-start SFT on "(a*7)%10=" -> the digit, from a teacher right a `right`
     share of the time: it answers short."""
-    model = build_tiny_model(tokenizer, seed=0)
-    rows = modular_arithmetic_dataset(200, seed=2, **TASK)
-    rng = random.Random(0)
-    pairs = [(r["prompt"], r["answer"] if rng.random() < right else str((int(r["answer"]) + 1) % 10)) for r in rows]
-    sft_train(model, tokenizer, pairs, steps=steps, batch_size=64, lr=3e-3)
-    return model
+    return alarms.sft_model(tokenizer, right, steps, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +65,22 @@ def _alarms(trainer, name):
 # -- provoked in real runs ------------------------------------------------------------------------------
 
 
-def test_a_length_paying_verifier_fires_length_inflation_and_reward_hacking(tmp_path, weak_sft_model, tokenizer):
-    opts = ["health.window=5", "rollout.max_completion_length=16", "run.max_steps=15", "optim.lr=3e-3"]
-    opts += ["run.eval_every=5", "health.audit_every=5"]
-    trainer = _trainer(tmp_path, weak_sft_model, tokenizer, [exact_match_reward, longer_is_better], opts)
+def _provoke(tmp_path, name, model, tokenizer, extra=()):
+    """Recipe `name` of grpo_fast.bench.alarms trained with seed 0: (the trainer, its alarms and margins). Each
+    alarm the recipe is for must fire, and its reading must go at least MARGIN times past the threshold while
+    the rule's other conditions hold (a rule fires on the first window over its threshold, so the reading at
+    that step is near it for a failure that builds up; how far the run goes past it is what tells a provoked
+    failure from noise)."""
+    trainer = build_trainer(RECIPES[name], 0, tmp_path, model=model, tokenizer=tokenizer, extra=extra)
     trainer.train()
+    result = summarize(trainer, name, 0)
+    for alarm in RECIPES[name].fires:
+        assert alarm in result.fired and result.peak_margin[alarm] >= RECIPES[name].min_margin, (alarm, result)
+    return trainer, result
+
+
+def test_a_length_paying_verifier_fires_length_inflation_and_reward_hacking(tmp_path, weak_sft_model, tokenizer):
+    trainer, _ = _provoke(tmp_path, "length_paying_verifier", weak_sft_model, tokenizer)
     (inflation, *_) = _alarms(trainer, "length_inflation")
     history = [r for r in trainer.metrics.history if "completion/length_mean" in r]
     before = sum(r["completion/length_mean"] for r in history[:5]) / 5
@@ -86,8 +89,9 @@ def test_a_length_paying_verifier_fires_length_inflation_and_reward_hacking(tmp_
     assert "longer_is_better +" in hacking and "exact_match_reward -" in hacking  # one verifier rises, one falls
     last = trainer.metrics.history[-1]
     assert last["health/alarms_total"] == len(trainer.health.alarms) >= 2
+    assert {"health/reading/length_rise", "health/reading/verifier_split"} <= last.keys()  # each step's readings
     audit = [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
-    assert {r["step"] for r in audit} == {5, 10, 15} and {"top", "bottom"} <= {r["rank"] for r in audit}
+    assert {r["step"] for r in audit} == {5, 10, 15, 20} and {"top", "bottom"} <= {r["rank"] for r in audit}
     assert set(audit[0]["rewards"]) == {"exact_match_reward", "longer_is_better"} and audit[0]["prompt"]
     assert "<table>" in (tmp_path / "audit.html").read_text()
     report = (tmp_path / "report.md").read_text()
@@ -95,38 +99,56 @@ def test_a_length_paying_verifier_fires_length_inflation_and_reward_hacking(tmp_
 
 
 def test_a_destructive_learning_rate_fires_entropy_collapse(tmp_path, tokenizer):
-    opts = ["health.window=5", "rollout.max_completion_length=6", "run.max_steps=10", "optim.lr=5e-2"]
-    opts += ["run.eval_every=0"]
-    trainer = _trainer(tmp_path, build_tiny_model(tokenizer, seed=0), tokenizer, [longer_is_better], opts, evals=False)
-    trainer.train()
+    trainer, _ = _provoke(tmp_path, "destructive_learning_rate", build_tiny_model(tokenizer, seed=0), tokenizer)
     (alarm,) = _alarms(trainer, "entropy_collapse")
-    steps = trainer.metrics.history
-    first = sum(r["entropy"] for r in steps[:5]) / 5
-    last = sum(r["entropy"] for r in steps[5:10]) / 5
-    assert alarm.step == 10 and f"entropy {first:.3f} -> {last:.3f}" in alarm.message
+    w = trainer.config.health.window
+    steps = trainer.metrics.history[alarm.step - 2 * w : alarm.step]
+    first = sum(r["entropy"] for r in steps[:w]) / w
+    last = sum(r["entropy"] for r in steps[w:]) / w
+    assert f"entropy {first:.3f} -> {last:.3f}" in alarm.message
+    assert alarm.readings["entropy_fall"] == pytest.approx(1 - last / first)
 
 
-def test_off_policy_drift_and_collapse_stop_the_run_with_a_checkpoint(tmp_path, sft_model, tokenizer):
-    opts = ["health.window=3", "rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=3e-2"]
-    opts += ["grpo.num_iterations=8", "run.eval_every=2", "run.save_every=2", "health.stop_on=[collapse]"]
-    trainer = _trainer(tmp_path, sft_model, tokenizer, [exact_match_reward], opts)
-    trainer.train()
-    (drift, *_) = _alarms(trainer, "off_policy_drift")
-    clipped = trainer.metrics.history[1]["clip_ratio/region_mean"]  # history[0] is the step-0 evaluation
-    assert f"clipped fraction {clipped:.3f} (max 0.2)" in drift.message
+def test_stale_rollouts_collapse_and_stop_the_run_with_a_checkpoint(tmp_path, sft_model, tokenizer):
+    extra = ("run.save_every=2", "health.stop_on=[collapse]")
+    trainer, _ = _provoke(tmp_path, "stale_rollouts", sft_model, tokenizer, extra)
     (collapse,) = _alarms(trainer, "collapse")
     evals = [r["eval/accuracy"] for r in trainer.metrics.history if "eval/accuracy" in r]
-    assert f"held-out accuracy {evals[-1]:.3f} is {evals[0] - evals[-1]:.3f} below its best" in collapse.message
+    drop = max(evals) - evals[-1]
+    assert f"held-out accuracy {evals[-1]:.3f} is {drop:.3f} below its best" in collapse.message
     assert trainer.step == collapse.step < 12  # stopped early ...
     assert (tmp_path / "checkpoints" / f"step-{trainer.step:06d}").is_dir()  # ... with a checkpoint
 
 
+def test_a_broken_weight_sync_fires_off_policy_drift(tmp_path, sft_model, tokenizer):
+    trainer, result = _provoke(tmp_path, "broken_weight_sync", sft_model, tokenizer)
+    (drift, *_) = _alarms(trainer, "off_policy_drift")
+    key = "mismatch/abs_logprob_diff_mean"
+    rows = [r[key] for r in trainer.metrics.history if key in r and r["step"] <= drift.step]
+    mismatch = sum(rows[-trainer.config.health.window :]) / len(rows[-trainer.config.health.window :])
+    assert f"mismatch {mismatch:.4f} (max 0.05)" in drift.message
+    assert set(result.fired) == {"off_policy_drift"}  # the policy itself trains sanely
+
+
 def test_the_demo_task_trained_sanely_raises_no_alarm(tmp_path, sft_model, tokenizer):
-    opts = ["rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=1e-3", "run.eval_every=4"]
-    trainer = _trainer(tmp_path, sft_model, tokenizer, [exact_match_reward], opts)
+    trainer = build_trainer(RECIPES["healthy"], 0, tmp_path, model=sft_model, tokenizer=tokenizer)
     trainer.train()
     assert trainer.health.alarms == []
     assert "- none fired" in (tmp_path / "report.md").read_text()
+    result = summarize(trainer, "healthy", 0)
+    assert set(result.peak_any) == {"entropy_collapse", "length_inflation", "off_policy_drift", "collapse"}
+    assert all(margin <= 1 / MARGIN for margin in result.peak_margin.values()), result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_each_alarm_fires_with_margin_and_the_healthy_run_fires_none_with_other_seeds(seed):
+    for name, recipe in RECIPES.items():
+        result = run_recipe(name, seed)
+        if not recipe.fires:
+            assert result.fired == {} and all(m <= 1 / MARGIN for m in result.peak_margin.values()), result
+        for alarm in recipe.fires:
+            assert alarm in result.fired and result.peak_margin[alarm] >= recipe.min_margin, result
 
 
 # -- before the run ---------------------------------------------------------------------------------------
