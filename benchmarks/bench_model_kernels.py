@@ -30,7 +30,7 @@ from grpo_fast.bench.common import environment_stamp, time_call, write_json
 from grpo_fast.bench.models import NAMED_SHAPES
 from grpo_fast.core.model_kernels import apply_model_kernels
 from grpo_fast.core.policy import ModelConfig
-from grpo_fast.core.tiny_models import random_qwen2
+from grpo_fast.core.tiny_models import random_causal_lm
 
 
 def attention_implementations() -> tuple[list[str], dict[str, str]]:
@@ -107,7 +107,7 @@ def main() -> int:
     if device.type != "cuda":
         impls = ["sdpa"]
     with torch.device(device):
-        model = random_qwen2(vocab, shape, seed=0, attn_implementation="sdpa").to(dtype)
+        model = random_causal_lm(vocab, shape, seed=0, attn_implementation="sdpa").to(dtype)
     params = sum(p.numel() for p in model.parameters())
     print(f"Qwen2 {shape.num_layers} layers, {params / 1e6:.0f} M parameters, {dtype}, {rows} x {length} "
           f"tokens on {device}; attention {impls}; skipped {skipped or 'nothing'}", flush=True)  # fmt: skip

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from grpo_fast.bench.common import environment_stamp, rss_bytes, write_json  # noqa: E402
 from grpo_fast.bench.models import NAMED_SHAPES  # noqa: E402
-from grpo_fast.core.tiny_models import build_char_tokenizer, random_qwen2  # noqa: E402
+from grpo_fast.core.tiny_models import build_char_tokenizer, random_causal_lm  # noqa: E402
 from grpo_fast.rollout.base import Completion  # noqa: E402
 from grpo_fast.trainer.config import TrainConfig  # noqa: E402
 from grpo_fast.trainer.offload import TrainerStateOffloader  # noqa: E402
@@ -59,7 +59,7 @@ def build_trainer(
     tokenizer = build_char_tokenizer()
     vocab, spec = NAMED_SHAPES[shape]
     with torch.device(device):  # fp32 master weights, as the trainer keeps them by default
-        model = random_qwen2(vocab, spec, seed=seed, tokenizer=tokenizer, attn_implementation="sdpa")
+        model = random_causal_lm(vocab, spec, seed=seed, tokenizer=tokenizer, attn_implementation="sdpa")
     cfg = TrainConfig()
     cfg.rollout.engine = "hf"
     cfg.rollout.num_generations = 4

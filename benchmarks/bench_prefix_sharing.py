@@ -33,6 +33,7 @@ from grpo_fast.bench.common import (
     environment_stamp,
     run_json_subprocess,
     synchronize,
+    text_table,
     write_json,
 )
 from grpo_fast.bench.memory import peak_extra_bytes
@@ -196,23 +197,41 @@ def run_ratio(args, prompt_len: int, model, device, autocast: bool) -> dict:
     return result
 
 
+TABLE_COLUMNS = (
+    ("P:T", 7),
+    ("saved", 6),
+    ("unshared ms", 12),
+    ("shared ms", 10),
+    ("speedup", 8),
+    ("cpu-time speedup", 17),
+    ("unshared MiB", 13),
+    ("shared MiB", 11),
+    ("grad rel diff", 14),
+)
+
+
 def format_table(results: list[dict]) -> str:
     """Per prompt length: tokens saved, wall and CPU time medians, paired speedups, peak extra memory."""
-    header = (
-        f"{'P:T':>7} {'saved':>6} {'unshared ms':>12} {'shared ms':>10} {'speedup':>8} {'cpu-time speedup':>17} "
-        f"{'unshared MiB':>13} {'shared MiB':>11} {'grad rel diff':>14}"
-    )
-    lines = [header, "-" * len(header)]
-    for r in results:
-        saved = 1 - r["backbone_tokens_shared"] / r["backbone_tokens_unshared"]
-        mib = {k: r[k]["peak_extra_bytes"] for k in CONTENDERS}
-        mib = {k: "-" if v is None else f"{v / 2**20:.0f}" for k, v in mib.items()}
-        lines.append(
-            f"{r['ratio']:>7} {saved:>6.0%} {r['unshared']['median_s'] * 1e3:>12.0f} "
-            f"{r['shared']['median_s'] * 1e3:>10.0f} {r['speedup']:>7.2f}x {r['speedup_cpu_time']:>16.2f}x "
-            f"{mib['unshared']:>13} {mib['shared']:>11} {r['agreement']['grad_max_rel_diff']:>14.1e}"
+
+    def mib(r: dict, name: str) -> str:
+        extra = r[name]["peak_extra_bytes"]
+        return "-" if extra is None else f"{extra / 2**20:.0f}"
+
+    cells = (
+        (
+            r["ratio"],
+            f"{1 - r['backbone_tokens_shared'] / r['backbone_tokens_unshared']:.0%}",
+            f"{r['unshared']['median_s'] * 1e3:.0f}",
+            f"{r['shared']['median_s'] * 1e3:.0f}",
+            f"{r['speedup']:.2f}x",
+            f"{r['speedup_cpu_time']:.2f}x",
+            mib(r, "unshared"),
+            mib(r, "shared"),
+            f"{r['agreement']['grad_max_rel_diff']:.1e}",
         )
-    return "\n".join(lines)
+        for r in results
+    )
+    return text_table(TABLE_COLUMNS, cells)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

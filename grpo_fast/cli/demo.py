@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from grpo_fast.demo import driver
 from grpo_fast.demo.driver import DemoConfig
@@ -26,15 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    cfg = DemoConfig(
-        output_dir=args.output_dir,
-        task=args.task,
-        forge_fraction=args.forge_fraction,
-        seed=args.seed,
-        engine=args.engine,
-        rl_steps=args.rl_steps,
-        sft_steps=args.sft_steps,
-        progress=not args.no_progress,
-    )
-    driver.main(cfg)
+    chosen = {f.name: getattr(args, f.name) for f in dataclasses.fields(DemoConfig) if hasattr(args, f.name)}
+    driver.main(DemoConfig(**chosen, progress=not args.no_progress))
     return 0

@@ -5,7 +5,7 @@ consume (hidden, lm_head weight) directly."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Literal
 
 import torch
@@ -54,24 +54,16 @@ class SequenceBatch:
     prompt_width: int
 
     def to(self, device) -> SequenceBatch:
-        return SequenceBatch(
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.position_ids.to(device),
-            self.completion_ids.to(device),
-            self.completion_mask.to(device),
-            self.prompt_width,
-        )
+        return map_tensors(self, lambda t: t.to(device))
 
     def rows(self, index) -> SequenceBatch:
-        return SequenceBatch(
-            self.input_ids[index],
-            self.attention_mask[index],
-            self.position_ids[index],
-            self.completion_ids[index],
-            self.completion_mask[index],
-            self.prompt_width,
-        )
+        return map_tensors(self, lambda t: t[index])
+
+
+def map_tensors(batch, fn):
+    """A copy of the dataclass `batch` with `fn` applied to each of its tensor fields (others kept)."""
+    values = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    return replace(batch, **{name: fn(v) for name, v in values.items() if isinstance(v, torch.Tensor)})
 
 
 def segments(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

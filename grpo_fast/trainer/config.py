@@ -19,7 +19,7 @@ from grpo_fast.config_fields import Auto, ConfigSection, option
 from grpo_fast.core.config_tree import load_tree, move_key
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
-from grpo_fast.core.trackers import REPORT_TO_HELP, TrackerName, upgrade_tensorboard
+from grpo_fast.core.trackers import ReportingOptions, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.rollout.hf_engine import HFOptions
@@ -178,7 +178,7 @@ class AlgorithmConfig(ConfigSection):
 
 
 @dataclass
-class RunConfig(ConfigSection):
+class RunConfig(ConfigSection, ReportingOptions):
     """The run: batch shape, micro-batches, output, checkpoints, logging.
 
     Micro-batches: with packing the sequences are concatenated padding-free into micro-batches of at most
@@ -223,11 +223,6 @@ class RunConfig(ConfigSection):
     offload_optimizer: bool = option(True, "optimizer state to pinned CPU memory during generation (GPU)")
     offload_params: bool = option(False, "parameters to pinned CPU memory during generation (GPU)")
     bf16: bool | Auto = option("auto", "bf16 autocast (auto: on GPU, off on CPU)")
-    report_to: list[TrackerName] | Auto = option("auto", REPORT_TO_HELP)
-    project: str = option("grpo_fast", "the trackers' project (wandb, trackio; mlflow: the experiment)")
-    run_name: str | None = option(None, "the run's name in the trackers (null: the name of output_dir)")
-    progress: bool = option(True, "a progress bar")
-    plots: bool = option(True, "PNG plots of the metrics")
     max_bad_steps: int = option(
         3,
         "a step with a non-finite loss or gradient skips its update; this many in a row stop the run (0: never)",

@@ -23,37 +23,24 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from grpo_fast.testing.configs import quiet_run_config
+
 HERE = Path(__file__).parent
 REWARDS = HERE.parent / "trainer"  # kill_points:char_code_reward, a deterministic reward
 ATOL = 1e-6
 
 
 def _config(path: Path, model_dir: Path) -> Path:
-    cfg = {
-        "model": {"path": str(model_dir)},
-        "data": {
-            "source": "task:modular_arithmetic",
-            "task_kwargs": {"n": 16, "seed": 0},
-            "use_chat_template": "false",
-        },
+    cfg = quiet_run_config(
+        model_dir,
         # one prompt per generate call: its seed, so its samples, do not depend on how ranks split the step
-        "reward": {"funcs": ["kill_points:char_code_reward"], "workers": 0, "overlap_chunks": 4},
-        "rollout": {"engine": "hf", "num_generations": 4, "max_completion_length": 6},
-        "loss": {"beta": 0.04},  # a sharded reference model too
-        "grpo": {"num_iterations": 2},  # and the old-policy logprob pass
-        "optim": {"lr": 0.1, "eps": 1.0, "max_grad_norm": 1e6},
-        "run": {
-            "max_steps": 3,
-            "prompts_per_step": 4,
-            "micro_batch_size": 4,
-            "eval_every": 0,
-            "save_every": 1,
-            "tensorboard": False,
-            "progress": False,
-            "plots": False,
-        },
-        "health": {"audit_every": 0},
-    }
+        reward={"funcs": ["kill_points:char_code_reward"], "workers": 0, "overlap_chunks": 4},
+        rollout={"engine": "hf", "num_generations": 4, "max_completion_length": 6},
+        loss={"beta": 0.04},  # a sharded reference model too
+        grpo={"num_iterations": 2},  # and the old-policy logprob pass
+        optim={"lr": 0.1, "eps": 1.0, "max_grad_norm": 1e6},
+        run={"max_steps": 3, "prompts_per_step": 4, "micro_batch_size": 4},
+    )
     path.write_text(yaml.safe_dump(cfg))
     return path
 

@@ -11,7 +11,7 @@ import pickle
 import pytest
 import torch
 
-from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, random_qwen2
+from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, random_causal_lm
 from grpo_fast.rewards import reward_model as rm_module
 from grpo_fast.rewards.reward_model import reward_model
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
@@ -27,7 +27,7 @@ TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }} {% endf
 def _classifier(tokenizer, num_labels: int, seed: int = 0):
     """Random-init classifier; its config names no pad token (the reward function must set one)."""
     shape = TinyModelSpec(hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128)
-    return random_qwen2(len(tokenizer), shape, seed=seed, num_labels=num_labels).eval()
+    return random_causal_lm(len(tokenizer), shape, seed=seed, num_labels=num_labels).eval()
 
 
 def _save(path, num_labels: int = 1, chat_template: str | None = None):

@@ -23,6 +23,7 @@ import yaml
 from safetensors.torch import load_file
 
 from grpo_fast.core.checkpoint import TRAINER_STATE, latest_checkpoint, list_checkpoints, load_trainer_state
+from grpo_fast.testing.configs import quiet_run_config
 from grpo_fast.testing.trees import assert_equal_trees
 
 HERE = Path(__file__).parent
@@ -30,29 +31,14 @@ STEPS = 4
 
 
 def _config(tmp_path: Path, model_dir: Path, steps: int = STEPS) -> Path:
-    cfg = {
-        "model": {"path": str(model_dir)},
-        "data": {
-            "source": "task:modular_arithmetic",
-            "task_kwargs": {"n": 16, "seed": 0},
-            "use_chat_template": "false",
-        },
-        "reward": {"funcs": ["kill_points:char_code_reward"], "workers": 0},
-        "rollout": {"engine": "kill_points:KillingEngine", "num_generations": 4, "max_completion_length": 3},
-        "grpo": {"num_iterations": 2},
-        "optim": {"lr": 1e-2, "lr_scheduler": "linear", "warmup_steps": 1},
-        "run": {
-            "max_steps": steps,
-            "prompts_per_step": 2,
-            "micro_batch_size": 4,
-            "eval_every": 0,
-            "save_every": 1,
-            "tensorboard": False,
-            "progress": False,
-            "plots": False,
-        },
-        "health": {"audit_every": 0},
-    }
+    cfg = quiet_run_config(
+        model_dir,
+        reward={"funcs": ["kill_points:char_code_reward"], "workers": 0},
+        rollout={"engine": "kill_points:KillingEngine", "num_generations": 4, "max_completion_length": 3},
+        grpo={"num_iterations": 2},
+        optim={"lr": 1e-2, "lr_scheduler": "linear", "warmup_steps": 1},
+        run={"max_steps": steps, "prompts_per_step": 2, "micro_batch_size": 4},
+    )
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -13,7 +13,7 @@ from torch import nn
 
 from grpo_fast.core.model_kernels import apply_model_kernels
 from grpo_fast.core.policy import ModelConfig
-from grpo_fast.core.tiny_models import TinyModelSpec, random_qwen2
+from grpo_fast.core.tiny_models import TinyModelSpec, random_causal_lm
 
 ON = ModelConfig(path="unused", liger_kernels=True)
 
@@ -24,7 +24,7 @@ SHAPE = TinyModelSpec(
 
 
 def tiny_qwen2(dtype=torch.float32, seed=0):
-    return random_qwen2(97, SHAPE, seed=seed, attn_implementation="sdpa").to(dtype)
+    return random_causal_lm(97, SHAPE, seed=seed, attn_implementation="sdpa").to(dtype)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import torch
 
 from grpo_fast.core.packed_attention import PackedLayout, attention_path, per_sequence_attention
 from grpo_fast.core.policy import build_sequence_batch
-from grpo_fast.core.tiny_models import TinyModelSpec, random_qwen2
+from grpo_fast.core.tiny_models import TinyModelSpec, random_causal_lm
 from grpo_fast.trainer.config import load_config
 from grpo_fast.trainer.loss_step import LossStep
 
@@ -69,7 +69,7 @@ def _work(model, plan, monkeypatch) -> tuple[float, int]:
 
 @pytest.mark.parametrize("micro_batch_size", [64, 8])
 def test_auto_packs_only_where_the_packed_layout_runs_less_work(micro_batch_size, monkeypatch, caplog):
-    model = random_qwen2(VOCAB, SPEC, seed=0).eval()
+    model = random_causal_lm(VOCAB, SPEC, seed=0).eval()
     batch = _batch()
     size = f"run.micro_batch_size={micro_batch_size}"
     with caplog.at_level(logging.INFO, logger="grpo_fast.trainer.loss_step"):
@@ -84,7 +84,7 @@ def test_auto_packs_only_where_the_packed_layout_runs_less_work(micro_batch_size
 
 def test_auto_pads_where_packing_saves_nothing(caplog):
     """Sequences of one length leave no padding to remove: the padded layout is no dearer, and auto keeps it."""
-    model = random_qwen2(VOCAB, SPEC, seed=0).eval()
+    model = random_causal_lm(VOCAB, SPEC, seed=0).eval()
     step = _loss_step(model, "run.micro_batch_size=8")
     with caplog.at_level(logging.INFO, logger="grpo_fast.trainer.loss_step"):
         plan = step.micro_batches(_batch(rows=16, shortest=24, longest=24))
@@ -105,7 +105,7 @@ def test_auto_pads_where_packing_saves_nothing(caplog):
     ],
 )
 def test_attention_path_of_each_implementation(implementation, requested, path):
-    model = random_qwen2(VOCAB, SPEC, seed=0)
+    model = random_causal_lm(VOCAB, SPEC, seed=0)
     model.config._attn_implementation_internal = implementation  # the name only: no kernel is loaded
     assert attention_path(model, requested) == path
 
@@ -119,4 +119,4 @@ def test_per_sequence_attention_refuses_what_it_does_not_reproduce():
     with pytest.raises(RuntimeError, match="packed_layout"):
         per_sequence_attention(module, q, q, q, None)
     with pytest.raises(ValueError, match="run.packed_attention"):
-        attention_path(random_qwen2(VOCAB, SPEC), "varlen")
+        attention_path(random_causal_lm(VOCAB, SPEC), "varlen")

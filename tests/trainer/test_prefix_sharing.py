@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicLayer
 
 from grpo_fast import grpo_loss
 from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, completion_hidden
-from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
+from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, build_tiny_model, random_causal_lm
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.trainer.prefix_sharing import (
     distinct_prompts,
@@ -32,18 +31,10 @@ def _qwen2():
 
 
 def _llama():
-    config = LlamaConfig(
-        vocab_size=52,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        pad_token_id=PAD,
+    spec = TinyModelSpec(
+        family="llama", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128
     )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    return random_causal_lm(52, spec, seed=0)
 
 
 MODELS = {"qwen2": _qwen2, "llama": _llama}

@@ -16,7 +16,7 @@ from grpo_fast.core.tiny_models import (
     build_char_tokenizer,
     build_tiny_model,
     build_word_tokenizer,
-    random_qwen2,
+    random_causal_lm,
     save_tiny,
 )
 from grpo_fast.data.tasks import modular_arithmetic_dataset
@@ -84,7 +84,7 @@ def build_policy(cfg: StepConfig, path: Path) -> dict:
     else:
         tokenizer = build_word_tokenizer(cfg.vocab)
         spec = shape_of(cfg, max_positions=max(1024, cfg.max_model_len))
-        model = random_qwen2(cfg.vocab, spec, seed=cfg.seed, tokenizer=tokenizer)
+        model = random_causal_lm(cfg.vocab, spec, seed=cfg.seed, tokenizer=tokenizer)
     model.eval()
     eos = tune_eos(model, tokenizer.eos_token_id, cfg.eos_prob, cfg.seed) if cfg.eos_prob else None
     save_tiny(model, tokenizer, path)

@@ -16,8 +16,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from grpo_fast.bench.common import REPO_ROOT, cpu_model  # noqa: E402
+from grpo_fast.bench.common import REPO_ROOT  # noqa: E402
 from grpo_fast.bench.step.configs import PHASES  # noqa: E402
+from grpo_fast.machine import cpu_model  # noqa: E402
 
 VERSION_PACKAGES = (
     "torch",

@@ -33,6 +33,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from ...backends import get_backend  # noqa: E402
+from ...machine import cpu_model  # noqa: E402
 from .campaign import SHARES, markdown_summary, merge_reports, run_campaign, shard, split, stderr_progress  # noqa: E402
 from .check import run_case  # noqa: E402
 from .invalid import run_invalid_case  # noqa: E402
@@ -171,21 +172,11 @@ def _environment() -> dict:
         "triton": triton_version,
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
         "auto_backend_on_cpu": get_backend("auto", torch.device("cpu")).name,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "load_average_start": os.getloadavg(),
     }
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":
