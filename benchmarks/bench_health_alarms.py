@@ -126,7 +126,8 @@ def main() -> int:
         "load_average_at_start": os.getloadavg(),
         "thresholds": asdict(HealthThresholds()),
         "recipes": {
-            n: {"fires": list(r.fires), "overrides": list(r.overrides), "doc": r.doc} for n, r in RECIPES.items()
+            n: {"fires": list(r.fires), "min_margin": r.min_margin, "overrides": list(r.overrides), "doc": r.doc}
+            for n, r in RECIPES.items()
         },
         "runs": runs,
     }

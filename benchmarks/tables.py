@@ -28,6 +28,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 MARKER = re.compile(r"(<!-- table: ([\w.-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 MiB = 2**20
 STEP_PHASES = ("generate", "score", "old_logprobs", "train", "sync")
+ALARM_LINE = re.compile(r"step (\d+): (\w+):")  # "[health] step 31: reward_hacking: ..." (an alarm's log line)
 
 LOSS_LABELS = {
     "gemm3": "three plain GEMMs (speed of light)",
@@ -182,13 +183,13 @@ def render_trl_integration(payload: dict) -> str:
     return table(lines) + f"\n\nFrom `{payload['command']}` on {where(payload['environment'])}."
 
 
-STEP_RESULTS = (
-    "bench_step_cpu.json",
-    "bench_step_mb8_cpu.json",
-    "bench_step_tiny_cpu.json",
-    "bench_step_tiny_r2_cpu.json",
-)
-"""The step benchmark's results files README's headline draws from (grpo_fast with its defaults against TRL)."""
+STEP_RESULTS = {
+    "bench_step_cpu.json": ("large_mb64", "large_mb16", "large_mb8"),
+    "bench_step_more_cpu.json": ("prompt_heavy",),
+    "bench_step_tiny_cpu.json": ("tiny",),
+}
+"""The step benchmark's results files README's headline draws from (grpo_fast with its defaults against TRL), and
+the configurations each is the source for."""
 
 
 def render_headline(results: Path) -> str:
@@ -208,15 +209,15 @@ def render_headline(results: Path) -> str:
                 f"{ours['peak_extra_bytes'] / other['peak_extra_bytes']:.3f}x memory",
                 "bench_loss_cpu.json",
             ])  # fmt: skip
-    for source in STEP_RESULTS:
+    for source, configs in STEP_RESULTS.items():
         step = json.loads((results / source).read_text())
         load = step["environment"].get("load_average_start")
         for r in step["table"]:
-            if r["contender"] == "grpo_fast" and r.get("step_vs_trl") is not None:
+            if r["config"] in configs and r["contender"] == "grpo_fast" and r.get("step_vs_trl") is not None:
                 trl = next(t for t in step["table"] if t["config"] == r["config"] and t["contender"] == "trl")
                 lines.append([
                     f"GRPO step, config {r['config']}" + (f" (load {load[0]:.0f})" if load else ""),
-                    f"{r['step_median_s']:.1f} s (every default)", f"TRL GRPOTrainer: {trl['step_median_s']:.1f} s",
+                    f"{r['step_median_s']:.3g} s (every default)", f"TRL GRPOTrainer: {trl['step_median_s']:.3g} s",
                     f"{r['step_vs_trl']:.2f}x time", source,
                 ])  # fmt: skip
     sft = json.loads((results / "bench_sft_cpu.json").read_text())
@@ -303,6 +304,30 @@ COMPOSITES: dict[str, Callable[[Path], str]] = {"headline": render_headline}
 """Tables drawn from several results files, by marker name."""
 
 
+def render_health_alarms(payload: dict) -> str:
+    """One row per run: the alarms a provoked recipe is for (with how far past its threshold each must go), what
+    fired and at which steps, each alarm's margin the first time it fired and its peak margin while the rule's other
+    conditions held; the demo's runs with their held-out accuracy before and after RL."""
+    margins = lambda d: ", ".join(f"{k} {v:.2f}" for k, v in sorted(d.items()) if v > 0) or "-"  # noqa: E731
+    lines = [["run", "seed", "must fire (peak margin >=)", "fired (steps)", "margin at first fire", "peak margins"]]
+    for r in payload["runs"]:
+        recipe = payload["recipes"].get(r["recipe"])
+        if recipe is None:  # the demo: must fire nothing
+            must = f"none (held-out {r['accuracy_before_rl']:.2f} -> {r['accuracy_after_rl']:.2f})"
+            fired = ", ".join(f"{m[2]} [{m[1]}]" for m in map(ALARM_LINE.search, r["fired"]) if m) or "none"
+            at_fire = "-"
+        else:
+            must = ", ".join(recipe["fires"]) + (f" ({recipe['min_margin']:g})" if recipe["fires"] else "") or "none"
+            fired = ", ".join(f"{a} {steps}" for a, steps in sorted(r["fired"].items())) or "none"
+            at_fire = margins(r["margin_at_fire"])
+        lines.append([r["recipe"], str(r["seed"]), must, fired, at_fire, margins(r["peak_margin"])])
+    return table(lines) + (
+        f"\n\nMargin: an alarm's main reading over its threshold (grpo_fast.trainer.health.margins); peak margins "
+        f"over the steps where the rule's other conditions held, listed where above 0. From `{payload['command']}` "
+        f"on {where(payload['environment'])}."
+    )
+
+
 def render_demo_ab(payload: dict) -> str:
     """One row per source tree: its commit, the medians of the demo's wall time, its own total, its SFT and RL
     phases, and the ratios of its total and RL phase to the first tree's."""
@@ -332,6 +357,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "r1_pipeline": render_r1_pipeline,
     "loss_fuzz": render_loss_fuzz,
     "demo_ab": render_demo_ab,
+    "health_alarms": render_health_alarms,
 }
 
 
