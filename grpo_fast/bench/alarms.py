@@ -156,7 +156,7 @@ def build_trainer(recipe: Recipe, seed: int, output_dir, model=None, tokenizer=N
     if model is None:
         model = sft_model(tokenizer, recipe.teacher_right, recipe.sft_steps, seed=0)
     opts = ["rollout.engine=hf", "rollout.num_generations=8", "run.prompts_per_step=8", "run.progress=false"]
-    opts += ["run.tensorboard=false", "run.plots=false", "run.save_final=false", "reward.workers=0"]
+    opts += ["run.report_to=[]", "run.plots=false", "run.save_final=false", "reward.workers=0"]
     opts += ["check.difficulty_prompts=8", "check.difficulty_samples=4", f"run.output_dir={output_dir}"]
     opts += [f"run.seed={seed}", *recipe.overrides, *extra]
     if not recipe.evals:

@@ -38,16 +38,18 @@ def completion_lengths_of(
 
 
 _HUGE = list(range(1_000_000))  # far past any completion budget
+LENGTH_SAMPLES = (
+    Sample("one token", "x", {"completion_ids": [1]}, True),
+    Sample("a million tokens", "x", {"completion_ids": _HUGE}, False),
+)
+"""Both length rewards' self-test: the shortest completion must score above the longest."""
 
 
 @reward(
     "overlong_penalty",
     kind="length",
     range=lambda options: (-float(options.get("penalty_factor", 1.0)), 0.0),
-    samples=(
-        Sample("one token", "x", {"completion_ids": [1]}, True),
-        Sample("a million tokens", "x", {"completion_ids": _HUGE}, False),
-    ),
+    samples=LENGTH_SAMPLES,
 )
 def overlong_penalty(
     prompts: Sequence[Any],
@@ -84,10 +86,7 @@ def soft_overlong_penalty(length: int, max_length: int, buffer: int, factor: flo
     "length_penalty",
     kind="length",
     range=(-math.inf, 0.0),
-    samples=(
-        Sample("one token", "x", {"completion_ids": [1]}, True),
-        Sample("a million tokens", "x", {"completion_ids": _HUGE}, False),
-    ),
+    samples=LENGTH_SAMPLES,
 )
 def length_penalty(
     prompts: Sequence[Any],

@@ -155,16 +155,10 @@ class VLLMEngine(RolloutEngine):
             )
         if kv_cache_memory_bytes is None and not self.on_gpu:
             kv_cache_memory_bytes = 256 << 20
-        kwargs = dict(
-            model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            seed=seed,
-            enforce_eager=enforce_eager,
-            enable_prefix_caching=enable_prefix_caching,
-            logprobs_mode="processed_logprobs",
-            enable_sleep_mode=self.sleep_level > 0,
-        )
+        kwargs = dict(model=model_path, dtype=dtype, max_model_len=max_model_len, seed=seed)
+        kwargs |= dict(enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching)
+        # sampling logprobs after temperature / top-p / top-k: the distribution the loss's ratio is taken against
+        kwargs |= dict(logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleep_level > 0)
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:

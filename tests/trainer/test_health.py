@@ -49,7 +49,7 @@ def weak_sft_model(tokenizer):
 
 def _trainer(tmp_path, model, tokenizer, funcs, overrides, evals=True):
     opts = ["rollout.engine=hf", "rollout.num_generations=8", "run.prompts_per_step=8", "run.progress=false"]
-    opts += ["run.tensorboard=false", "run.plots=false", "run.save_final=false", "reward.workers=0"]
+    opts += ["run.report_to=[]", "run.plots=false", "run.save_final=false", "reward.workers=0"]
     opts += ["check.difficulty_prompts=8", "check.difficulty_samples=4", f"run.output_dir={tmp_path}", *overrides]
     rows = modular_arithmetic_dataset(200, seed=2, **TASK)
     held_out = modular_arithmetic_dataset(32, seed=1, **TASK) if evals else None
