@@ -36,6 +36,9 @@ class Completion:
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
     finish_reason: str = "stop"  # "stop" or "length" (truncated at max_tokens)
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    """(first token index, weight version) of each stretch sampled by one set of weights, in order; the trainer
+    sets it (partial rollouts continue a completion over several versions); empty: not recorded."""
 
     @property
     def truncated(self) -> bool:

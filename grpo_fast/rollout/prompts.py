@@ -52,12 +52,15 @@ class PromptEncoder:
         return ids
 
 
-def training_sampling(rollout, stop_ids: tuple[int, ...], n: int, seed: int) -> SamplingSpec:
-    """The run's sampling settings (its `rollout` config section) for n completions per prompt."""
+def training_sampling(
+    rollout, stop_ids: tuple[int, ...], n: int, seed: int, max_tokens: int | None = None
+) -> SamplingSpec:
+    """The run's sampling settings (its `rollout` config section) for n completions per prompt, of at most
+    `max_tokens` tokens (default rollout.max_completion_length)."""
     r = rollout
     return SamplingSpec(
         n=n,
-        max_tokens=r.max_completion_length,
+        max_tokens=r.max_completion_length if max_tokens is None else max_tokens,
         temperature=r.temperature,
         top_p=r.top_p,
         top_k=r.top_k,

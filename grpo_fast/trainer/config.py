@@ -23,6 +23,7 @@ from grpo_fast.core.trackers import ReportingOptions, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.rollout.hf_engine import HFOptions
+from grpo_fast.rollout.partial import PartialOptions
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES
 from grpo_fast.rollout.vllm_engine import VLLMOptions
 from grpo_fast.trainer.health import ALARMS, HealthThresholds
@@ -105,6 +106,18 @@ class RolloutConfig(ConfigSection):
     top_k: int = option(-1, "top-k sampling (-1: off)", low=-1)
     stop: list[str] = option(help="strings that end a completion (each a single token)", factory=list)
     max_model_len: int = option(512, "prompt + completion tokens at most", low=1)
+    mode: Literal["sync", "partial"] = option(
+        "sync",
+        "sync: a step generates every completion to its end; partial: a step stops once it has its complete groups "
+        "and the rest continue in later steps under newer weights (grpo_fast.rollout.partial)",
+    )
+    max_staleness: int = option(
+        4, "partial: weight versions a trained completion may lag the trainer by at most (0: fully on-policy)", low=0
+    )
+    stale: Literal["restart", "drop"] = option(
+        "restart", "partial: a completion beyond max_staleness restarts from its prompt, or its group is dropped"
+    )
+    partial: PartialOptions = option(help="partial rollouts' options (rollout.mode partial)", factory=PartialOptions)
     vllm: VLLMOptions = option(help="the vLLM engine's options", factory=VLLMOptions)
     hf: HFOptions = option(help="the transformers engine's options", factory=HFOptions)
     plugins: dict = option(
@@ -164,6 +177,12 @@ class AlgorithmConfig(ConfigSection):
     entropy_target: float = option(0.2, "adaptive entropy: the target mean entropy", low=0)
     old_logprobs: Literal["recompute", "rollout"] = option(
         "recompute", "where the old policy's logprobs come from when needed: a forward pass, or the engine's"
+    )
+    mask_stale_tokens: int | None = option(
+        None,
+        "rollout.mode partial: tokens sampled by weights more than this many versions old get no loss (slime's "
+        "mask of partial rollouts is 0; null: off)",
+        low=0,
     )
 
     def rollout_correction(self) -> tuple[str, float | None, float | None] | None:
@@ -337,6 +356,8 @@ def validate(cfg: TrainConfig) -> None:
     if g.overlong_buffer >= r.max_completion_length:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
     _check_rollout_correction(g)
+    if r.mode == "partial" and g.dynamic_sampling:
+        raise ValueError("grpo.dynamic_sampling: not available with rollout.mode partial yet (set one of them off)")
     if g.entropy_coef_min > g.entropy_coef_max:
         raise ValueError(
             f"grpo.entropy_coef_min: ({g.entropy_coef_min}) must be <= entropy_coef_max ({g.entropy_coef_max})"

@@ -39,18 +39,33 @@ from grpo_fast.trainer.micro_batches import (
 )
 from grpo_fast.trainer.prefix_sharing import prefix_sharing_error, shared_completion_hidden, worth_sharing
 from grpo_fast.trainer.rollout_phase import RolloutBatch
+from grpo_fast.trainer.staleness import token_staleness
 
 logger = logging.getLogger(__name__)
 
 
-def mismatch_metrics(trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def mismatch_metrics(
+    trainer_lp: torch.Tensor, rollout_lp: torch.Tensor, mask: torch.Tensor, staleness: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """How far the trainer's [B, T] logprobs of the sampled tokens are from the engine's, over the mask
-    (0-dim tensors on the logprobs' device)."""
+    (0-dim tensors on the logprobs' device); with the tokens' staleness [B, T] (host), also
+    mismatch/abs_logprob_diff_staleness_<k> over the tokens k versions old, for each k present."""
     n_tok = mask.sum().clamp(min=1)
-    return {
-        "mismatch/abs_logprob_diff_mean": ((trainer_lp - rollout_lp) * mask).abs().sum() / n_tok,
-        "mismatch/kl_rollout_trainer": ((rollout_lp - trainer_lp) * mask).sum() / n_tok,
+    diff = (trainer_lp - rollout_lp) * mask
+    out = {
+        "mismatch/abs_logprob_diff_mean": diff.abs().sum() / n_tok,
+        "mismatch/kl_rollout_trainer": -diff.sum() / n_tok,
     }
+    if staleness is not None:
+        present = staleness[mask.cpu().bool()].unique().tolist()
+        if len(present) > 1 or present != [0]:
+            on_device = staleness.to(mask.device)
+            for k in present:
+                bucket = mask & (on_device == k)
+                out[f"mismatch/abs_logprob_diff_staleness_{k}"] = (diff * bucket).abs().sum() / bucket.sum().clamp(
+                    min=1
+                )
+    return out
 
 
 def read_metrics(metrics: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -72,7 +87,7 @@ def check_step_inputs(batch: SequenceBatch, advantages: torch.Tensor, vocab: int
 class _StepInputs:
     """What every update of one step reads: the batch [B, P+T] and its micro-batch plan, advantages [B], the
     completion mask [B, T], the old-policy, reference and engine logprobs [B, T] (None where unused), importance
-    weights ([B, T] or [B], or None), and the step's device metrics so far."""
+    weights ([B, T] or [B], or None), each token's staleness [B, T] (host), and the step's device metrics so far."""
 
     batch: SequenceBatch
     plan: list
@@ -82,6 +97,7 @@ class _StepInputs:
     ref_lp: torch.Tensor | None
     is_weights: torch.Tensor | None
     measure_from: torch.Tensor | None
+    staleness: torch.Tensor
     stats: dict[str, torch.Tensor]
     real_micro_batches: int
 
@@ -328,6 +344,9 @@ class LossStep:
         batch = build_sequence_batch(rollout.prompt_ids, [c.token_ids for c in comps], self.pad_token_id)
         if cfg.grpo.mask_truncated_completions:
             batch.completion_mask[torch.tensor([c.truncated for c in comps])] = False
+        staleness = token_staleness(comps, rollout.version, batch.completion_ids.shape[1])
+        if cfg.grpo.mask_stale_tokens is not None:
+            batch.completion_mask &= staleness <= cfg.grpo.mask_stale_tokens
         advantages = self.advantages(rollout.rewards)
         check_step_inputs(batch, advantages, lm_head_params(self.model)[0].shape[0])
         rollout_lp = padded_rows([c.logprobs for c in comps], batch.completion_ids.shape[1], 0.0, torch.float32)
@@ -347,7 +366,7 @@ class LossStep:
         self.model.train()
         is_weights = None
         if recompute and has_rollout_lp:
-            stats.update(mismatch_metrics(old_lp, rollout_lp, mask))
+            stats.update(mismatch_metrics(old_lp, rollout_lp, mask, staleness))
             if correction is not None:  # [B, T] (token_*) or [B] (sequence_*), TRL's importance_sampling_ratio
                 is_weights = rollout_importance_weights(old_lp, rollout_lp, mask, *correction)
         return _StepInputs(
@@ -360,6 +379,7 @@ class LossStep:
             is_weights=is_weights,
             # Otherwise the first update's forward runs the policy the engine sampled from: measure there.
             measure_from=rollout_lp if has_rollout_lp and not recompute else None,
+            staleness=staleness,
             stats=stats,
             real_micro_batches=sum(not mb.idle for mb in plan),
         )
@@ -380,7 +400,7 @@ class LossStep:
             totals = self.dist.sum(totals)
             control.update(float(totals[0]), float(totals[1]))
         if current is not None:
-            step.stats.update(mismatch_metrics(current, step.measure_from, step.mask))
+            step.stats.update(mismatch_metrics(current, step.measure_from, step.mask, step.staleness))
         params, max_norm = self.model.parameters(), self.config.optim.max_grad_norm
         norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))  # one op, not one per tensor
         grad_norms.append(norm.to(self.device))

@@ -11,6 +11,7 @@ import torch
 from grpo_fast.rewards.reward_set import FAILURE_KINDS
 from grpo_fast.trainer.advantages import reward_stats
 from grpo_fast.trainer.health import reward_by_length
+from grpo_fast.trainer.staleness import staleness_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,8 @@ logger = logging.getLogger(__name__)
 def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> dict[str, float]:
     """The rollout side of a step's metrics: rewards (overall and per function, with each verifier's
     failures), zero-variance groups, completion lengths and truncation over every completion generated this
-    step, and throughput.
+    step, throughput, the trained completions' staleness (grpo_fast.trainer.staleness) and, with partial
+    rollouts, the step's rounds, restarts and drops.
 
     rollout: the step's RolloutBatch; times: seconds of "train", "sync" and the whole "step" (generation and
     scoring times come from the rollout: time/score is scoring on the critical path, time/score_pool the
@@ -56,4 +58,6 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
             "tokens_per_second/generate": float(lengths.sum()) / max(rollout.time_generate, 1e-9),
         }
     )
+    out.update(staleness_metrics(rollout.completions, rollout.version))
+    out.update({f"rollout/{k}": float(v) for k, v in rollout.partial_counts.items()})
     return out

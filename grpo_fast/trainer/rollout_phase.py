@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +23,7 @@ from grpo_fast.distributed.context import Distributed
 from grpo_fast.rewards.length import soft_overlong_penalty
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rollout.base import Completion, RolloutEngine
+from grpo_fast.rollout.partial import PartialRollouts
 from grpo_fast.rollout.prompts import PromptEncoder, training_sampling
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
@@ -66,6 +67,10 @@ class RolloutBatch:
     time_score: float
     time_score_pool: float
     reward_failures: dict[str, int]
+    version: int = 0
+    partial_counts: dict[str, int] = field(default_factory=dict)
+    """rollout.mode partial: the step's "rounds", and the completions "restarted" / groups "dropped" for
+    staleness, groups "started", "generated_tokens" (grpo_fast.rollout.partial.PartialRollouts.collect)."""
 
 
 class RolloutPhase:
@@ -85,14 +90,30 @@ class RolloutPhase:
         self.stop_ids = stop_ids
         self.dist = dist or Distributed()
         self.auto_chunks = 1  # reward.overlap_chunks auto: the chunks of the next round
+        r = config.rollout
+        self.partial = None
+        if r.mode == "partial":
+            if self.dist.world_size > 1:
+                raise ValueError("rollout.mode: partial runs in one process for now (torchrun: use sync)")
+            self.partial = PartialRollouts(
+                r.partial,
+                r.num_generations,
+                r.max_completion_length,
+                r.max_staleness,
+                r.stale,
+                lambda max_tokens, seed: training_sampling(r, stop_ids, 1, seed, max_tokens),
+            )
 
     def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
-        """This rank's share of the step's batch: run.prompts_per_step / world_size groups.
+        """The step's batch at weight version `step` (the weights after `step` updates): rollout.mode partial
+        in `_collect_partial`, else this rank's share, run.prompts_per_step / world_size groups, generated whole.
 
         Every rank holds the same prompt sampler. Each round, the ranks exchange how many groups each still
         needs, draw that many prompts in total, and each takes its slice in rank order; request i of the
         round (counted over all ranks) is seeded as in a single process, so the ranks together generate what
         one process would, split by rank."""
+        if self.partial is not None:
+            return self._collect_partial(engine, step)
         cfg, g = self.config, self.config.rollout.num_generations
         want = cfg.run.prompts_per_step // self.dist.world_size
         kept, spare, generated, generated_rows, rewards_all, per_func_all = [], [], [], [], [], []
@@ -122,6 +143,8 @@ class RolloutPhase:
             rounds += 1
         # Out of rounds: fill up with zero-variance groups (advantage 0, they still count in dapo's normaliser).
         kept = (kept + spare)[:want]
+        for c in generated:
+            c.segments = [(0, step)]
         generated_rewards = torch.cat(rewards_all)
         _, zero_var = group_advantages(generated_rewards, g, "none")
         full = self.rewards.full_rewards([self.rows[i] for i in generated_rows])
@@ -141,6 +164,50 @@ class RolloutPhase:
             time_score=times["score"],
             time_score_pool=times["score_pool"],
             reward_failures=dict(failures),
+            version=step,
+        )
+
+    def _collect_partial(self, engine: RolloutEngine, step: int) -> RolloutBatch:
+        """run.prompts_per_step complete groups from the partial rollouts under way (grpo_fast.rollout.partial),
+        scored once complete."""
+        cfg, g = self.config, self.config.rollout.num_generations
+        want = cfg.run.prompts_per_step
+        seed = (cfg.run.seed * 1_000_003 + step * 10_007) * 1000
+
+        def draw(k: int) -> list[tuple[int, list[int]]]:
+            index = self.sampler.next(k)
+            return list(zip(index, self.prompts.encode_rows(self.rows, index, cache=True), strict=True))
+
+        t0 = time.perf_counter()
+        groups, counts = self.partial.collect(engine, step, want, draw, seed)
+        time_generate = time.perf_counter() - t0
+        completions = [m.completion() for grp in groups for m in grp.members]
+        rows = [grp.row for grp in groups for _ in range(g)]
+        state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
+        scored = self.rewards.submit(
+            [self.rows[i] for i in rows], [c.text for c in completions], [c.token_ids for c in completions], state
+        ).result()
+        rewards = self._combined(scored.per_func, completions)
+        _, zero_var = group_advantages(rewards, g, "none")
+        full = self.rewards.full_rewards([self.rows[i] for i in rows])
+        unsolved = ~(rewards.view(-1, g) >= full.view(-1, g) - 1e-6).all(dim=1)
+        return RolloutBatch(
+            prompt_ids=[grp.prompt_ids for grp in groups for _ in range(g)],
+            completions=completions,
+            rewards=rewards,
+            generated=completions,
+            generated_rows=rows,
+            generated_rewards=rewards,
+            generated_rewards_per_func=scored.per_func,
+            frac_zero_var_groups=float(zero_var.float().mean()),
+            frac_stuck_groups=float((zero_var & unsolved).float().mean()),
+            resample_rounds=0,
+            time_generate=time_generate,
+            time_score=scored.seconds_critical,
+            time_score_pool=scored.seconds_pool,
+            reward_failures=dict(scored.failures),
+            version=step,
+            partial_counts=dict(counts),
         )
 
     def chunks(self, engine: RolloutEngine) -> int:

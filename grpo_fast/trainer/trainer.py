@@ -316,6 +316,8 @@ class GRPOTrainer:
             state["optimizer"] = self.optimizer.state_dict()
         if self.loss_step.entropy_control is not None:  # grpo.use_adaptive_entropy's coefficient (TRL saves it too)
             state["entropy_control"] = self.loss_step.entropy_control.state_dict()
+        if self.rollout.partial is not None:  # the completions under way continue after a resume
+            state["partial_rollouts"] = self.rollout.partial.state_dict()
         return ckpt.save_checkpoint(
             self.output_dir / "checkpoints",
             self.step,
@@ -364,6 +366,8 @@ class GRPOTrainer:
         self.skipped_steps = state.get("skipped_steps", 0)
         if self.loss_step.entropy_control is not None and "entropy_control" in state:
             self.loss_step.entropy_control.load_state_dict(state["entropy_control"])
+        if self.rollout.partial is not None and "partial_rollouts" in state:
+            self.rollout.partial.load_state_dict(state["partial_rollouts"])
         set_rng_state(state["rng"])
         self.resumed_from = path
         logger.info("resumed from %s (step %d)", path, self.step)

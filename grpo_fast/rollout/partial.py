@@ -1,0 +1,248 @@
+"""Partial rollouts: a step generates in rounds of a few tokens and stops as soon as it has the complete
+groups it needs; the completions still running wait for a later step and continue there under that step's
+weights, instead of the whole step waiting for its slowest completion.
+
+A round is one `engine.generate` call over every running completion: the request is the prompt followed by
+the completion's tokens so far (token ids, never re-tokenised text), so the engine prefills the partial
+completion under its current weights and samples at most `segment_tokens` more. Each round's tokens form a
+segment tagged with the weight version that sampled it, and keep their sampling (behaviour) logprobs; a
+completion's staleness when trained is the trainer's version minus its oldest segment's.
+
+Staleness is bounded exactly: a step at version v trains only groups whose every completion started at a
+version >= v - max_staleness. Older completions are restarted from their prompt (`stale: restart`) or their
+group is dropped (`stale: drop`), both counted. A group is handed out only when all G completions are
+done: group-relative advantages need the whole group.
+
+In-flight state is plain data (`state_dict`): a checkpoint keeps it, so a resumed run continues the same
+completions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from grpo_fast.config_fields import ConfigSection, option
+from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+
+ROUND_SEEDS = 1_000_003
+"""Seeds per round: request i of round r is seeded seed + r * ROUND_SEEDS + i."""
+
+
+@dataclass
+class PartialOptions(ConfigSection):
+    """Partial rollouts (`rollout.partial`, used when rollout.mode is partial)."""
+
+    key = "rollout.partial"
+    segment_tokens: int = option(
+        64, "tokens a completion may grow per generation round, before the step counts its complete groups", low=1
+    )
+    groups_in_flight: float = option(
+        2.0, "groups kept generating, as a multiple of the step's prompts (over-provisioning)", low=1
+    )
+    max_rounds: int = option(
+        256, "generation rounds per step at most (then the step trains what is complete, at least one group)", low=1
+    )
+
+
+@dataclass
+class PartialCompletion:
+    """One completion under way: its tokens and behaviour logprobs so far, and `segments`, the
+    (first token index, weight version) of each round that added tokens. finish_reason None: still running."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.finish_reason is None
+
+    def oldest_version(self, default: int) -> int:
+        return self.segments[0][1] if self.segments else default
+
+    def restart(self) -> None:
+        """Back to the prompt: every token will come from the current weights."""
+        self.token_ids, self.logprobs, self.text, self.segments, self.finish_reason = [], [], "", [], None
+
+    def completion(self) -> Completion:
+        return Completion(
+            list(self.token_ids),
+            list(self.logprobs),
+            self.text,
+            self.finish_reason or "length",
+            segments=list(self.segments),
+        )
+
+
+@dataclass
+class PartialGroup:
+    """G completions of one prompt (`row`: its dataset row), generated round by round."""
+
+    row: int
+    prompt_ids: list[int]
+    members: list[PartialCompletion]
+
+    @property
+    def done(self) -> bool:
+        return not any(m.running for m in self.members)
+
+    def oldest_version(self, default: int) -> int:
+        return min(m.oldest_version(default) for m in self.members)
+
+
+class PartialRollouts:
+    """The groups under way between steps, and the round loop that advances them (see module doc).
+
+    sampling(max_tokens, seed) -> the SamplingSpec of one round's requests (n = 1 each); max_completion_length:
+    tokens per completion at most; max_staleness, stale ("restart" | "drop"): the bound and what happens beyond it.
+    """
+
+    def __init__(
+        self,
+        options: PartialOptions,
+        num_generations: int,
+        max_completion_length: int,
+        max_staleness: int,
+        stale: str,
+        sampling: Callable[[int, int], SamplingSpec],
+    ) -> None:
+        if stale not in ("restart", "drop"):
+            raise ValueError(f"rollout.stale: expected 'restart' or 'drop', got {stale!r}")
+        self.options, self.g, self.max_len = options, num_generations, max_completion_length
+        self.max_staleness, self.stale, self.sampling = max_staleness, stale, sampling
+        self.groups: list[PartialGroup] = []  # oldest first: complete groups are handed out in this order
+
+    def collect(
+        self,
+        engine: RolloutEngine,
+        version: int,
+        needed: int,
+        draw: Callable[[int], list[tuple[int, list[int]]]],
+        seed: int,
+        on_done: Callable[[list[PartialGroup]], None] | None = None,
+    ) -> tuple[list[PartialGroup], Counter]:
+        """Runs rounds at weight `version` until `needed` groups are complete (or options.max_rounds rounds;
+        then what is complete, drawing on rounds past the limit until at least one group is) and hands out the
+        oldest complete ones.
+
+        draw(k) -> k new (row, prompt ids) to start; seed: the step's base seed (round r's requests: seed +
+        r * ROUND_SEEDS + i); on_done(groups): called with the groups each round completed (to score them while the next
+        round generates). Returns (groups, counts): counts "rounds", "restarted", "dropped", "started",
+        "generated_tokens"."""
+        counts: Counter = Counter()
+        self._enforce_staleness(version, counts)
+        target = max(needed, math.ceil(self.options.groups_in_flight * needed))
+        rounds = 0
+        while sum(g.done for g in self.groups) < needed:
+            if rounds >= self.options.max_rounds and any(g.done for g in self.groups):
+                break
+            missing = target - len(self.groups)
+            if missing > 0:
+                self.groups += [
+                    PartialGroup(row, ids, [PartialCompletion() for _ in range(self.g)]) for row, ids in draw(missing)
+                ]
+                counts["started"] += missing
+            before = {id(g) for g in self.groups if g.done}
+            counts["generated_tokens"] += self._round(engine, version, seed + rounds * ROUND_SEEDS)
+            rounds += 1
+            if on_done is not None:
+                finished = [g for g in self.groups if g.done and id(g) not in before]
+                if finished:
+                    on_done(finished)
+        counts["rounds"] = rounds
+        ready = [g for g in self.groups if g.done][:needed]
+        taken = {id(g) for g in ready}
+        self.groups = [g for g in self.groups if id(g) not in taken]
+        return ready, counts
+
+    def _enforce_staleness(self, version: int, counts: Counter) -> None:
+        """Restarts (or drops the group of) every completion sampled in part by weights older than
+        version - max_staleness."""
+        oldest_allowed = version - self.max_staleness
+        kept = []
+        for group in self.groups:
+            stale = [m for m in group.members if m.oldest_version(version) < oldest_allowed]
+            if not stale:
+                kept.append(group)
+            elif self.stale == "drop":
+                counts["dropped"] += 1
+            else:
+                for m in stale:
+                    m.restart()
+                counts["restarted"] += len(stale)
+                kept.append(group)
+        self.groups = kept
+
+    def _round(self, engine: RolloutEngine, version: int, seed: int) -> int:
+        """One generate call over every running completion: prompt + tokens so far, at most segment_tokens
+        more. Returns the tokens generated."""
+        running = [(g, m) for g in self.groups for m in g.members if m.running]
+        if not running:
+            return 0
+        by_budget: dict[int, list[int]] = {}
+        for i, (_, m) in enumerate(running):
+            by_budget.setdefault(min(self.options.segment_tokens, self.max_len - len(m.token_ids)), []).append(i)
+        generated, offset = 0, 0
+        for budget, members in sorted(by_budget.items()):  # one call per budget: a few near the limit
+            prompts = [running[i][0].prompt_ids + running[i][1].token_ids for i in members]
+            outputs = engine.generate(prompts, self.sampling(budget, seed + offset))
+            offset += len(members)
+            for i, (out,) in zip(members, outputs, strict=True):
+                m = running[i][1]
+                if out.token_ids and (not m.segments or m.segments[-1][1] != version):
+                    m.segments.append((len(m.token_ids), version))
+                m.token_ids += out.token_ids
+                m.logprobs += out.logprobs if len(out.logprobs) == len(out.token_ids) else [0.0] * len(out.token_ids)
+                m.text += out.text
+                generated += len(out.token_ids)
+                if out.finish_reason == "stop":
+                    m.finish_reason = "stop"
+                elif len(m.token_ids) >= self.max_len:
+                    m.finish_reason = "length"
+        return generated
+
+    def state_dict(self) -> dict:
+        """The groups under way, as plain data (for a checkpoint)."""
+        return {
+            "groups": [
+                {
+                    "row": g.row,
+                    "prompt_ids": list(g.prompt_ids),
+                    "members": [
+                        {
+                            "token_ids": m.token_ids,
+                            "logprobs": m.logprobs,
+                            "text": m.text,
+                            "segments": [list(s) for s in m.segments],
+                            "finish_reason": m.finish_reason,
+                        }
+                        for m in g.members
+                    ],
+                }
+                for g in self.groups
+            ]
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.groups = [
+            PartialGroup(
+                g["row"],
+                list(g["prompt_ids"]),
+                [
+                    PartialCompletion(
+                        list(m["token_ids"]),
+                        list(m["logprobs"]),
+                        m["text"],
+                        [tuple(s) for s in m["segments"]],
+                        m["finish_reason"],
+                    )
+                    for m in g["members"]
+                ],
+            )
+            for g in state["groups"]
+        ]

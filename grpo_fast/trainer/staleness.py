@@ -1,0 +1,43 @@
+"""Which weights sampled each token: staleness per completion and per token, from the completions' segments
+(grpo_fast.rollout.base.Completion.segments), and the step's staleness metrics.
+
+The staleness of a token is the trainer's weight version minus the version of the segment that sampled it; a
+completion's is its oldest token's. With rollout.mode sync every token has staleness 0.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from grpo_fast.rollout.base import Completion
+
+
+def token_staleness(completions: list[Completion], version: int, width: int) -> torch.Tensor:
+    """[B, width] int64: version minus the version of each token's segment (0 past a completion's end and
+    where no segments were recorded)."""
+    out = torch.zeros(len(completions), width, dtype=torch.long)
+    for i, c in enumerate(completions):
+        bounds = [start for start, _ in c.segments[1:]] + [len(c.token_ids)]
+        for (start, v), end in zip(c.segments, bounds, strict=True):
+            out[i, start : min(end, width)] = version - v
+    return out
+
+
+def staleness_metrics(completions: list[Completion], version: int) -> dict[str, float]:
+    """rollout/staleness_mean and _max over completions (each its oldest token's), and the histogram:
+    rollout/token_share_staleness_<k>, the share of the step's sampled tokens k versions old (k present only)."""
+    per_completion = [version - c.segments[0][1] if c.segments else 0 for c in completions]
+    tokens: Counter = Counter()
+    for c in completions:
+        bounds = [start for start, _ in c.segments[1:]] + [len(c.token_ids)]
+        for (start, v), end in zip(c.segments, bounds, strict=True):
+            tokens[version - v] += end - start
+    total = max(sum(tokens.values()), 1)
+    out = {
+        "rollout/staleness_mean": sum(per_completion) / max(len(per_completion), 1),
+        "rollout/staleness_max": float(max(per_completion, default=0)),
+    }
+    out.update({f"rollout/token_share_staleness_{k}": n / total for k, n in sorted(tokens.items())})
+    return out

@@ -1,0 +1,167 @@
+"""Partial rollouts (grpo_fast.rollout.partial) with real engines: a completion continued over rounds is the
+completion generated in one go (greedy; and under sampling its behaviour logprobs are the policy's own given
+the whole prefix), every token's weight version is recorded, the staleness bound holds exactly, a group is
+handed out only whole, and the state survives a checkpoint as plain data."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import torch
+
+from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
+from grpo_fast.rollout.base import SamplingSpec
+from grpo_fast.rollout.hf_engine import HFEngine
+from grpo_fast.rollout.partial import PartialOptions, PartialRollouts
+from grpo_fast.rollout.weight_sync import trainer_weights
+from grpo_fast.trainer.staleness import staleness_metrics, token_staleness
+
+TOK = build_char_tokenizer()
+PROMPTS = [TOK("12+7=")["input_ids"], TOK("3*9=")["input_ids"], TOK("40-6=")["input_ids"], TOK("5*5=")["input_ids"]]
+
+
+def _pool(
+    g: int,
+    max_len: int,
+    segment: int,
+    temperature: float,
+    max_staleness: int = 4,
+    stale: str = "restart",
+    in_flight: float = 1.0,
+) -> PartialRollouts:
+    options = PartialOptions(segment_tokens=segment, groups_in_flight=in_flight)
+    return PartialRollouts(
+        options,
+        g,
+        max_len,
+        max_staleness,
+        stale,
+        lambda max_tokens, seed: SamplingSpec(n=1, max_tokens=max_tokens, temperature=temperature, seed=seed),
+    )
+
+
+def _drawer():
+    """draw(k) over PROMPTS in turn (row = index into PROMPTS, cycling), counting what was drawn."""
+    drawn = Counter()
+
+    def draw(k):
+        out = []
+        for _ in range(k):
+            row = sum(drawn.values()) % len(PROMPTS)
+            drawn[row] += 1
+            out.append((row, PROMPTS[row]))
+        return out
+
+    return draw, drawn
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_model(TOK, seed=3)
+
+
+def _continued_equals_whole(engine, length: int, segment: int) -> None:
+    whole = engine.generate(PROMPTS[:2], SamplingSpec(n=1, max_tokens=length, temperature=0.0))
+    pool = _pool(1, length, segment, temperature=0.0)
+    draw, _ = _drawer()
+    groups, counts = pool.collect(engine, version=0, needed=2, draw=draw, seed=0)
+    assert counts["rounds"] > 1, "the test must continue completions over several rounds"
+    for group, (expected,) in zip(sorted(groups, key=lambda g: g.row), whole, strict=True):
+        got = group.members[0]
+        assert got.token_ids == expected.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(expected.logprobs), atol=1e-4, rtol=0)
+        assert got.finish_reason == expected.finish_reason
+        assert got.text == expected.text
+
+
+def test_hf_continuation_equals_one_generation(model):
+    _continued_equals_whole(HFEngine(model, TOK), length=17, segment=5)
+
+
+def test_vllm_continuation_equals_one_generation(vllm_engine, model):
+    vllm_engine.load_weights(trainer_weights(model))
+    _continued_equals_whole(vllm_engine, length=17, segment=5)
+
+
+def test_vllm_sampled_continuation_is_conditioned_on_its_whole_prefix(vllm_engine, model):
+    """Sampled over rounds of 3 tokens, each token's behaviour logprob is the policy's logprob of it after the
+    prompt and every earlier token (fp32 teacher forcing): a continuation that lost or re-tokenised part of its
+    prefix would sample from another distribution."""
+    vllm_engine.load_weights(trainer_weights(model))
+    pool = _pool(4, 20, 3, temperature=1.0)
+    draw, _ = _drawer()
+    groups, counts = pool.collect(vllm_engine, version=0, needed=2, draw=draw, seed=11)
+    completions = [m.completion() for g in groups for m in g.members]
+    prompts = [g.prompt_ids for g in groups for _ in g.members]
+    assert counts["rounds"] > 2 and max(len(c.token_ids) for c in completions) > 6
+    batch = build_sequence_batch(prompts, [c.token_ids for c in completions], TOK.pad_token_id)
+    with torch.no_grad():
+        trainer_lp = completion_logprobs(model, batch)
+    for i, c in enumerate(completions):
+        torch.testing.assert_close(torch.tensor(c.logprobs), trainer_lp[i, : len(c.token_ids)], atol=2e-4, rtol=0)
+
+
+def test_versions_are_recorded_per_segment(model):
+    """Completions started at version 0 and continued at 1 and 2 carry (start, version) segments that tile
+    their tokens; token staleness and the step metrics read them back."""
+    engine = HFEngine(model, TOK)
+    pool = _pool(2, 24, 4, temperature=1.0, in_flight=3.0)
+    draw, _ = _drawer()
+    handed = []
+    for version in range(6):
+        groups, _ = pool.collect(engine, version=version, needed=1, draw=draw, seed=version)
+        handed += [(version, g) for g in groups]
+    continued = [(v, m) for v, g in handed for m in g.members if len({ver for _, ver in m.segments}) > 1]
+    assert continued, "some completion must span versions"
+    for version, group in handed:
+        for m in group.members:
+            starts = [s for s, _ in m.segments]
+            versions = [v for _, v in m.segments]
+            assert starts[0] == 0 and starts == sorted(set(starts)) and starts[-1] < len(m.token_ids)
+            assert versions == sorted(set(versions)) and versions[-1] <= version  # one segment per version
+        comps = [m.completion() for m in group.members]
+        width = max(len(c.token_ids) for c in comps)
+        stale = token_staleness(comps, version, width)
+        for row, c in enumerate(comps):
+            for (start, v), end in zip(c.segments, [s for s, _ in c.segments[1:]] + [len(c.token_ids)], strict=True):
+                assert (stale[row, start:end] == version - v).all()
+        metrics = staleness_metrics(comps, version)
+        assert metrics["rollout/staleness_max"] == max(version - c.segments[0][1] for c in comps)
+        assert sum(v for k, v in metrics.items() if "token_share" in k) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("stale", ["restart", "drop"])
+def test_staleness_bound_is_never_exceeded_and_groups_are_whole(model, stale):
+    engine = HFEngine(model, TOK)
+    max_staleness, g = 1, 3
+    pool = _pool(g, 24, 2, temperature=1.0, max_staleness=max_staleness, stale=stale, in_flight=3.0)
+    draw, drawn = _drawer()
+    totals, handed = Counter(), 0
+    for version in range(6):
+        groups, counts = pool.collect(engine, version=version, needed=1, draw=draw, seed=version)
+        totals.update(counts)
+        handed += len(groups)
+        assert len(groups) == 1
+        for group in groups:
+            assert len(group.members) == g and group.done
+            assert all(m.finish_reason in ("stop", "length") for m in group.members)
+            assert version - group.oldest_version(version) <= max_staleness
+            assert group.prompt_ids == PROMPTS[group.row]
+    assert totals["restarted" if stale == "restart" else "dropped"] > 0, "the bound must have been exercised"
+    # Every group started is handed out, still under way, or dropped: none lost, none twice.
+    assert sum(drawn.values()) == totals["started"] == handed + len(pool.groups) + totals["dropped"]
+
+
+def test_state_is_plain_data_and_round_trips(model):
+    engine = HFEngine(model, TOK)
+    pool = _pool(2, 16, 3, temperature=1.0, in_flight=3.0)
+    draw, _ = _drawer()
+    pool.collect(engine, version=0, needed=1, draw=draw, seed=0)
+    assert any(not g.done for g in pool.groups)
+    state = json.loads(json.dumps(pool.state_dict()))
+    again = _pool(2, 16, 3, temperature=1.0, in_flight=3.0)
+    again.load_state_dict(state)
+    assert again.groups == pool.groups
