@@ -75,3 +75,32 @@ def test_k_steps_then_resume_equals_the_uninterrupted_run(tmp_path):
     assert_equal_trees(resumed.scheduler.state_dict(), full.scheduler.state_dict(), "scheduler")
     assert resumed.sampler.state_dict() == full.sampler.state_dict()
     assert resumed.optimizer.param_groups[0]["lr"] == full.optimizer.param_groups[0]["lr"]
+
+
+PARTIAL = (
+    "rollout.mode=partial",
+    "rollout.max_completion_length=6",
+    "rollout.partial.segment_tokens=1",
+    "rollout.partial.groups_in_flight=3",
+    "rollout.stop=['0','1','2','3','4','5','6','7','8','9','=','+']",  # lengths that differ: groups finish apart
+)
+
+
+def test_partial_rollouts_resume_with_the_completions_under_way(tmp_path):
+    """rollout.mode partial: the checkpoint keeps the completions under way, and the resumed run continues them
+    (same tokens, same weight versions) to the uninterrupted run's weights, bit for bit."""
+    full = _run(_trainer(tmp_path / "full", *PARTIAL))
+
+    with pytest.raises(_Killed):
+        _run(_trainer(tmp_path / "split", *PARTIAL, callbacks=[_kill_after(KILLED_AFTER)]))
+    from grpo_fast.core.checkpoint import latest_checkpoint, load_trainer_state
+
+    state = load_trainer_state(latest_checkpoint(tmp_path / "split" / "checkpoints"))
+    members = [m for g in state["partial_rollouts"]["groups"] for m in g["members"]]
+    assert any(m["finish_reason"] is None and m["token_ids"] for m in members), "nothing was under way"
+    resumed = _run(_trainer(tmp_path / "split", *PARTIAL, "run.resume=true"))
+
+    assert resumed.step == full.step == STEPS
+    assert_equal_trees(dict(resumed.model.named_parameters()), dict(full.model.named_parameters()), "model")
+    assert_equal_trees(resumed.optimizer.state_dict(), full.optimizer.state_dict(), "optimizer")
+    assert resumed.rollout.partial.groups == full.rollout.partial.groups
