@@ -23,6 +23,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from grpo_fast.config_fields import ConfigSection, option
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
@@ -45,6 +46,13 @@ class PartialOptions(ConfigSection):
     max_rounds: int = option(
         256, "generation rounds per step at most (then the step trains what is complete, at least one group)", low=1
     )
+    correction: Literal["decoupled", "coupled", "mask", "none"] = option(
+        "decoupled",
+        "for tokens of older weights: decoupled (the ratio against the trainer's weights before the update, times the "
+        "truncated weight pi_prox / pi_behaviour, AReaL), coupled (the ratio against the behaviour logprobs), mask "
+        "(no loss on tokens older than mask_staleness versions, slime), none",
+    )
+    mask_staleness: int = option(0, "correction mask: tokens at most this many versions old keep their loss", low=0)
 
 
 @dataclass
@@ -124,43 +132,40 @@ class PartialRollouts:
         needed: int,
         draw: Callable[[int], list[tuple[int, list[int]]]],
         seed: int,
-        on_done: Callable[[list[PartialGroup]], None] | None = None,
     ) -> tuple[list[PartialGroup], Counter]:
         """Runs rounds at weight `version` until `needed` groups are complete (or options.max_rounds rounds;
         then what is complete, drawing on rounds past the limit until at least one group is) and hands out the
         oldest complete ones.
 
         draw(k) -> k new (row, prompt ids) to start; seed: the step's base seed (round r's requests: seed +
-        r * ROUND_SEEDS + i); on_done(groups): called with the groups each round completed (to score them while the next
-        round generates). Returns (groups, counts): counts "rounds", "restarted", "dropped", "started",
+        r * ROUND_SEEDS + i). Returns (groups, counts): counts "rounds", "restarted", "dropped", "started",
         "generated_tokens"."""
         counts: Counter = Counter()
-        self._enforce_staleness(version, counts)
+        self.enforce_staleness(version, counts)
         target = max(needed, math.ceil(self.options.groups_in_flight * needed))
         rounds = 0
         while sum(g.done for g in self.groups) < needed:
             if rounds >= self.options.max_rounds and any(g.done for g in self.groups):
                 break
-            missing = target - len(self.groups)
-            if missing > 0:
-                self.groups += [
-                    PartialGroup(row, ids, [PartialCompletion() for _ in range(self.g)]) for row, ids in draw(missing)
-                ]
-                counts["started"] += missing
-            before = {id(g) for g in self.groups if g.done}
-            counts["generated_tokens"] += self._round(engine, version, seed + rounds * ROUND_SEEDS)
+            counts["started"] += self.start(draw(max(0, target - len(self.groups))))
+            counts["generated_tokens"] += self.round(engine, version, seed + rounds * ROUND_SEEDS)
             rounds += 1
-            if on_done is not None:
-                finished = [g for g in self.groups if g.done and id(g) not in before]
-                if finished:
-                    on_done(finished)
         counts["rounds"] = rounds
-        ready = [g for g in self.groups if g.done][:needed]
+        return self.take_done(needed), counts
+
+    def start(self, drawn: list[tuple[int, list[int]]]) -> int:
+        """Starts a group of G completions for each drawn (row, prompt ids); returns how many."""
+        self.groups += [PartialGroup(row, ids, [PartialCompletion() for _ in range(self.g)]) for row, ids in drawn]
+        return len(drawn)
+
+    def take_done(self, limit: int) -> list[PartialGroup]:
+        """Removes and returns the oldest complete groups, `limit` at most."""
+        ready = [g for g in self.groups if g.done][:limit]
         taken = {id(g) for g in ready}
         self.groups = [g for g in self.groups if id(g) not in taken]
-        return ready, counts
+        return ready
 
-    def _enforce_staleness(self, version: int, counts: Counter) -> None:
+    def enforce_staleness(self, version: int, counts: Counter) -> None:
         """Restarts (or drops the group of) every completion sampled in part by weights older than
         version - max_staleness."""
         oldest_allowed = version - self.max_staleness
@@ -178,7 +183,7 @@ class PartialRollouts:
                 kept.append(group)
         self.groups = kept
 
-    def _round(self, engine: RolloutEngine, version: int, seed: int) -> int:
+    def round(self, engine: RolloutEngine, version: int, seed: int) -> int:
         """One generate call over every running completion: prompt + tokens so far, at most segment_tokens
         more. Returns the tokens generated."""
         running = [(g, m) for g in self.groups for m in g.members if m.running]

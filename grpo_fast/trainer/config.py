@@ -178,12 +178,6 @@ class AlgorithmConfig(ConfigSection):
     old_logprobs: Literal["recompute", "rollout"] = option(
         "recompute", "where the old policy's logprobs come from when needed: a forward pass, or the engine's"
     )
-    mask_stale_tokens: int | None = option(
-        None,
-        "rollout.mode partial: tokens sampled by weights more than this many versions old get no loss (slime's "
-        "mask of partial rollouts is 0; null: off)",
-        low=0,
-    )
 
     def rollout_correction(self) -> tuple[str, float | None, float | None] | None:
         """(mode, clip_min, clip_max) of the importance weights against the engine, or None when off."""
@@ -356,6 +350,11 @@ def validate(cfg: TrainConfig) -> None:
     if g.overlong_buffer >= r.max_completion_length:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
     _check_rollout_correction(g)
+    if r.mode == "partial" and r.partial.correction == "coupled" and g.vllm_importance_sampling_correction:
+        raise ValueError(
+            "rollout.partial.correction: 'coupled' takes the behaviour logprobs as the old policy; with "
+            "grpo.vllm_importance_sampling_correction (the decoupled correction) set one of them to none / false"
+        )
     if r.mode == "partial" and g.dynamic_sampling:
         raise ValueError("grpo.dynamic_sampling: not available with rollout.mode partial yet (set one of them off)")
     if g.entropy_coef_min > g.entropy_coef_max:

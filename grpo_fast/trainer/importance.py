@@ -9,6 +9,7 @@ loss as `is_weights` (per token [B, T], or one per sequence [B]).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -38,3 +39,37 @@ def rollout_importance_weights(
     low = -math.inf if clip_min is None else clip_min
     high = math.inf if clip_max is None else clip_max
     return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+@dataclass(frozen=True)
+class Correction:
+    """What a step does about the policy that sampled its tokens: `old_from_rollout`, the behaviour logprobs are
+    the PPO ratio's old policy; `weights`, (mode, clip_min, clip_max) of the importance weights against them;
+    `mask_staleness`, tokens more versions old than this get no loss (None: none masked)."""
+
+    old_from_rollout: bool = False
+    weights: tuple[str, float | None, float | None] | None = None
+    mask_staleness: int | None = None
+
+
+def step_correction(config) -> Correction:
+    """The correction of a run (its TrainConfig): grpo.old_logprobs and grpo.vllm_importance_sampling_*, and with
+    rollout.mode partial its rollout.partial.correction (grpo.vllm_importance_sampling_correction, when on, is the
+    decoupled correction with its own mode and bounds):
+
+    decoupled  weights min(π_prox / π_behaviour, clip_max) per token, the ratio against π_prox (the trainer's weights
+               before the update): tokens of any age, each corrected once, at the cost of a forward pass;
+    coupled    the ratio against π_behaviour: no extra forward, but a stale token's policy change is clipped as if
+               the update had made it, so old tokens mostly fall outside the clip range and give no gradient;
+    mask       tokens more than mask_staleness versions old give no loss: unbiased for the rest, their samples lost;
+    none       stale tokens trained as if on-policy (biased, for comparison)."""
+    g, r = config.grpo, config.rollout
+    chosen = r.partial.correction if r.mode == "partial" else "none"
+    weights = g.rollout_correction()
+    if chosen == "decoupled" and weights is None:
+        weights = ("token_truncate", None, g.vllm_importance_sampling_clip_max)
+    return Correction(
+        old_from_rollout=g.old_logprobs == "rollout" or chosen == "coupled",
+        weights=weights,
+        mask_staleness=r.partial.mask_staleness if chosen == "mask" else None,
+    )

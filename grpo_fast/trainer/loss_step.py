@@ -28,7 +28,7 @@ from grpo_fast.loss.logprobs import logprobs_with_config
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.entropy_control import AdaptiveEntropy
-from grpo_fast.trainer.importance import rollout_importance_weights
+from grpo_fast.trainer.importance import rollout_importance_weights, step_correction
 from grpo_fast.trainer.micro_batches import (
     Packing,
     idle_copy,
@@ -345,8 +345,9 @@ class LossStep:
         if cfg.grpo.mask_truncated_completions:
             batch.completion_mask[torch.tensor([c.truncated for c in comps])] = False
         staleness = token_staleness(comps, rollout.version, batch.completion_ids.shape[1])
-        if cfg.grpo.mask_stale_tokens is not None:
-            batch.completion_mask &= staleness <= cfg.grpo.mask_stale_tokens
+        fix = step_correction(cfg)
+        if fix.mask_staleness is not None:
+            batch.completion_mask &= staleness <= fix.mask_staleness
         advantages = self.advantages(rollout.rewards)
         check_step_inputs(batch, advantages, lm_head_params(self.model)[0].shape[0])
         rollout_lp = padded_rows([c.logprobs for c in comps], batch.completion_ids.shape[1], 0.0, torch.float32)
@@ -356,10 +357,13 @@ class LossStep:
         plan = self.micro_batches(batch)
         stats: dict[str, torch.Tensor] = {}
 
-        from_rollout = cfg.grpo.old_logprobs == "rollout"
+        from_rollout = fix.old_from_rollout
         if from_rollout and not has_rollout_lp:
-            raise ValueError("grpo.old_logprobs: 'rollout' needs the engine's sampling logprobs (temperature > 0)")
-        correction = cfg.grpo.rollout_correction()  # (mode, clip_min, clip_max) or None
+            raise ValueError(
+                "grpo.old_logprobs 'rollout' (or rollout.partial.correction 'coupled') needs the engine's sampling "
+                "logprobs (temperature > 0)"
+            )
+        correction = fix.weights  # (mode, clip_min, clip_max) or None
         recompute = not from_rollout and (cfg.grpo.num_iterations > 1 or correction is not None)
         old_lp = rollout_lp if from_rollout else self.logprobs(self.model, batch, plan) if recompute else None
         ref_lp = self.reference_logprobs(batch, plan) if cfg.loss.beta > 0 else None

@@ -58,6 +58,8 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
             "tokens_per_second/generate": float(lengths.sum()) / max(rollout.time_generate, 1e-9),
         }
     )
+    out["rollout/trained_samples"] = float(len(rollout.completions))
+    out["rollout/trained_tokens"] = float(sum(len(c.token_ids) for c in rollout.completions))
     out.update(staleness_metrics(rollout.completions, rollout.version))
     out.update({f"rollout/{k}": float(v) for k, v in rollout.partial_counts.items()})
     return out

@@ -61,6 +61,8 @@ logger = logging.getLogger(__name__)
 SUMMED_METRICS = (
     "loss",
     "train_tokens",
+    "rollout/trained_samples",
+    "rollout/trained_tokens",
     "train/micro_batches",
     "train/backbone_tokens",
     "tokens_per_second/*",

@@ -1,10 +1,10 @@
 """The three off-policy corrections for tokens sampled by older weights (partial rollouts), each checked by
 one SGD step of the trainer against the same step on the fp64 reference loss over materialised logits:
 
-(a) coupled, `grpo.old_logprobs: rollout`: the PPO ratio against the behaviour logprobs themselves;
-(b) decoupled (AReaL), `grpo.vllm_importance_sampling_correction` token_truncate: the ratio against the proximal
-    policy (the trainer's weights before the update) times min(π_prox / π_behaviour, C);
-(c) `grpo.mask_stale_tokens: k`: tokens sampled more than k versions ago get no loss.
+(a) coupled: the PPO ratio against the behaviour logprobs themselves;
+(b) decoupled (AReaL): the ratio against the proximal policy (the trainer's weights before the update) times
+    min(π_prox / π_behaviour, C) per token;
+(c) mask: tokens sampled more than k versions ago get no loss.
 """
 
 from __future__ import annotations
@@ -102,14 +102,18 @@ def _trainer_step(model, rollout, overrides):
     return LossStep(cfg, model, optimizer, scheduler, TOK.pad_token_id).train_on_batch(rollout)
 
 
+PARTIAL = "rollout.mode=partial"
 VARIANTS = {
-    "coupled": ["grpo.old_logprobs=rollout"],
-    "decoupled": [
+    "coupled": [PARTIAL, "rollout.partial.correction=coupled"],
+    "decoupled": [PARTIAL, "rollout.partial.correction=decoupled", "grpo.vllm_importance_sampling_clip_max=1.02"],
+    "mask": [PARTIAL, "rollout.partial.correction=mask", "rollout.partial.mask_staleness=0"],
+    # The same corrections through the grpo options, outside partial mode.
+    "coupled_grpo": ["grpo.old_logprobs=rollout"],
+    "decoupled_grpo": [
         "grpo.vllm_importance_sampling_correction=true",
         "grpo.vllm_importance_sampling_mode=token_truncate",
         "grpo.vllm_importance_sampling_clip_max=1.02",
     ],
-    "mask": ["grpo.mask_stale_tokens=0"],
 }
 
 
@@ -125,9 +129,9 @@ def test_correction_matches_the_fp64_reference_step(variant):
     staleness = token_staleness(rollout.completions, VERSION, mask.shape[1])
     kwargs = {}
     hidden = completion_hidden(before, batch)
-    if variant == "coupled":
+    if variant.startswith("coupled"):
         kwargs["old_logprobs"] = behaviour.double()
-    elif variant == "decoupled":
+    elif variant.startswith("decoupled"):
         with torch.no_grad():  # the proximal policy: the weights before this update, in fp64
             prox = completion_logprobs(before, batch)
         kwargs["is_weights"] = torch.clamp(torch.exp((prox - behaviour.double()) * mask), max=1.02)

@@ -1,0 +1,250 @@
+"""Synchronous against partial rollouts on a task with a long tail of completion lengths, for the same number of
+trained samples, over several seeds (CPU, the vLLM engine colocated with the trainer).
+
+    python benchmarks/bench_async.py [--seeds 0 1 2] [--variants sync partial ...] [--steps 30]
+        [--work /tmp/grpo_fast_bench_async] [--out benchmarks/results/async_cpu.json]
+
+The task is grpo_fast.bench.long_tail (the tiny model after SFT stops after five tokens and thinks to near or
+past the 512-token limit about one time in ten; loss_type grpo, so that each sequence weighs the same); one SFT
+model per seed, shared by every variant of that seed. Each run
+(one variant, one seed) is its own process: vLLM holds process-wide state. Per run: step time, generation and
+training time, trained completion tokens per second, the engine's idle share (the step's time outside
+generation: training, the weight sync) and the trainer's (generation and scoring), the staleness histogram of the
+trained tokens, and held-out accuracy (greedy, 100 prompts) against trained samples and against the run's wall
+clock (the steps' time; evaluation excluded). A PNG of the accuracy curves goes next to the JSON, which is
+rewritten after every run.
+
+Variants: `sync`; `partial` (rollout.mode partial with its default correction); `partial_<correction>` for each
+rollout.partial.correction (grpo_fast.trainer.importance.step_correction: decoupled, coupled, mask, none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from grpo_fast.bench.common import environment_stamp, run_json_subprocess, write_json
+
+LIMIT = 512
+VARIANTS: dict[str, list[str]] = {
+    "sync": ["rollout.mode=sync"],
+    "partial": ["rollout.mode=partial"],
+    **{
+        f"partial_{name}": ["rollout.mode=partial", f"rollout.partial.correction={name}"]
+        for name in ("decoupled", "coupled", "mask", "none")
+    },
+}
+
+
+def sft_dir(work: Path, seed: int) -> Path:
+    """The seed's SFT model directory, trained once and reused."""
+    from grpo_fast.bench.long_tail import cold_start_model, long_tail_task
+    from grpo_fast.core.tiny_models import save_tiny
+
+    path = work / f"sft_seed{seed}"
+    if not (path / "config.json").exists():
+        model, tokenizer = cold_start_model(long_tail_task(seed, LIMIT), seed)
+        save_tiny(model, tokenizer, path)
+    return path
+
+
+def run_one(
+    work: Path, seed: int, variant: str, steps: int, prompts_per_step: int, eval_every: int, extra: list[str]
+) -> dict:
+    """One run of `variant` on the seed's SFT model: its per-step records, evaluations and totals."""
+    from grpo_fast.bench.long_tail import final_digit_reward, long_tail_task
+    from grpo_fast.trainer import GRPOTrainer, load_config
+
+    task = long_tail_task(seed, LIMIT)
+    out = work / f"{variant}_seed{seed}"
+    overrides = [
+        "rollout.engine=vllm",
+        "rollout.num_generations=8",
+        f"rollout.max_completion_length={LIMIT}",
+        f"rollout.max_model_len={LIMIT + 64}",
+        "rollout.vllm.dtype=float32",
+        f"rollout.vllm.kv_cache_memory_bytes={256 << 20}",
+        "loss.loss_type=grpo",
+        "optim.lr=1e-3",
+        f"run.max_steps={steps}",
+        f"run.prompts_per_step={prompts_per_step}",
+        "run.micro_batch_size=64",
+        f"run.seed={seed}",
+        f"run.eval_every={eval_every}",
+        "run.save_final=false",
+        "run.overwrite=true",
+        "run.report_to=[]",
+        "run.progress=false",
+        "run.plots=false",
+        "reward.workers=0",
+        f"run.output_dir={out}",
+        *VARIANTS[variant],
+        *extra,
+    ]
+    trainer = GRPOTrainer(
+        str(sft_dir(work, seed)),
+        [final_digit_reward],
+        task.train_rows,
+        config=load_config(None, overrides),
+        eval_dataset=task.eval_rows,
+    )
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
+    history = trainer.metrics.history
+    trainer.close()
+    return summarize(history, variant, seed, wall)
+
+
+def summarize(history: list[dict], variant: str, seed: int, wall: float) -> dict:
+    """Per-step records, the evaluations against trained samples and the steps' clock, and the run's totals."""
+    steps, evals, clock, samples = [], [], 0.0, 0
+    for record in history:
+        if "time/step" in record:
+            clock += record["time/step"]
+            samples += int(record.get("rollout/trained_samples", 0))
+            steps.append(
+                {
+                    "step": record["step"],
+                    "seconds": record["time/step"],
+                    "generate": record["time/generate"],
+                    "score": record["time/score"],
+                    "train": record["time/train"],
+                    "sync": record["time/sync"],
+                    "completion_tokens": record["rollout/trained_tokens"],
+                    "staleness_mean": record["rollout/staleness_mean"],
+                    "staleness_max": record["rollout/staleness_max"],
+                    "token_share_staleness": {
+                        k.rsplit("_", 1)[1]: v for k, v in record.items() if k.startswith("rollout/token_share_stale")
+                    },
+                    "truncated_frac": record["completion/truncated_frac"],
+                    "reward": record["reward/mean"],
+                }
+            )
+        if "eval/accuracy" in record:
+            evals.append(
+                {"step": record["step"], "samples": samples, "seconds": clock, "accuracy": record["eval/accuracy"]}
+            )
+    total = sum(s["seconds"] for s in steps)
+    share = {}
+    for s in steps:
+        for k, v in s["token_share_staleness"].items():
+            share[k] = share.get(k, 0.0) + v * s["completion_tokens"]
+    tokens = sum(s["completion_tokens"] for s in steps)
+    return {
+        "variant": variant,
+        "seed": seed,
+        "steps": steps,
+        "evaluations": evals,
+        "wall_seconds": wall,
+        "step_seconds_mean": total / max(len(steps), 1),
+        "trained_tokens_per_second": tokens / max(total, 1e-9),
+        "engine_idle_share": sum(s["train"] + s["sync"] for s in steps) / max(total, 1e-9),
+        "trainer_idle_share": sum(s["generate"] + s["score"] for s in steps) / max(total, 1e-9),
+        "token_share_staleness": {k: v / max(tokens, 1) for k, v in sorted(share.items(), key=lambda kv: int(kv[0]))},
+        "accuracy_start": evals[0]["accuracy"] if evals else None,
+        "accuracy_final": evals[-1]["accuracy"] if evals else None,
+    }
+
+
+def aggregate(runs: list[dict]) -> list[dict]:
+    """Per variant: means and spreads over its seeds, and the step time against sync's."""
+    out = []
+    variants = list(dict.fromkeys(r["variant"] for r in runs))
+    for variant in variants:
+        rs = [r for r in runs if r["variant"] == variant]
+        acc = [r["accuracy_final"] for r in rs]
+        out.append(
+            {
+                "variant": variant,
+                "seeds": [r["seed"] for r in rs],
+                "step_seconds_mean": sum(r["step_seconds_mean"] for r in rs) / len(rs),
+                "trained_tokens_per_second": sum(r["trained_tokens_per_second"] for r in rs) / len(rs),
+                "engine_idle_share": sum(r["engine_idle_share"] for r in rs) / len(rs),
+                "trainer_idle_share": sum(r["trainer_idle_share"] for r in rs) / len(rs),
+                "accuracy_start_mean": sum(r["accuracy_start"] for r in rs) / len(rs),
+                "accuracy_final_mean": sum(acc) / len(acc),
+                "accuracy_final_min": min(acc),
+                "accuracy_final_max": max(acc),
+                "staleness_max": max(s["staleness_max"] for r in rs for s in r["steps"]),
+            }
+        )
+    sync = next((v for v in out if v["variant"] == "sync"), None)
+    for v in out:
+        v["step_time_vs_sync"] = v["step_seconds_mean"] / sync["step_seconds_mean"] if sync else None
+    return out
+
+
+def plot(runs: list[dict], path: Path) -> None:
+    """Held-out accuracy against trained samples and against the steps' clock, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {}
+    for r in runs:
+        color = colors.setdefault(r["variant"], f"C{len(colors)}")
+        label = r["variant"] if r["seed"] == min(x["seed"] for x in runs if x["variant"] == r["variant"]) else None
+        ev = r["evaluations"]
+        axes[0].plot([e["samples"] for e in ev], [e["accuracy"] for e in ev], color=color, label=label, alpha=0.8)
+        axes[1].plot([e["seconds"] for e in ev], [e["accuracy"] for e in ev], color=color, label=label, alpha=0.8)
+    axes[0].set_xlabel("trained samples")
+    axes[1].set_xlabel("seconds (steps only)")
+    for ax in axes:
+        ax.set_ylabel("held-out accuracy")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--variants", nargs="+", default=["sync", "partial"], choices=sorted(VARIANTS))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--eval-every", type=int, default=5)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/grpo_fast_bench_async"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/async_cpu.json"))
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides of every run")
+    parser.add_argument("--one", nargs=2, metavar=("SEED", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        seed, variant = int(args.one[0]), args.one[1]
+        result = run_one(args.work, seed, variant, args.steps, args.prompts_per_step, args.eval_every, args.set)
+        print(json.dumps(result))
+        return 0
+    args.work.mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/bench_async.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    runs = []
+    for seed in args.seeds:
+        for variant in args.variants:
+            one = ["benchmarks.bench_async", "--one", str(seed), variant, "--work", str(args.work)]
+            one += ["--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step)]
+            one += ["--eval-every", str(args.eval_every), "--set", *args.set]
+            runs.append(run_json_subprocess(one, timeout=3600))
+            print(
+                f"seed {seed} {variant}: {runs[-1]['step_seconds_mean']:.2f} s/step, "
+                f"accuracy {runs[-1]['accuracy_start']} -> {runs[-1]['accuracy_final']}",
+                flush=True,
+            )
+            payload = {
+                "benchmark": "async_rollouts",
+                "command": command,
+                "environment": environment_stamp(),
+                "settings": {k: v for k, v in vars(args).items() if k not in ("one", "work", "out")} | {"limit": LIMIT},
+                "summary": aggregate(runs),
+                "runs": runs,
+            }
+            write_json(args.out, payload)
+            plot(runs, args.out.with_suffix(".png"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
