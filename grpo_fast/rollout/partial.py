@@ -213,41 +213,39 @@ class PartialRollouts:
 
     def state_dict(self) -> dict:
         """The groups under way, as plain data (for a checkpoint)."""
-        return {
-            "groups": [
-                {
-                    "row": g.row,
-                    "prompt_ids": list(g.prompt_ids),
-                    "members": [
-                        {
-                            "token_ids": m.token_ids,
-                            "logprobs": m.logprobs,
-                            "text": m.text,
-                            "segments": [list(s) for s in m.segments],
-                            "finish_reason": m.finish_reason,
-                        }
-                        for m in g.members
-                    ],
-                }
-                for g in self.groups
-            ]
-        }
+        return {"groups": [self.group_state(g) for g in self.groups]}
 
     def load_state_dict(self, state: dict) -> None:
-        self.groups = [
-            PartialGroup(
-                g["row"],
-                list(g["prompt_ids"]),
-                [
-                    PartialCompletion(
-                        list(m["token_ids"]),
-                        list(m["logprobs"]),
-                        m["text"],
-                        [tuple(s) for s in m["segments"]],
-                        m["finish_reason"],
-                    )
-                    for m in g["members"]
-                ],
+        self.groups = [self.group_from_state(g) for g in state["groups"]]
+
+    @staticmethod
+    def group_state(group: PartialGroup) -> dict:
+        """A group as plain data (a checkpoint's, or what crosses a process boundary)."""
+        return {
+            "row": group.row,
+            "prompt_ids": list(group.prompt_ids),
+            "members": [
+                {
+                    "token_ids": m.token_ids,
+                    "logprobs": m.logprobs,
+                    "text": m.text,
+                    "segments": [list(s) for s in m.segments],
+                    "finish_reason": m.finish_reason,
+                }
+                for m in group.members
+            ],
+        }
+
+    @staticmethod
+    def group_from_state(state: dict) -> PartialGroup:
+        members = [
+            PartialCompletion(
+                list(m["token_ids"]),
+                list(m["logprobs"]),
+                m["text"],
+                [tuple(s) for s in m["segments"]],
+                m["finish_reason"],
             )
-            for g in state["groups"]
+            for m in state["members"]
         ]
+        return PartialGroup(state["row"], list(state["prompt_ids"]), members)

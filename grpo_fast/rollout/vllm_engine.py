@@ -210,6 +210,14 @@ class VLLMEngine(RolloutEngine):
             ) from exc
         return cls(
             export_model(),
+            **cls.run_kwargs(config, options),
+            extra_kwargs=launcher_kwargs(options.tensor_parallel_size),
+        )
+
+    @staticmethod
+    def run_kwargs(config, options: VLLMOptions) -> dict:
+        """The engine's keyword arguments for a run, but the model and the launcher's."""
+        return dict(
             dtype=options.dtype,
             max_model_len=config.rollout.max_model_len,
             gpu_memory_utilization=options.gpu_memory_utilization,
@@ -217,7 +225,6 @@ class VLLMEngine(RolloutEngine):
             sleep_level=options.sleep_level,
             seed=config.run.seed,
             sync_bucket_bytes=options.sync_bucket_mb << 20,
-            extra_kwargs=launcher_kwargs(options.tensor_parallel_size),
         )
 
     # -- generation -------------------------------------------------------------------------------------

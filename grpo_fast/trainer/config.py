@@ -22,6 +22,7 @@ from grpo_fast.core.policy import ModelConfig
 from grpo_fast.core.trackers import ReportingOptions, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.rollout.async_rollouts import AsyncOptions
 from grpo_fast.rollout.hf_engine import HFOptions
 from grpo_fast.rollout.partial import PartialOptions
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES
@@ -106,18 +107,23 @@ class RolloutConfig(ConfigSection):
     top_k: int = option(-1, "top-k sampling (-1: off)", low=-1)
     stop: list[str] = option(help="strings that end a completion (each a single token)", factory=list)
     max_model_len: int = option(512, "prompt + completion tokens at most", low=1)
-    mode: Literal["sync", "partial"] = option(
+    mode: Literal["sync", "partial", "async"] = option(
         "sync",
         "sync: a step generates every completion to its end; partial: a step stops once it has its complete groups "
-        "and the rest continue in later steps under newer weights (grpo_fast.rollout.partial)",
+        "and the rest continue in later steps under newer weights (grpo_fast.rollout.partial); async: the engine "
+        "generates in its own process while the trainer trains (grpo_fast.rollout.async_rollouts)",
     )
     max_staleness: int = option(
-        4, "partial: weight versions a trained completion may lag the trainer by at most (0: fully on-policy)", low=0
+        4, "partial / async: weight versions a trained completion may lag the trainer by at most (0: on-policy)", low=0
     )
     stale: Literal["restart", "drop"] = option(
-        "restart", "partial: a completion beyond max_staleness restarts from its prompt, or its group is dropped"
+        "restart", "partial / async: a completion past max_staleness restarts from its prompt, or its group is dropped"
     )
-    partial: PartialOptions = option(help="partial rollouts' options (rollout.mode partial)", factory=PartialOptions)
+    partial: PartialOptions = option(
+        help="partial rollouts' options (rollout.mode partial, and async, whose engine process runs them)",
+        factory=PartialOptions,
+    )
+    async_engine: AsyncOptions = option(help="the engine process's options (rollout.mode async)", factory=AsyncOptions)
     vllm: VLLMOptions = option(help="the vLLM engine's options", factory=VLLMOptions)
     hf: HFOptions = option(help="the transformers engine's options", factory=HFOptions)
     plugins: dict = option(
@@ -350,13 +356,15 @@ def validate(cfg: TrainConfig) -> None:
     if g.overlong_buffer >= r.max_completion_length:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
     _check_rollout_correction(g)
-    if r.mode == "partial" and r.partial.correction == "coupled" and g.vllm_importance_sampling_correction:
+    if r.mode != "sync" and r.partial.correction == "coupled" and g.vllm_importance_sampling_correction:
         raise ValueError(
             "rollout.partial.correction: 'coupled' takes the behaviour logprobs as the old policy; with "
             "grpo.vllm_importance_sampling_correction (the decoupled correction) set one of them to none / false"
         )
-    if r.mode == "partial" and g.dynamic_sampling:
-        raise ValueError("grpo.dynamic_sampling: not available with rollout.mode partial yet (set one of them off)")
+    if r.mode != "sync" and g.dynamic_sampling:
+        raise ValueError(f"grpo.dynamic_sampling: not available with rollout.mode {r.mode} yet (set one of them off)")
+    if r.mode == "async" and r.engine not in ("auto", "hf", "vllm"):
+        raise ValueError(f"rollout.engine: rollout.mode async runs hf or vllm in its engine process, got {r.engine!r}")
     if g.entropy_coef_min > g.entropy_coef_max:
         raise ValueError(
             f"grpo.entropy_coef_min: ({g.entropy_coef_min}) must be <= entropy_coef_max ({g.entropy_coef_max})"

@@ -54,8 +54,8 @@ class Correction:
 
 def step_correction(config) -> Correction:
     """The correction of a run (its TrainConfig): grpo.old_logprobs and grpo.vllm_importance_sampling_*, and with
-    rollout.mode partial its rollout.partial.correction (grpo.vllm_importance_sampling_correction, when on, is the
-    decoupled correction with its own mode and bounds):
+    rollout.mode partial or async its rollout.partial.correction (grpo.vllm_importance_sampling_correction, when
+    on, is the decoupled correction with its own mode and bounds):
 
     decoupled  weights min(π_prox / π_behaviour, clip_max) per token, the ratio against π_prox (the trainer's weights
                before the update): tokens of any age, each corrected once, at the cost of a forward pass;
@@ -64,7 +64,7 @@ def step_correction(config) -> Correction:
     mask       tokens more than mask_staleness versions old give no loss: unbiased for the rest, their samples lost;
     none       stale tokens trained as if on-policy (biased, for comparison)."""
     g, r = config.grpo, config.rollout
-    chosen = r.partial.correction if r.mode == "partial" else "none"
+    chosen = r.partial.correction if r.mode != "sync" else "none"
     weights = g.rollout_correction()
     if chosen == "decoupled" and weights is None:
         weights = ("token_truncate", None, g.vllm_importance_sampling_clip_max)

@@ -22,8 +22,9 @@ import torch
 from grpo_fast.distributed.context import Distributed
 from grpo_fast.rewards.length import soft_overlong_penalty
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
+from grpo_fast.rollout.async_rollouts import AsyncRollouts, EngineSpec
 from grpo_fast.rollout.base import Completion, RolloutEngine
-from grpo_fast.rollout.partial import PartialRollouts
+from grpo_fast.rollout.partial import PartialGroup, PartialRollouts
 from grpo_fast.rollout.prompts import PromptEncoder, training_sampling
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
@@ -91,18 +92,35 @@ class RolloutPhase:
         self.dist = dist or Distributed()
         self.auto_chunks = 1  # reward.overlap_chunks auto: the chunks of the next round
         r = config.rollout
+        self.pool_kwargs = dict(
+            options=r.partial,
+            num_generations=r.num_generations,
+            max_completion_length=r.max_completion_length,
+            max_staleness=r.max_staleness,
+            stale=r.stale,
+        )
+        if r.mode != "sync" and self.dist.world_size > 1:
+            raise ValueError(f"rollout.mode: {r.mode} runs in one process for now (torchrun: use sync)")
         self.partial = None
         if r.mode == "partial":
-            if self.dist.world_size > 1:
-                raise ValueError("rollout.mode: partial runs in one process for now (torchrun: use sync)")
-            self.partial = PartialRollouts(
-                r.partial,
-                r.num_generations,
-                r.max_completion_length,
-                r.max_staleness,
-                r.stale,
-                lambda max_tokens, seed: training_sampling(r, stop_ids, 1, seed, max_tokens),
-            )
+            sampling = lambda max_tokens, seed: training_sampling(r, stop_ids, 1, seed, max_tokens)  # noqa: E731
+            self.partial = PartialRollouts(**self.pool_kwargs, sampling=sampling)
+        self.remote: AsyncRollouts | None = None  # rollout.mode async: `start_async`
+
+    def start_async(self, spec: EngineSpec, weights, step: int) -> None:
+        """rollout.mode async: starts the engine process from `weights` (the trainer's, (name, tensor) pairs) at
+        weight version `step`; the prompt schedule counts from there."""
+        cfg = self.config
+        sampling = training_sampling(cfg.rollout, self.stop_ids, 1, None)
+        self.remote = AsyncRollouts(
+            cfg.rollout.async_engine, spec, self.pool_kwargs, sampling, cfg.run.seed * 1_000_003, weights, step
+        )
+        self.remote.sent = step * cfg.run.prompts_per_step  # the schedule's count before this step
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
 
     def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
         """The step's batch at weight version `step` (the weights after `step` updates): rollout.mode partial
@@ -112,6 +130,8 @@ class RolloutPhase:
         needs, draw that many prompts in total, and each takes its slice in rank order; request i of the
         round (counted over all ranks) is seeded as in a single process, so the ranks together generate what
         one process would, split by rank."""
+        if self.remote is not None:
+            return self._collect_async(step)
         if self.partial is not None:
             return self._collect_partial(engine, step)
         cfg, g = self.config, self.config.rollout.num_generations
@@ -170,17 +190,28 @@ class RolloutPhase:
     def _collect_partial(self, engine: RolloutEngine, step: int) -> RolloutBatch:
         """run.prompts_per_step complete groups from the partial rollouts under way (grpo_fast.rollout.partial),
         scored once complete."""
-        cfg, g = self.config, self.config.rollout.num_generations
-        want = cfg.run.prompts_per_step
+        cfg = self.config
         seed = (cfg.run.seed * 1_000_003 + step * 10_007) * 1000
-
-        def draw(k: int) -> list[tuple[int, list[int]]]:
-            index = self.sampler.next(k)
-            return list(zip(index, self.prompts.encode_rows(self.rows, index, cache=True), strict=True))
-
         t0 = time.perf_counter()
-        groups, counts = self.partial.collect(engine, step, want, draw, seed)
-        time_generate = time.perf_counter() - t0
+        groups, counts = self.partial.collect(engine, step, cfg.run.prompts_per_step, self._draw, seed)
+        return self._scored(groups, step, counts, time.perf_counter() - t0)
+
+    def _collect_async(self, step: int) -> RolloutBatch:
+        """run.prompts_per_step complete groups from the engine process, after sending the prompts the schedule
+        has due; time_generate is the trainer's wait for them."""
+        want = self.config.run.prompts_per_step
+        self.remote.send(self._draw(self.remote.prompts_due(step, want) - self.remote.sent))
+        groups, counts, waited = self.remote.collect(want, step)
+        return self._scored(groups, step, counts, waited)
+
+    def _draw(self, k: int) -> list[tuple[int, list[int]]]:
+        """k prompts from the sampler: (row, prompt ids) each."""
+        index = self.sampler.next(k) if k > 0 else []
+        return list(zip(index, self.prompts.encode_rows(self.rows, index, cache=True), strict=True))
+
+    def _scored(self, groups: list[PartialGroup], step: int, counts: Counter, seconds: float) -> RolloutBatch:
+        """The batch of complete partial-rollout groups, scored; `seconds` of generation (or of waiting for it)."""
+        cfg, g = self.config, self.config.rollout.num_generations
         completions = [m.completion() for grp in groups for m in grp.members]
         rows = [grp.row for grp in groups for _ in range(g)]
         state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
@@ -202,7 +233,7 @@ class RolloutPhase:
             frac_zero_var_groups=float(zero_var.float().mean()),
             frac_stuck_groups=float((zero_var & unsolved).float().mean()),
             resample_rounds=0,
-            time_generate=time_generate,
+            time_generate=seconds,
             time_score=scored.seconds_critical,
             time_score_pool=scored.seconds_pool,
             reward_failures=dict(scored.failures),

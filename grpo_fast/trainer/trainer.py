@@ -39,9 +39,12 @@ from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.distributed.context import init_distributed
 from grpo_fast.distributed.fsdp import shard_policy
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
+from grpo_fast.rollout.async_rollouts import EngineSpec
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
+from grpo_fast.rollout.hf_engine import HFEngine
 from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
-from grpo_fast.rollout.registry import create_engine
+from grpo_fast.rollout.registry import choose_engine, create_engine
+from grpo_fast.rollout.vllm_engine import VLLMEngine
 from grpo_fast.rollout.weight_sync import trainer_weights
 from grpo_fast.trainer.audit import AuditTrail
 from grpo_fast.trainer.config import TrainConfig, check_distributed_config
@@ -180,6 +183,8 @@ class GRPOTrainer:
             self.offloader.offload_params = False
 
     def _make_engine(self) -> RolloutEngine:
+        if self.config.rollout.mode == "async":  # training rollouts come from the engine process; this one evaluates
+            return HFEngine(self.model, self.tokenizer, self.config.rollout.hf.batch_size)
         return create_engine(
             self.config.rollout.engine,
             self.config,
@@ -217,14 +222,29 @@ class GRPOTrainer:
             self.model.save_pretrained(directory, state_dict=full, safe_serialization=True)
 
     def close(self) -> None:
-        """Stop the reward worker processes, and the rollout engine when the trainer built it."""
+        """Stop the reward worker processes, the engine process (rollout.mode async), and the rollout engine when
+        the trainer built it."""
         self.rewards.close()
+        self.rollout.close()
         if self.engine is not None and self._owns_engine:
             self.engine.close()
             self.engine = None
 
+    def _start_engine_process(self) -> None:
+        """rollout.mode async: the engine process, from the current weights (grpo_fast.rollout.async_rollouts)."""
+        r = self.config.rollout
+        kind = choose_engine(r.engine).name if r.engine == "auto" else r.engine
+        kwargs = VLLMEngine.run_kwargs(self.config, r.vllm) if kind == "vllm" else {}
+        spec = EngineSpec(kind, self._export_model(), kwargs)
+        self.rollout.start_async(spec, trainer_weights(self.model), self.step)
+
     def sync_weights(self) -> dict:
         t0 = time.perf_counter()
+        if self.rollout.remote is not None:  # the weights after this step's update go to the engine process
+            out = self.rollout.remote.push_weights(trainer_weights(self.model), self.step + 1)
+            dt = time.perf_counter() - t0
+            self.timers["sync"] += dt
+            return {**out, "time/sync": dt}
         try:
             out = self.engine.load_weights(trainer_weights(self.model))
         except torch.OutOfMemoryError as exc:
@@ -550,6 +570,8 @@ class GRPOTrainer:
         mem = memory_snapshot("generate")
         curriculum = self.curriculum.update(self, self.step) if self.curriculum.due(self.step) else {}
         self.timers["curriculum"] += curriculum.get("time/curriculum", 0.0)
+        if self.config.rollout.mode == "async" and self.rollout.remote is None:
+            self._start_engine_process()
         rollout = self.last_rollout = self.rollout.collect(self.engine, self.step)
         self.engine.sleep()
         self.offloader.reload()

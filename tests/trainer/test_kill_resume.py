@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,42 @@ def test_an_incomplete_checkpoint_directory_is_skipped_on_resume(tmp_path, tiny_
     trainer = _train_in_process(config, out, monkeypatch, "run.max_steps=2", "run.resume=true")
     assert trainer.resumed_from == root / "step-000001" and trainer.step == 2
     assert [p.name for p in list_checkpoints(root)] == ["step-000001", "step-000002"]  # the broken one replaced
+
+
+def test_async_run_killed_twice_resumes_and_leaves_no_engine_process(tmp_path, tiny_dir):
+    """rollout.mode async: kill -9 of the trainer at an optimizer step and in scoring. Its engine process notices
+    and exits; the resumed run logs every step exactly once, and every published checkpoint is whole."""
+    cfg = yaml.safe_load(_config(tmp_path, tiny_dir).read_text())
+    cfg["rollout"] = {"engine": "hf", "mode": "async", "num_generations": 4, "max_completion_length": 3}
+    cfg["rollout"] |= {"partial": {"segment_tokens": 1}, "async_engine": {"threads": 1, "timeout_seconds": 120}}
+    config = tmp_path / "async.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "killed"
+    for i, kill in enumerate(["optimizer:2", "score:2"]):
+        before = _spawned()
+        rc, err = _train(config, out, kill=kill, resume=i > 0)
+        assert rc == -signal.SIGKILL, f"kill point {kill} was not reached (exit {rc}):\n{err[-3000:]}"
+        deadline = time.monotonic() + 15
+        while _spawned() - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _spawned() - before, "the engine process outlived its trainer"
+        for ckpt in list_checkpoints(out / "checkpoints"):
+            load_trainer_state(ckpt)
+    _train(config, out, resume=True)
+    logged = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged == list(range(1, STEPS + 1))
+
+
+def _spawned() -> set[int]:
+    """The live processes started by multiprocessing's spawn (the engine process is one)."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if (
+                b"spawn_main" in (proc / "cmdline").read_bytes()
+                and (proc / "stat").read_text().split(")")[-1].split()[0] != "Z"
+            ):
+                pids.add(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return pids

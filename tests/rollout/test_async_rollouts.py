@@ -1,0 +1,134 @@
+"""The engine process of asynchronous rollouts (grpo_fast.rollout.async_rollouts) with the real transformers
+engine in a spawned process: groups arrive whole with their versions, the weights the trainer pushes are the ones
+the engine samples with, the queue stays bounded, and a failing or dead engine process is an error, never a
+hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, save_tiny
+from grpo_fast.rollout.async_rollouts import AsyncOptions, AsyncRollouts, EngineSpec
+from grpo_fast.rollout.base import SamplingSpec
+from grpo_fast.rollout.partial import PartialOptions
+from grpo_fast.rollout.weight_sync import trainer_weights
+
+TOK = build_char_tokenizer()
+G = 2
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny(build_tiny_model(TOK, seed=5), TOK, tmp_path_factory.mktemp("async") / "model")
+
+
+def _remote(model_dir, model, *, queue_groups=8, timeout=60.0, max_staleness=4, spec=None) -> AsyncRollouts:
+    pool = dict(
+        options=PartialOptions(segment_tokens=4, groups_in_flight=2.0),
+        num_generations=G,
+        max_completion_length=12,
+        max_staleness=max_staleness,
+        stale="restart",
+    )
+    return AsyncRollouts(
+        AsyncOptions(queue_groups=queue_groups, threads=1, timeout_seconds=timeout),
+        spec or EngineSpec("hf", str(model_dir)),
+        pool,
+        SamplingSpec(n=1, temperature=1.0),
+        0,
+        trainer_weights(model),
+        0,
+    )
+
+
+def _prompts(n: int, start: int = 0) -> list[tuple[int, list[int]]]:
+    return [(start + i, TOK(f"({start + i}*7)%10=")["input_ids"]) for i in range(n)]
+
+
+def test_groups_arrive_whole_and_sampled_by_the_pushed_weights(model_dir):
+    """Version 0 is the model the process was started with; version 1 a different one pushed through shared
+    memory: every token's behaviour logprob is the logprob under the weights of its segment's version."""
+    models = {0: build_tiny_model(TOK, seed=5), 1: build_tiny_model(TOK, seed=6)}
+    remote = _remote(model_dir, models[0])
+    try:
+        remote.send(_prompts(4))
+        first, _, _ = remote.collect(2, version=0)
+        remote.push_weights(trainer_weights(models[1]), 1)
+        remote.send(_prompts(6, start=4))
+        later, counts, _ = remote.collect(6, version=1)
+    finally:
+        remote.close()
+    groups = first + later
+    assert all(len(g.members) == G and g.done for g in groups)
+    assert counts["generated_tokens"] > 0
+    seen = set()
+    for group in groups:
+        for m in group.members:
+            comp = m.completion()
+            batch = build_sequence_batch([group.prompt_ids], [comp.token_ids], TOK.pad_token_id)
+            bounds = [s for s, _ in comp.segments[1:]] + [len(comp.token_ids)]
+            for (start, version), end in zip(comp.segments, bounds, strict=True):
+                with torch.no_grad():
+                    lp = completion_logprobs(models[version], batch)[0, start:end]
+                torch.testing.assert_close(torch.tensor(comp.logprobs[start:end]), lp, atol=2e-4, rtol=0)
+                seen.add(version)
+    assert seen == {0, 1}, "the test must see tokens of both versions"
+
+
+def test_the_queue_is_bounded(model_dir):
+    model = build_tiny_model(TOK, seed=5)
+    remote = _remote(model_dir, model, queue_groups=2)
+    try:
+        remote.send(_prompts(12))
+        deadline = time.monotonic() + 30
+        while remote.groups.qsize() < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # the engine has had time to finish more groups than the queue holds
+        assert remote.groups.qsize() == 2
+        assert remote.process.is_alive()  # it waits, it does not fail
+        groups, _, _ = remote.collect(6, version=0)
+        assert len(groups) == 6
+    finally:
+        remote.close()
+    assert not remote.process.is_alive()
+
+
+def test_a_failing_engine_process_raises_its_error(model_dir, tmp_path):
+    remote = _remote(model_dir, build_tiny_model(TOK, seed=5), spec=EngineSpec("hf", str(tmp_path / "missing")))
+    try:
+        with pytest.raises(RuntimeError, match="engine process failed(.|\n)*missing"):
+            remote.collect(1, version=0)
+    finally:
+        remote.close()
+
+
+def test_a_killed_engine_process_stops_the_run_without_a_hang(model_dir):
+    remote = _remote(model_dir, build_tiny_model(TOK, seed=5), timeout=120.0)
+    try:
+        remote.send(_prompts(2))
+        remote.collect(1, version=0)
+        os.kill(remote.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match="engine process died"):
+            remote.collect(50, version=0)
+        assert time.monotonic() - start < 10
+        with pytest.raises(RuntimeError, match="did not take the last weights|died"):
+            remote.push_weights(trainer_weights(build_tiny_model(TOK, seed=5)), 1)
+            remote.push_weights(trainer_weights(build_tiny_model(TOK, seed=5)), 2)
+    finally:
+        remote.close()
+
+
+def test_a_silent_engine_process_times_out(model_dir):
+    remote = _remote(model_dir, build_tiny_model(TOK, seed=5), timeout=2.0)
+    try:  # no prompts sent: the process waits for them, and no group ever comes
+        with pytest.raises(RuntimeError, match="no group from the engine process in 2 s"):
+            remote.collect(1, version=0)
+    finally:
+        remote.close()
