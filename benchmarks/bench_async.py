@@ -1,21 +1,22 @@
-"""Synchronous against partial rollouts on a task with a long tail of completion lengths, for the same number of
-trained samples, over several seeds (CPU, the vLLM engine colocated with the trainer).
+"""Synchronous, partial and asynchronous rollouts on a task with a long tail of completion lengths, for the same
+number of trained samples, over several seeds (CPU, the vLLM engine).
 
     python benchmarks/bench_async.py [--seeds 0 1 2] [--variants sync partial ...] [--steps 30]
         [--work /tmp/grpo_fast_bench_async] [--out benchmarks/results/async_cpu.json]
 
 The task is grpo_fast.bench.long_tail (the tiny model after SFT stops after five tokens and thinks to near or
 past the 512-token limit about one time in ten; loss_type grpo, so that each sequence weighs the same); one SFT
-model per seed, shared by every variant of that seed. Each run
-(one variant, one seed) is its own process: vLLM holds process-wide state. Per run: step time, generation and
-training time, trained completion tokens per second, the engine's idle share (the step's time outside
-generation: training, the weight sync) and the trainer's (generation and scoring), the staleness histogram of the
-trained tokens, and held-out accuracy (greedy, 100 prompts) against trained samples and against the run's wall
-clock (the steps' time; evaluation excluded). A PNG of the accuracy curves goes next to the JSON, which is
-rewritten after every run.
+model per seed, shared by every variant of that seed. Each run (one variant, one seed) is its own process: vLLM
+holds process-wide state. Per run: step time, generation and training time, trained completion tokens per second,
+the engine's idle share (the step's time outside generation: training, the weight sync) and the trainer's
+(generation and scoring, or the wait for groups), the staleness histogram of the trained tokens, and held-out
+accuracy (greedy, 100 prompts) against trained samples and against the run's clock (the steps' time; evaluation
+excluded). A PNG of the accuracy curves goes next to the JSON, which is rewritten after every run.
 
-Variants: `sync`; `partial` (rollout.mode partial with its default correction); `partial_<correction>` for each
-rollout.partial.correction (grpo_fast.trainer.importance.step_correction: decoupled, coupled, mask, none).
+Variants: `sync` and `partial` (vLLM colocated with the trainer, sharing its cores); `async` (vLLM in the engine
+process on one core of its own, the trainer on the other; held-out evaluation then runs on the trainer's
+transformers engine, outside the steps' clock); `partial_<correction>` for each rollout.partial.correction
+(grpo_fast.trainer.importance.step_correction: decoupled, coupled, mask, none), the default being `partial`'s.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ LIMIT = 512
 VARIANTS: dict[str, list[str]] = {
     "sync": ["rollout.mode=sync"],
     "partial": ["rollout.mode=partial"],
+    "async": ["rollout.mode=async", "rollout.async_engine.threads=1"],
     **{
         f"partial_{name}": ["rollout.mode=partial", f"rollout.partial.correction={name}"]
         for name in ("decoupled", "coupled", "mask", "none")
@@ -156,7 +158,7 @@ def aggregate(runs: list[dict]) -> list[dict]:
     variants = list(dict.fromkeys(r["variant"] for r in runs))
     for variant in variants:
         rs = [r for r in runs if r["variant"] == variant]
-        acc = [r["accuracy_final"] for r in rs]
+        acc = [r["accuracy_final"] for r in rs if r["accuracy_final"] is not None]
         out.append(
             {
                 "variant": variant,
@@ -165,10 +167,10 @@ def aggregate(runs: list[dict]) -> list[dict]:
                 "trained_tokens_per_second": sum(r["trained_tokens_per_second"] for r in rs) / len(rs),
                 "engine_idle_share": sum(r["engine_idle_share"] for r in rs) / len(rs),
                 "trainer_idle_share": sum(r["trainer_idle_share"] for r in rs) / len(rs),
-                "accuracy_start_mean": sum(r["accuracy_start"] for r in rs) / len(rs),
-                "accuracy_final_mean": sum(acc) / len(acc),
-                "accuracy_final_min": min(acc),
-                "accuracy_final_max": max(acc),
+                "accuracy_start_mean": _mean([r["accuracy_start"] for r in rs]),
+                "accuracy_final_mean": _mean(acc),
+                "accuracy_final_min": min(acc, default=None),
+                "accuracy_final_max": max(acc, default=None),
                 "staleness_max": max(s["staleness_max"] for r in rs for s in r["steps"]),
             }
         )
@@ -176,6 +178,11 @@ def aggregate(runs: list[dict]) -> list[dict]:
     for v in out:
         v["step_time_vs_sync"] = v["step_seconds_mean"] / sync["step_seconds_mean"] if sync else None
     return out
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
 
 
 def plot(runs: list[dict], path: Path) -> None:

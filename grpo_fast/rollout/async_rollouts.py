@@ -51,9 +51,14 @@ class AsyncOptions(ConfigSection):
 
     key = "rollout.async_engine"
     queue_groups: int = option(32, "complete groups waiting for the trainer at most (the engine waits beyond)", low=1)
-    threads: int = option(0, "CPU threads of the engine process (0: half the cores, the trainer keeps the rest)", low=0)
+    threads: int = option(
+        0, "CPU threads of the engine process (0: half the cores); on CPU it gets as many cores of its own", low=0
+    )
     timeout_seconds: float = option(
-        600.0, "seconds without a group before the run stops with an error (the engine is stuck)", low=0, low_open=True
+        600.0,
+        "seconds without word from the engine process (ready, a group) before the run stops with an error",
+        low=0,
+        low_open=True,
     )
 
 
@@ -89,19 +94,23 @@ def _engine_main(
     sampling: SamplingSpec,
     seed: int,
     threads: int,
+    cores: set[int],
     shared: dict[str, torch.Tensor],
     prompts: mp.Queue,
     groups: mp.Queue,
     control: mp.Queue,
     loaded,
 ) -> None:
-    """The engine process: rounds of partial rollouts without end (see module doc). Puts ("group", state, counts)
-    for each complete group, ("error", traceback) on a failure."""
+    """The engine process: rounds of partial rollouts without end (see module doc). Puts ("ready",) once it holds
+    the weights, then ("group", state, counts) for each complete group; ("error", traceback) on a failure."""
     parent = os.getppid()
     try:
-        torch.set_num_threads(max(1, threads))
+        if cores:
+            os.sched_setaffinity(0, cores)
+        torch.set_num_threads(max(1, len(cores) if cores else threads))
         engine = build_engine(spec)
         engine.load_weights(shared.items())  # the trainer's current weights (a resumed run's, not the directory's)
+        groups.put(("ready",))
         pool = PartialRollouts(
             **pool_kwargs, sampling=lambda max_tokens, s: dataclasses.replace(sampling, max_tokens=max_tokens, seed=s)
         )
@@ -186,6 +195,15 @@ class AsyncRollouts:
         self.loaded = context.Value("q", version)
         self.pushed = version
         threads = options.threads or max(1, (os.cpu_count() or 2) // 2)
+        self._restore = None
+        cores = set()
+        if not torch.cuda.is_available():  # on CPU, separate cores: the engine takes the last `threads`
+            mine = sorted(os.sched_getaffinity(0))
+            if len(mine) > threads:
+                cores = set(mine[-threads:])
+                self._restore = (set(mine), torch.get_num_threads())
+                os.sched_setaffinity(0, set(mine[:-threads]))
+                torch.set_num_threads(len(mine) - threads)
         self.process = context.Process(
             target=_engine_main,
             args=(
@@ -194,6 +212,7 @@ class AsyncRollouts:
                 sampling,
                 seed,
                 threads,
+                cores,
                 self.shared,
                 self.prompts,
                 self.groups,
@@ -207,7 +226,9 @@ class AsyncRollouts:
         logger.info(
             "rollout.mode async: engine process %d started (%s, %s)", self.process.pid, spec.kind, spec.model_dir
         )
-        self.sent = 0  # prompts sent, counted by the schedule (see send_prompts)
+        self.sent = 0  # prompts sent, counted by the schedule (prompts_due)
+        if self._next()[0] != "ready":  # the engine built and holding the weights: its start-up is not a step's
+            raise RuntimeError("rollout.mode async: the engine process did not report ready first")
 
     def prompts_due(self, step: int, prompts_per_step: int) -> int:
         """Prompts the schedule has sent by the start of `step`: groups_in_flight steps ahead of the trainer."""
@@ -252,7 +273,7 @@ class AsyncRollouts:
                     ) from None
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"rollout.mode async: no group from the engine process in "
+                        f"rollout.mode async: nothing from the engine process in "
                         f"{self.options.timeout_seconds:g} s (rollout.async_engine.timeout_seconds); it is stuck"
                     ) from None
                 continue
@@ -311,3 +332,7 @@ class AsyncRollouts:
         if self.process.is_alive():
             self.process.kill()
         self.process.join()
+        if self._restore is not None:  # the trainer's cores and threads as they were
+            os.sched_setaffinity(0, self._restore[0])
+            torch.set_num_threads(self._restore[1])
+            self._restore = None

@@ -467,6 +467,8 @@ class GRPOTrainer:
             if resume_from is not None:
                 self._load_checkpoint(resume_from)
             self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
+            if cfg.rollout.mode == "async":
+                self._start_engine_process()
             self._launch_checklist(resumed=resume_from is not None)
         except BaseException:
             self._remove_unstarted_outputs(fresh_dir)

@@ -100,12 +100,8 @@ def test_the_queue_is_bounded(model_dir):
 
 
 def test_a_failing_engine_process_raises_its_error(model_dir, tmp_path):
-    remote = _remote(model_dir, build_tiny_model(TOK, seed=5), spec=EngineSpec("hf", str(tmp_path / "missing")))
-    try:
-        with pytest.raises(RuntimeError, match="engine process failed(.|\n)*missing"):
-            remote.collect(1, version=0)
-    finally:
-        remote.close()
+    with pytest.raises(RuntimeError, match="engine process failed(.|\n)*missing"):
+        _remote(model_dir, build_tiny_model(TOK, seed=5), spec=EngineSpec("hf", str(tmp_path / "missing")))
 
 
 def test_a_killed_engine_process_stops_the_run_without_a_hang(model_dir):
@@ -126,9 +122,10 @@ def test_a_killed_engine_process_stops_the_run_without_a_hang(model_dir):
 
 
 def test_a_silent_engine_process_times_out(model_dir):
-    remote = _remote(model_dir, build_tiny_model(TOK, seed=5), timeout=2.0)
+    remote = _remote(model_dir, build_tiny_model(TOK, seed=5))
+    remote.options.timeout_seconds = 2.0
     try:  # no prompts sent: the process waits for them, and no group ever comes
-        with pytest.raises(RuntimeError, match="no group from the engine process in 2 s"):
+        with pytest.raises(RuntimeError, match="nothing from the engine process in 2 s"):
             remote.collect(1, version=0)
     finally:
         remote.close()
