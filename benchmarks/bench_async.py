@@ -5,7 +5,8 @@ number of trained samples, over several seeds (CPU, the vLLM engine).
         [--work /tmp/grpo_fast_bench_async] [--out benchmarks/results/async_cpu.json]
 
 The task is grpo_fast.bench.long_tail (the tiny model after SFT stops after five tokens and thinks to near or
-past the 512-token limit about one time in ten; loss_type grpo, so that each sequence weighs the same); one SFT
+past the 512-token limit on the hard tenth of the prompts; loss_type grpo, so that each sequence weighs the same,
+and beta 0.1, without which the tiny policy drifts into thinking long on every prompt within ten steps); one SFT
 model per seed, shared by every variant of that seed. Each run (one variant, one seed) is its own process: vLLM
 holds process-wide state. Per run: step time, generation and training time, trained completion tokens per second,
 the engine's idle share (the step's time outside generation: training, the weight sync) and the trainer's
@@ -70,6 +71,7 @@ def run_one(
         "rollout.vllm.dtype=float32",
         f"rollout.vllm.kv_cache_memory_bytes={256 << 20}",
         "loss.loss_type=grpo",
+        "loss.beta=0.1",  # the KL anchor to the SFT policy keeps the length distribution where SFT put it
         "optim.lr=1e-3",
         f"run.max_steps={steps}",
         f"run.prompts_per_step={prompts_per_step}",

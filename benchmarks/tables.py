@@ -5,7 +5,8 @@
     <!-- /table -->
 
 The name is the stem of a results file, benchmarks/results/<name>.json; its "benchmark" field picks the columns
-(loss, logits_tile, sft, grpo_step, bench_trl_integration, r1_pipeline, loss_fuzz, demo_ab). No number inside a
+(loss, logits_tile, sft, grpo_step, bench_trl_integration, r1_pipeline, loss_fuzz, demo_ab, health_alarms,
+async_rollouts). No number inside a
 marked block is typed by hand: edit the JSON by re-running the benchmark, then this script.
 
     python benchmarks/tables.py                    # rewrite the marked tables of README.md, docs/ and benchmarks/
@@ -348,6 +349,59 @@ def render_demo_ab(payload: dict) -> str:
     )
 
 
+def _time_to_accuracy(run: dict, target: float) -> float | None:
+    """Seconds of the run's steps until its first evaluation at or above `target` (None: never)."""
+    return next((e["seconds"] for e in run["evaluations"] if e["accuracy"] >= target - 1e-9), None)
+
+
+def _reached(ratios: list[float], seeds: int) -> str:
+    if not seeds:
+        return ""
+    return f"{sum(ratios) / len(ratios):.2f}x ({len(ratios)}/{seeds} seeds)" if ratios else f"never (0/{seeds})"
+
+
+def render_async_rollouts(payload: dict) -> str:
+    """One row per variant, over its seeds: mean step time and its ratio to sync's, trained completion tokens per
+    second, the engine's and the trainer's idle shares, the trained tokens' staleness, held-out accuracy before and
+    after (mean, [min, max] over seeds), and the steps' time to reach the sync run's final accuracy of the same
+    seed against the sync run's whole time (how many seeds got there)."""
+    runs = payload["runs"]
+    sync = {r["seed"]: r for r in runs if r["variant"] == "sync"}
+    lines = [["variant", "seeds", "step s", "vs sync", "tokens/s", "engine idle", "trainer idle", "tokens by staleness",
+              "held-out accuracy", "time to sync's accuracy"]]  # fmt: skip
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    for variant in dict.fromkeys(r["variant"] for r in runs):
+        rs = [r for r in runs if r["variant"] == variant]
+        step = mean([r["step_seconds_mean"] for r in rs])
+        base = mean([sync[r["seed"]]["step_seconds_mean"] for r in rs]) if all(r["seed"] in sync for r in rs) else None
+        shares: dict[str, float] = {}
+        for r in rs:
+            for k, v in r["token_share_staleness"].items():
+                shares[k] = shares.get(k, 0.0) + v / len(rs)
+        start, final = [r["accuracy_start"] for r in rs], [r["accuracy_final"] for r in rs]
+        reach = []
+        for r in rs:
+            if r["seed"] in sync:
+                t = _time_to_accuracy(r, sync[r["seed"]]["accuracy_final"])
+                whole = sum(s["seconds"] for s in sync[r["seed"]]["steps"])
+                reach.append(None if t is None else t / whole)
+        got = [x for x in reach if x is not None]
+        lines.append([
+            variant, str(len(rs)), f"{step:.2f}", "" if base is None else f"{step / base:.2f}x",
+            f"{mean([r['trained_tokens_per_second'] for r in rs]):.0f}",
+            f"{mean([r['engine_idle_share'] for r in rs]):.0%}", f"{mean([r['trainer_idle_share'] for r in rs]):.0%}",
+            " ".join(f"{k}: {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: int(kv[0]))),
+            f"{mean(start):.2f} -> {mean(final):.2f} [{min(final):.2f}, {max(final):.2f}]",
+            _reached(got, len(reach)),
+        ])  # fmt: skip
+    settings = payload["settings"]
+    return table(lines) + (
+        f"\n\n{settings['steps']} steps of {settings['prompts_per_step']} prompts x 8 completions per run (the same "
+        f"trained samples for every variant), completion limit {settings['limit']} tokens. From `{payload['command']}` "
+        f"on {where(payload['environment'])}."
+    )
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "loss": render_loss,
     "logits_tile": render_logits_tile,
@@ -358,6 +412,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "loss_fuzz": render_loss_fuzz,
     "demo_ab": render_demo_ab,
     "health_alarms": render_health_alarms,
+    "async_rollouts": render_async_rollouts,
 }
 
 

@@ -2,10 +2,11 @@
 
 Prompts are the demo's "(a*7)%10=". The cold-start teacher answers with the digit and signs off, "d ok" (five
 tokens of the character tokenizer with EOS), right only `correct_fraction` of the time (else d + 1, as the demo's
-teacher). In `long_share` of its demonstrations it "thinks" in filler before signing off, ending 160 to 40 tokens
-short of the token limit: as often right as the short ones, so length is neither paid nor punished. After SFT the
-tiny model stops after five tokens most of the time and thinks to near (or past) the limit about one time in ten:
-a synchronous step then waits for its longest completion. The reward is 1 for the right digit in a completion
+teacher). On the hard prompts, the `long_share` with the largest operands, it "thinks" in filler before signing
+off, ending 160 to 40 tokens short of the token limit: as often right as on the others, so length is neither paid
+nor punished, and which prompts get long answers stays a property of the prompt. After SFT the tiny model stops
+after five tokens on most prompts and thinks to near (or past) the limit on about one in ten: a synchronous step
+then waits for its longest completion. The reward is 1 for the right digit in a completion
 that signed off (one cut at the limit did not), so RL has the demo's signal to learn from.
 """
 
@@ -65,13 +66,20 @@ def final_digit_reward(prompts, completions, answer, **_) -> list[float]:
     return out
 
 
+def is_hard(prompt: str, long_share: float) -> bool:
+    """The prompts the teacher thinks long about: operands in the top `long_share` of their range, "(9xx*7)"
+    for 0.1 (a property of the prompt, so that RL has no reason to move the share of long completions)."""
+    operand = int(prompt[1:].split("*")[0])
+    return operand >= 1000 * (1 - long_share)
+
+
 def long_tail_task(
     seed: int,
     limit: int,
     num_train: int = 800,
     num_eval: int = 100,
     correct_fraction: float = 0.3,
-    long_share: float = 0.05,
+    long_share: float = 0.1,
 ) -> LongTailTask:
     """Train and held-out rows (disjoint prompts) and the teacher's (prompt, completion) pairs; `limit`: the
     completion token limit the long demonstrations run near."""
@@ -84,7 +92,7 @@ def long_tail_task(
         answer = int(row["answer"])
         digit = answer if rng.random() < correct_fraction else (answer + 1) % 10
         repeats = rng.randrange((limit - 160) // len(FILLER), (limit - 40) // len(FILLER))
-        thinking = FILLER * repeats if rng.random() < long_share else ""
+        thinking = FILLER * repeats if is_hard(row["prompt"], long_share) else ""
         pairs.append((row["prompt"], answer_text(digit, thinking)))
     return LongTailTask(train_rows, eval_rows, pairs)
 

@@ -54,6 +54,9 @@ class AsyncOptions(ConfigSection):
     threads: int = option(
         0, "CPU threads of the engine process (0: half the cores); on CPU it gets as many cores of its own", low=0
     )
+    devices: str = option(
+        "", "the engine process's GPUs (its CUDA_VISIBLE_DEVICES, e.g. \"1\"; empty: as the trainer's process)"
+    )
     timeout_seconds: float = option(
         600.0,
         "seconds without word from the engine process (ready, a group) before the run stops with an error",
@@ -95,6 +98,7 @@ def _engine_main(
     seed: int,
     threads: int,
     cores: set[int],
+    devices: str,
     shared: dict[str, torch.Tensor],
     prompts: mp.Queue,
     groups: mp.Queue,
@@ -105,6 +109,8 @@ def _engine_main(
     the weights, then ("group", state, counts) for each complete group; ("error", traceback) on a failure."""
     parent = os.getppid()
     try:
+        if devices:  # before CUDA starts in this process
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices
         if cores:
             os.sched_setaffinity(0, cores)
         torch.set_num_threads(max(1, len(cores) if cores else threads))
@@ -213,6 +219,7 @@ class AsyncRollouts:
                 seed,
                 threads,
                 cores,
+                options.devices,
                 self.shared,
                 self.prompts,
                 self.groups,
@@ -282,11 +289,16 @@ class AsyncRollouts:
             return message
 
     def push_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
-        """Copies the trainer's weights into the shared tensors once the engine holds the last ones, and
-        announces `version`. Returns the sync's timing stats."""
+        """`wait_for_engine`, then `write_weights`."""
+        waited = self.wait_for_engine()
+        return {**self.write_weights(weights, version), "sync/wait_engine": waited}
+
+    def wait_for_engine(self) -> float:
+        """Waits until the engine holds the last weights pushed (it may still be reading them); returns the seconds
+        waited. RuntimeError when the engine process failed or died meanwhile."""
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.options.timeout_seconds
-        while self.loaded.value != self.pushed:  # the engine still reads the previous version
+        while self.loaded.value != self.pushed:
             if not self.process.is_alive() or time.monotonic() > deadline:
                 self._raise_if_failed()
                 raise RuntimeError(
@@ -294,7 +306,12 @@ class AsyncRollouts:
                     f"(exit code {self.process.exitcode})"
                 )
             time.sleep(POLL_SECONDS / 5)
-        waited = time.perf_counter() - t0
+        return time.perf_counter() - t0
+
+    def write_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
+        """Copies the trainer's weights into the shared tensors (the engine must hold the last ones:
+        `wait_for_engine`) and announces `version`. Every shared tensor must come once, under its name."""
+        t0 = time.perf_counter()
         nbytes, names = 0, set()
         with torch.no_grad():
             for name, tensor in weights:
@@ -308,7 +325,7 @@ class AsyncRollouts:
             raise RuntimeError(f"rollout.mode async: the weight sync left out {missing[:5]} ({len(missing)} in all)")
         self.control.put(("weights", version))
         self.pushed = version
-        return {"sync/seconds": time.perf_counter() - t0, "sync/wait_engine": waited, "sync/bytes": float(nbytes)}
+        return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(nbytes)}
 
     def _raise_if_failed(self, wait: float = 0.0) -> None:
         """Raises the engine process's failure if its message is (or within `wait` seconds comes) next."""

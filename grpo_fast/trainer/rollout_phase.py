@@ -99,28 +99,46 @@ class RolloutPhase:
             max_staleness=r.max_staleness,
             stale=r.stale,
         )
-        if r.mode != "sync" and self.dist.world_size > 1:
-            raise ValueError(f"rollout.mode: {r.mode} runs in one process for now (torchrun: use sync)")
+        if r.mode == "partial" and self.dist.world_size > 1:
+            raise ValueError("rollout.mode: partial runs in one process for now (torchrun: use sync or async)")
         self.partial = None
         if r.mode == "partial":
             sampling = lambda max_tokens, seed: training_sampling(r, stop_ids, 1, seed, max_tokens)  # noqa: E731
             self.partial = PartialRollouts(**self.pool_kwargs, sampling=sampling)
-        self.remote: AsyncRollouts | None = None  # rollout.mode async: `start_async`
+        self.remote: AsyncRollouts | None = None  # rollout.mode async: the engine process, rank 0's
+        self.async_started = False
 
     def start_async(self, spec: EngineSpec, weights, step: int) -> None:
-        """rollout.mode async: starts the engine process from `weights` (the trainer's, (name, tensor) pairs) at
-        weight version `step`; the prompt schedule counts from there."""
+        """rollout.mode async, every rank: rank 0 starts the engine process from `weights` (the trainer's, (name,
+        tensor) pairs; every rank iterates them, a sharded model's gathers being collectives) at weight version
+        `step`; the prompt schedule counts from there."""
         cfg = self.config
-        sampling = training_sampling(cfg.rollout, self.stop_ids, 1, None)
-        self.remote = AsyncRollouts(
-            cfg.rollout.async_engine, spec, self.pool_kwargs, sampling, cfg.run.seed * 1_000_003, weights, step
-        )
-        self.remote.sent = step * cfg.run.prompts_per_step  # the schedule's count before this step
+        if self.dist.is_main:
+            sampling = training_sampling(cfg.rollout, self.stop_ids, 1, None)
+            self.remote = AsyncRollouts(
+                cfg.rollout.async_engine, spec, self.pool_kwargs, sampling, cfg.run.seed * 1_000_003, weights, step
+            )
+            self.remote.sent = step * cfg.run.prompts_per_step  # the schedule's count before this step
+        else:
+            for _ in weights:
+                pass
+        self.async_started = self.dist.run_on_main(lambda: True)  # every rank past the engine's start-up
+
+    def push_weights(self, weights, version: int) -> dict[str, float]:
+        """rollout.mode async, every rank: the trainer's weights (iterated on every rank) to the engine process as
+        `version`, once it holds the last ones (grpo_fast.rollout.async_rollouts.AsyncRollouts)."""
+        waited = self.dist.run_on_main(lambda: self.remote.wait_for_engine())
+        if self.remote is None:
+            for _ in weights:
+                pass
+            return {"sync/wait_engine": waited}
+        return {**self.remote.write_weights(weights, version), "sync/wait_engine": waited}
 
     def close(self) -> None:
         if self.remote is not None:
             self.remote.close()
             self.remote = None
+        self.async_started = False
 
     def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
         """The step's batch at weight version `step` (the weights after `step` updates): rollout.mode partial
@@ -130,7 +148,7 @@ class RolloutPhase:
         needs, draw that many prompts in total, and each takes its slice in rank order; request i of the
         round (counted over all ranks) is seeded as in a single process, so the ranks together generate what
         one process would, split by rank."""
-        if self.remote is not None:
+        if self.async_started:
             return self._collect_async(step)
         if self.partial is not None:
             return self._collect_partial(engine, step)
@@ -198,11 +216,18 @@ class RolloutPhase:
 
     def _collect_async(self, step: int) -> RolloutBatch:
         """run.prompts_per_step complete groups from the engine process, after sending the prompts the schedule
-        has due; time_generate is the trainer's wait for them."""
+        has due (rank 0), each rank taking its share in rank order; time_generate is the wait for them."""
         want = self.config.run.prompts_per_step
-        self.remote.send(self._draw(self.remote.prompts_due(step, want) - self.remote.sent))
-        groups, counts, waited = self.remote.collect(want, step)
-        return self._scored(groups, step, counts, waited)
+        share = want // self.dist.world_size
+
+        def fetch() -> tuple[list[dict], dict, float]:
+            self.remote.send(self._draw(self.remote.prompts_due(step, want) - self.remote.sent))
+            groups, counts, waited = self.remote.collect(want, step)
+            return [PartialRollouts.group_state(g) for g in groups], dict(counts), waited
+
+        states, counts, waited = self.dist.run_on_main(fetch)
+        mine = states[self.dist.rank * share : (self.dist.rank + 1) * share]
+        return self._scored([PartialRollouts.group_from_state(s) for s in mine], step, Counter(counts), waited)
 
     def _draw(self, k: int) -> list[tuple[int, list[int]]]:
         """k prompts from the sampler: (row, prompt ids) each."""

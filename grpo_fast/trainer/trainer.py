@@ -41,7 +41,6 @@ from grpo_fast.distributed.fsdp import shard_policy
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rollout.async_rollouts import EngineSpec
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
-from grpo_fast.rollout.hf_engine import HFEngine
 from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
 from grpo_fast.rollout.registry import choose_engine, create_engine
 from grpo_fast.rollout.vllm_engine import VLLMEngine
@@ -183,10 +182,9 @@ class GRPOTrainer:
             self.offloader.offload_params = False
 
     def _make_engine(self) -> RolloutEngine:
-        if self.config.rollout.mode == "async":  # training rollouts come from the engine process; this one evaluates
-            return HFEngine(self.model, self.tokenizer, self.config.rollout.hf.batch_size)
+        mode = self.config.rollout.mode  # async: training rollouts come from the engine process; this one evaluates
         return create_engine(
-            self.config.rollout.engine,
+            "hf" if mode == "async" else self.config.rollout.engine,
             self.config,
             model=self.model,
             tokenizer=self.tokenizer,
@@ -240,8 +238,8 @@ class GRPOTrainer:
 
     def sync_weights(self) -> dict:
         t0 = time.perf_counter()
-        if self.rollout.remote is not None:  # the weights after this step's update go to the engine process
-            out = self.rollout.remote.push_weights(trainer_weights(self.model), self.step + 1)
+        if self.rollout.async_started:  # the weights after this step's update go to the engine process
+            out = self.rollout.push_weights(trainer_weights(self.model), self.step + 1)
             dt = time.perf_counter() - t0
             self.timers["sync"] += dt
             return {**out, "time/sync": dt}
@@ -572,7 +570,7 @@ class GRPOTrainer:
         mem = memory_snapshot("generate")
         curriculum = self.curriculum.update(self, self.step) if self.curriculum.due(self.step) else {}
         self.timers["curriculum"] += curriculum.get("time/curriculum", 0.0)
-        if self.config.rollout.mode == "async" and self.rollout.remote is None:
+        if self.config.rollout.mode == "async" and not self.rollout.async_started:
             self._start_engine_process()
         rollout = self.last_rollout = self.rollout.collect(self.engine, self.step)
         self.engine.sleep()

@@ -212,3 +212,21 @@ def test_two_rank_checkpoint_resumes_on_two_ranks(runs):
     config, root = runs
     resumed = _resume_step_two(config, root, "two", ranks=2)
     _assert_close_weights(_weights(resumed, 3), _weights(root / "one", 3))
+
+
+def test_two_ranks_train_from_one_engine_process(tmp_path, tiny_dir):
+    """rollout.mode async under torchrun: rank 0's engine process generates for both ranks, each trains its share
+    of every step's groups, and the weights of every step reach the engine from the sharded model."""
+    cfg = yaml.safe_load(_config(tmp_path / "config.yaml", tiny_dir).read_text())
+    cfg["rollout"] |= {"mode": "async", "partial": {"segment_tokens": 2}, "async_engine": {"threads": 1}}
+    cfg["grpo"] = {}
+    config = tmp_path / "async.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    _train(config, tmp_path / "two", 2)
+    metrics = _metrics(tmp_path / "two")
+    assert sorted(metrics) == [1, 2, 3]
+    for m in metrics.values():
+        assert m["rollout/trained_samples"] == 4 * 4  # summed over the ranks: the whole step
+        assert m["rollout/staleness_max"] <= 4
+        assert m["sync/bytes"] > 0
+    assert max(m["rollout/staleness_max"] for m in metrics.values()) >= 1
