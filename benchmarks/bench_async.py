@@ -2,7 +2,7 @@
 number of trained samples, over several seeds (CPU, the vLLM engine).
 
     python benchmarks/bench_async.py [--seeds 0 1 2] [--variants sync partial ...] [--steps 30]
-        [--work /tmp/grpo_fast_bench_async] [--out benchmarks/results/async_cpu.json]
+        [--work /tmp/grpo_fast_bench_async] [--out benchmarks/results/async_cpu.json] [--merge]
 
 The task is grpo_fast.bench.long_tail (the tiny model after SFT stops after five tokens and thinks to near or
 past the 512-token limit on the hard tenth of the prompts; loss_type grpo, so that each sequence weighs the same,
@@ -118,6 +118,7 @@ def summarize(history: list[dict], variant: str, seed: int, wall: float) -> dict
                     "score": record["time/score"],
                     "train": record["time/train"],
                     "sync": record["time/sync"],
+                    "engine_idle": record.get("rollout/idle_seconds"),  # async: the engine process's own
                     "completion_tokens": record["rollout/trained_tokens"],
                     "staleness_mean": record["rollout/staleness_mean"],
                     "staleness_max": record["rollout/staleness_max"],
@@ -146,7 +147,11 @@ def summarize(history: list[dict], variant: str, seed: int, wall: float) -> dict
         "wall_seconds": wall,
         "step_seconds_mean": total / max(len(steps), 1),
         "trained_tokens_per_second": tokens / max(total, 1e-9),
-        "engine_idle_share": sum(s["train"] + s["sync"] for s in steps) / max(total, 1e-9),
+        # Colocated, the engine waits while the trainer trains and syncs; async, it reports its own waits.
+        "engine_idle_share": sum(
+            s["train"] + s["sync"] if s["engine_idle"] is None else s["engine_idle"] for s in steps
+        )
+        / max(total, 1e-9),
         "trainer_idle_share": sum(s["generate"] + s["score"] for s in steps) / max(total, 1e-9),
         "token_share_staleness": {k: v / max(tokens, 1) for k, v in sorted(share.items(), key=lambda kv: int(kv[0]))},
         "accuracy_start": evals[0]["accuracy"] if evals else None,
@@ -221,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/grpo_fast_bench_async"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/async_cpu.json"))
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides of every run")
+    parser.add_argument("--merge", action="store_true", help="keep --out's other runs, replacing these")
     parser.add_argument("--one", nargs=2, metavar=("SEED", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
@@ -230,7 +236,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/bench_async.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    runs = []
+    previous = json.loads(args.out.read_text()) if args.merge and args.out.exists() else {"runs": []}
+    kept = previous["runs"]
+    earlier = previous.get("earlier", []) + (
+        [{"command": previous["command"], "environment": previous["environment"]}] if "command" in previous else []
+    )
+    redone = {(seed, variant) for seed in args.seeds for variant in args.variants}
+    runs = [r for r in kept if (r["seed"], r["variant"]) not in redone]
     for seed in args.seeds:
         for variant in args.variants:
             one = ["benchmarks.bench_async", "--one", str(seed), variant, "--work", str(args.work)]
@@ -248,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 "environment": environment_stamp(),
                 "settings": {k: v for k, v in vars(args).items() if k not in ("one", "work", "out")} | {"limit": LIMIT},
                 "summary": aggregate(runs),
+                "earlier": earlier,  # the runs kept with --merge came from these
                 "runs": runs,
             }
             write_json(args.out, payload)

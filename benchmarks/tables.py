@@ -229,7 +229,23 @@ def render_headline(results: Path) -> str:
         f"transformers: {ms(theirs['median_s'])} ms, {mib(theirs['peak_extra_bytes'])} MiB",
         f"{mine['time_vs_transformers']:.2f}x time, {mine['memory_vs_transformers']:.2f}x memory", "bench_sft_cpu.json",
     ])  # fmt: skip
+    if (results / "async_cpu.json").exists():
+        rollouts = json.loads((results / "async_cpu.json").read_text())
+        steps = {v: _mean_step(rollouts["runs"], v) for v in ("sync", "partial", "async")}
+        for variant in ("partial", "async"):
+            if steps[variant] is not None and steps["sync"] is not None:
+                lines.append([
+                    f"GRPO step, long-tail task, rollout.mode {variant} (seed mean)", f"{steps[variant]:.2f} s",
+                    f"rollout.mode sync: {steps['sync']:.2f} s", f"{steps[variant] / steps['sync']:.2f}x time",
+                    "async_cpu.json",
+                ])  # fmt: skip
     return table(lines)
+
+
+def _mean_step(runs: list[dict], variant: str) -> float | None:
+    """The mean over seeds of a variant's mean step time (None: not run)."""
+    times = [r["step_seconds_mean"] for r in runs if r["variant"] == variant]
+    return sum(times) / len(times) if times else None
 
 
 def render_r1_pipeline(payload: dict) -> str:
@@ -398,7 +414,11 @@ def render_async_rollouts(payload: dict) -> str:
     return table(lines) + (
         f"\n\n{settings['steps']} steps of {settings['prompts_per_step']} prompts x 8 completions per run (the same "
         f"trained samples for every variant), completion limit {settings['limit']} tokens. From `{payload['command']}` "
-        f"on {where(payload['environment'])}."
+        f"on {where(payload['environment'])}"
+        + "".join(
+            f"; other runs from `{e['command']}` on {where(e['environment'])}" for e in payload.get("earlier", [])
+        )
+        + "."
     )
 
 

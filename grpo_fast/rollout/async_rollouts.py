@@ -106,7 +106,8 @@ def _engine_main(
     loaded,
 ) -> None:
     """The engine process: rounds of partial rollouts without end (see module doc). Puts ("ready",) once it holds
-    the weights, then ("group", state, counts) for each complete group; ("error", traceback) on a failure."""
+    the weights, then ("group", state, counts) for each complete group, counts since the last one (with
+    "idle_seconds": waiting for prompts or for room in the queue); ("error", traceback) on a failure."""
     parent = os.getppid()
     try:
         if devices:  # before CUDA starts in this process
@@ -128,10 +129,12 @@ def _engine_main(
             counts["started"] += pool.start(_drain(prompts))
             if not any(m.running for g in pool.groups for m in g.members):
                 time.sleep(POLL_SECONDS)  # nothing to generate: wait for prompts
+                counts["idle_seconds"] += POLL_SECONDS
                 continue
             counts["generated_tokens"] += pool.round(engine, version, seed + rounds * ROUND_SEEDS)
             rounds += 1
             for group in pool.take_done(len(pool.groups)):
+                waiting = time.perf_counter()
                 while not stop:  # a full queue: wait, taking new weights meanwhile
                     try:
                         groups.put(("group", pool.group_state(group), dict(counts)), timeout=POLL_SECONDS)
@@ -139,6 +142,8 @@ def _engine_main(
                         break
                     except queue.Full:
                         version, stop = _take_control(engine, shared, control, loaded, version, parent)
+                        counts["idle_seconds"] += time.perf_counter() - waiting
+                        waiting = time.perf_counter()
         engine.close()
     except BaseException:  # noqa: BLE001 - every failure goes back to the trainer, which raises it
         groups.put(("error", traceback.format_exc()))
@@ -180,7 +185,8 @@ class AsyncRollouts:
     """The trainer's side of the engine process (see module doc).
 
     pool_kwargs: PartialRollouts' options, num_generations, max_completion_length, max_staleness and stale;
-    sampling: the run's SamplingSpec (n = 1); weights: the trainer's (name, tensor) pairs at version `version`."""
+    sampling: the run's SamplingSpec (n = 1); weights: the trainer's (name, tensor) pairs at version `version`,
+    copied into shared memory here; `start` starts the process."""
 
     def __init__(
         self,
@@ -229,12 +235,14 @@ class AsyncRollouts:
             name="grpo_fast-engine",
             daemon=True,
         )
-        self.process.start()
-        logger.info(
-            "rollout.mode async: engine process %d started (%s, %s)", self.process.pid, spec.kind, spec.model_dir
-        )
         self.sent = 0  # prompts sent, counted by the schedule (prompts_due)
-        if self._next()[0] != "ready":  # the engine built and holding the weights: its start-up is not a step's
+        self.spec = spec
+
+    def start(self) -> None:
+        """Starts the engine process and waits until it holds the weights: its start-up is not a step's."""
+        self.process.start()
+        logger.info("rollout.mode async: engine process %d started (%s)", self.process.pid, self.spec)
+        if self._next()[0] != "ready":
             raise RuntimeError("rollout.mode async: the engine process did not report ready first")
 
     def prompts_due(self, step: int, prompts_per_step: int) -> int:
@@ -312,17 +320,21 @@ class AsyncRollouts:
         """Copies the trainer's weights into the shared tensors (the engine must hold the last ones:
         `wait_for_engine`) and announces `version`. Every shared tensor must come once, under its name."""
         t0 = time.perf_counter()
-        nbytes, names = 0, set()
+        nbytes, names, unknown = 0, set(), []
         with torch.no_grad():
-            for name, tensor in weights:
-                if name not in self.shared:
-                    raise RuntimeError(f"rollout.mode async: weight {name!r} is not one the engine process holds")
-                self.shared[name].copy_(tensor)
-                nbytes += tensor.numel() * tensor.element_size()
-                names.add(name)
+            for name, tensor in weights:  # to the end whatever comes: on several ranks each item is a collective
+                if name in self.shared:
+                    self.shared[name].copy_(tensor)
+                    nbytes += tensor.numel() * tensor.element_size()
+                    names.add(name)
+                else:
+                    unknown.append(name)
         missing = sorted(set(self.shared) - names)
-        if missing:
-            raise RuntimeError(f"rollout.mode async: the weight sync left out {missing[:5]} ({len(missing)} in all)")
+        if unknown or missing:
+            raise RuntimeError(
+                f"rollout.mode async: the weight sync named {unknown[:5]}, which the engine process does not hold, "
+                f"and left out {missing[:5]}; the engine keeps the last weights"
+            )
         self.control.put(("weights", version))
         self.pushed = version
         return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(nbytes)}
@@ -348,7 +360,8 @@ class AsyncRollouts:
                 pass
         if self.process.is_alive():
             self.process.kill()
-        self.process.join()
+        if self.process.pid is not None:  # started
+            self.process.join()
         if self._restore is not None:  # the trainer's cores and threads as they were
             os.sched_setaffinity(0, self._restore[0])
             torch.set_num_threads(self._restore[1])

@@ -69,9 +69,10 @@ class RolloutBatch:
     time_score_pool: float
     reward_failures: dict[str, int]
     version: int = 0
-    partial_counts: dict[str, int] = field(default_factory=dict)
+    partial_counts: dict[str, float] = field(default_factory=dict)
     """rollout.mode partial: the step's "rounds", and the completions "restarted" / groups "dropped" for
-    staleness, groups "started", "generated_tokens" (grpo_fast.rollout.partial.PartialRollouts.collect)."""
+    staleness, groups "started", "generated_tokens" (grpo_fast.rollout.partial.PartialRollouts.collect); async:
+    the engine process's since the last step, its "idle_seconds", and the groups "dropped_stale" on arrival."""
 
 
 class RolloutPhase:
@@ -122,7 +123,8 @@ class RolloutPhase:
         else:
             for _ in weights:
                 pass
-        self.async_started = self.dist.run_on_main(lambda: True)  # every rank past the engine's start-up
+        self.dist.run_on_main(lambda: self.remote.start())  # its failure raised on every rank
+        self.async_started = True
 
     def push_weights(self, weights, version: int) -> dict[str, float]:
         """rollout.mode async, every rank: the trainer's weights (iterated on every rank) to the engine process as

@@ -36,7 +36,7 @@ def _remote(model_dir, model, *, queue_groups=8, timeout=60.0, max_staleness=4, 
         max_staleness=max_staleness,
         stale="restart",
     )
-    return AsyncRollouts(
+    remote = AsyncRollouts(
         AsyncOptions(queue_groups=queue_groups, threads=1, timeout_seconds=timeout),
         spec or EngineSpec("hf", str(model_dir)),
         pool,
@@ -45,6 +45,8 @@ def _remote(model_dir, model, *, queue_groups=8, timeout=60.0, max_staleness=4, 
         trainer_weights(model),
         0,
     )
+    remote.start()
+    return remote
 
 
 def _prompts(n: int, start: int = 0) -> list[tuple[int, list[int]]]:
