@@ -124,6 +124,10 @@ class PartialRollouts:
         self.options, self.g, self.max_len = options, num_generations, max_completion_length
         self.max_staleness, self.stale, self.sampling = max_staleness, stale, sampling
         self.groups: list[PartialGroup] = []  # oldest first: complete groups are handed out in this order
+        # Rounds per step at least, so that a completion started in a step can reach the length limit within
+        # max_staleness steps: without them a step that finds its groups in one round starves the long
+        # completions, which are then restarted at the bound again and again and never trained.
+        self.min_rounds = math.ceil(max_completion_length / (options.segment_tokens * max(max_staleness, 1)))
 
     def collect(
         self,
@@ -133,9 +137,9 @@ class PartialRollouts:
         draw: Callable[[int], list[tuple[int, list[int]]]],
         seed: int,
     ) -> tuple[list[PartialGroup], Counter]:
-        """Runs rounds at weight `version` until `needed` groups are complete (or options.max_rounds rounds;
-        then what is complete, drawing on rounds past the limit until at least one group is) and hands out the
-        oldest complete ones.
+        """Runs rounds at weight `version` until `needed` groups are complete and `min_rounds` rounds have run (or
+        options.max_rounds rounds; then what is complete, drawing on rounds past the limit until at least one group
+        is) and hands out the oldest complete ones.
 
         draw(k) -> k new (row, prompt ids) to start; seed: the step's base seed (round r's requests: seed +
         r * ROUND_SEEDS + i). Returns (groups, counts): counts "rounds", "restarted", "dropped", "started",
@@ -144,7 +148,7 @@ class PartialRollouts:
         self.enforce_staleness(version, counts)
         target = max(needed, math.ceil(self.options.groups_in_flight * needed))
         rounds = 0
-        while sum(g.done for g in self.groups) < needed:
+        while rounds < self.min_rounds or sum(g.done for g in self.groups) < needed:
             if rounds >= self.options.max_rounds and any(g.done for g in self.groups):
                 break
             counts["started"] += self.start(draw(max(0, target - len(self.groups))))

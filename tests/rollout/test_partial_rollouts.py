@@ -165,3 +165,24 @@ def test_state_is_plain_data_and_round_trips(model):
     again = _pool(2, 16, 3, temperature=1.0, in_flight=3.0)
     again.load_state_dict(state)
     assert again.groups == pool.groups
+
+
+def test_long_completions_are_not_starved(model):
+    """Short completions can fill a step's groups in its first round; the step still runs min_rounds rounds, so a
+    completion that needs the whole length finishes within max_staleness steps and is never restarted."""
+    stops = tuple(TOK.convert_tokens_to_ids(list("012")))
+    options = PartialOptions(segment_tokens=2, groups_in_flight=2.0)
+    pool = PartialRollouts(
+        options, 2, 16, 2, "restart",
+        lambda max_tokens, seed: SamplingSpec(n=1, max_tokens=max_tokens, temperature=1.0, seed=seed,
+                                              stop_token_ids=stops),
+    )  # fmt: skip
+    assert pool.min_rounds == 4
+    engine, (draw, _), totals, lengths = HFEngine(model, TOK), _drawer(), Counter(), []
+    for version in range(8):
+        groups, counts = pool.collect(engine, version=version, needed=1, draw=draw, seed=version)
+        totals.update(counts)
+        assert counts["rounds"] >= pool.min_rounds
+        lengths += [len(m.token_ids) for g in groups for m in g.members]
+    assert max(lengths) == 16 and min(lengths) < 8, "the test needs short and full-length completions"
+    assert totals["restarted"] == 0
