@@ -119,6 +119,7 @@ def summarize(history: list[dict], variant: str, seed: int, wall: float) -> dict
                     "train": record["time/train"],
                     "sync": record["time/sync"],
                     "engine_idle": record.get("rollout/idle_seconds"),  # async: the engine process's own
+                    "engine_busy": record.get("rollout/busy_seconds"),
                     "completion_tokens": record["rollout/trained_tokens"],
                     "staleness_mean": record["rollout/staleness_mean"],
                     "staleness_max": record["rollout/staleness_max"],
@@ -147,16 +148,21 @@ def summarize(history: list[dict], variant: str, seed: int, wall: float) -> dict
         "wall_seconds": wall,
         "step_seconds_mean": total / max(len(steps), 1),
         "trained_tokens_per_second": tokens / max(total, 1e-9),
-        # Colocated, the engine waits while the trainer trains and syncs; async, it reports its own waits.
-        "engine_idle_share": sum(
-            s["train"] + s["sync"] if s["engine_idle"] is None else s["engine_idle"] for s in steps
-        )
-        / max(total, 1e-9),
+        "engine_idle_share": engine_idle_share(steps, total),
         "trainer_idle_share": sum(s["generate"] + s["score"] for s in steps) / max(total, 1e-9),
         "token_share_staleness": {k: v / max(tokens, 1) for k, v in sorted(share.items(), key=lambda kv: int(kv[0]))},
         "accuracy_start": evals[0]["accuracy"] if evals else None,
         "accuracy_final": evals[-1]["accuracy"] if evals else None,
     }
+
+
+def engine_idle_share(steps: list[dict], total: float) -> float:
+    """Colocated, the engine waits while the trainer trains and syncs; the engine process of async rollouts
+    reports its own time generating and waiting (evaluation pauses included, which the steps' clock leaves out)."""
+    if any(s.get("engine_busy") is not None for s in steps):
+        idle = sum(s["engine_idle"] or 0.0 for s in steps)
+        return idle / max(idle + sum(s["engine_busy"] or 0.0 for s in steps), 1e-9)
+    return sum(s["train"] + s["sync"] for s in steps) / max(total, 1e-9)
 
 
 def aggregate(runs: list[dict]) -> list[dict]:

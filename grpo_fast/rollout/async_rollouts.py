@@ -107,7 +107,8 @@ def _engine_main(
 ) -> None:
     """The engine process: rounds of partial rollouts without end (see module doc). Puts ("ready",) once it holds
     the weights, then ("group", state, counts) for each complete group, counts since the last one (with
-    "idle_seconds": waiting for prompts or for room in the queue); ("error", traceback) on a failure."""
+    "busy_seconds" generating, "idle_seconds" waiting for prompts or for room in the queue); ("error", traceback)
+    on a failure."""
     parent = os.getppid()
     try:
         if devices:  # before CUDA starts in this process
@@ -131,7 +132,9 @@ def _engine_main(
                 time.sleep(POLL_SECONDS)  # nothing to generate: wait for prompts
                 counts["idle_seconds"] += POLL_SECONDS
                 continue
+            busy = time.perf_counter()
             counts["generated_tokens"] += pool.round(engine, version, seed + rounds * ROUND_SEEDS)
+            counts["busy_seconds"] += time.perf_counter() - busy
             rounds += 1
             for group in pool.take_done(len(pool.groups)):
                 waiting = time.perf_counter()

@@ -72,7 +72,8 @@ class RolloutBatch:
     partial_counts: dict[str, float] = field(default_factory=dict)
     """rollout.mode partial: the step's "rounds", and the completions "restarted" / groups "dropped" for
     staleness, groups "started", "generated_tokens" (grpo_fast.rollout.partial.PartialRollouts.collect); async:
-    the engine process's since the last step, its "idle_seconds", and the groups "dropped_stale" on arrival."""
+    the engine process's since the last step, its "busy_seconds" and "idle_seconds", and the groups "dropped_stale"
+    on arrival."""
 
 
 class RolloutPhase:
