@@ -81,5 +81,5 @@ def test_quick_trl_does_the_same_work(quick_run):
     assert trl["trl_derived"]["generation_batch_size"] == step_config("tiny", quick=True).completions_per_step
     # measured by the reward function in each process: the same number of completions per optimizer step
     assert ours["summary"]["completions_per_step"] == trl["summary"]["completions_per_step"]
-    row = next(r for r in data["table"] if r["contender"] == "grpo_fast_hf")
+    row = next(r for r in data["table"] if r["contender"] == "grpo_fast")
     assert row["step_vs_trl"] > 0

@@ -159,3 +159,13 @@ def test_correction_matches_the_fp64_reference_step(variant):
     else:  # the older the weights that sampled a token, the further the trainer is from its behaviour logprob
         assert stats["mismatch/abs_logprob_diff_staleness_2"] > stats["mismatch/abs_logprob_diff_staleness_1"] > 0
         assert stats["mismatch/abs_logprob_diff_staleness_0"] < 1e-5
+
+
+def test_completions_without_segments_count_as_current():
+    """Completions built outside the rollout phase (no segments recorded) are trained as current: staleness 0."""
+    from grpo_fast.trainer.staleness import staleness_metrics
+
+    comps = [Completion([5, 6, 7]), Completion([5], segments=[(0, 1)])]
+    assert token_staleness(comps, 2, 4).tolist() == [[0, 0, 0, 0], [1, 0, 0, 0]]
+    metrics = staleness_metrics(comps, 2)
+    assert metrics["rollout/token_share_staleness_0"] == 0.75 and metrics["rollout/staleness_max"] == 1
