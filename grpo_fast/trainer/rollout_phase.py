@@ -187,9 +187,7 @@ class RolloutPhase:
         for c in generated:
             c.segments = [(0, step)]
         generated_rewards = torch.cat(rewards_all)
-        _, zero_var = group_advantages(generated_rewards, g, "none")
-        full = self.rewards.full_rewards([self.rows[i] for i in generated_rows])
-        unsolved = ~(generated_rewards.view(-1, g) >= full.view(-1, g) - 1e-6).all(dim=1)
+        zero_var, stuck = self._flat_groups(generated_rewards, generated_rows)
         return RolloutBatch(
             prompt_ids=[p for p, _, _ in kept for _ in range(g)],
             completions=[c for _, cs, _ in kept for c in cs],
@@ -198,8 +196,8 @@ class RolloutPhase:
             generated_rows=generated_rows,
             generated_rewards=generated_rewards,
             generated_rewards_per_func=torch.cat(per_func_all),
-            frac_zero_var_groups=float(zero_var.float().mean()),
-            frac_stuck_groups=float((zero_var & unsolved).float().mean()),
+            frac_zero_var_groups=zero_var,
+            frac_stuck_groups=stuck,
             resample_rounds=rounds,
             time_generate=times["generate"],
             time_score=times["score"],
@@ -247,9 +245,7 @@ class RolloutPhase:
             [self.rows[i] for i in rows], [c.text for c in completions], [c.token_ids for c in completions], state
         ).result()
         rewards = self._combined(scored.per_func, completions)
-        _, zero_var = group_advantages(rewards, g, "none")
-        full = self.rewards.full_rewards([self.rows[i] for i in rows])
-        unsolved = ~(rewards.view(-1, g) >= full.view(-1, g) - 1e-6).all(dim=1)
+        zero_var, stuck = self._flat_groups(rewards, rows)
         return RolloutBatch(
             prompt_ids=[grp.prompt_ids for grp in groups for _ in range(g)],
             completions=completions,
@@ -258,8 +254,8 @@ class RolloutPhase:
             generated_rows=rows,
             generated_rewards=rewards,
             generated_rewards_per_func=scored.per_func,
-            frac_zero_var_groups=float(zero_var.float().mean()),
-            frac_stuck_groups=float((zero_var & unsolved).float().mean()),
+            frac_zero_var_groups=zero_var,
+            frac_stuck_groups=stuck,
             resample_rounds=0,
             time_generate=seconds,
             time_score=scored.seconds_critical,
@@ -268,6 +264,15 @@ class RolloutPhase:
             version=step,
             partial_counts=dict(counts),
         )
+
+    def _flat_groups(self, rewards: torch.Tensor, rows: list[int]) -> tuple[float, float]:
+        """The shares of the groups in `rewards` [groups * G] (of dataset rows `rows`) whose rewards are all equal,
+        and of those stuck: equal and not all at the full reward (no signal and nothing learned)."""
+        g = self.config.rollout.num_generations
+        _, zero_var = group_advantages(rewards, g, "none")
+        full = self.rewards.full_rewards([self.rows[i] for i in rows])
+        unsolved = ~(rewards.view(-1, g) >= full.view(-1, g) - 1e-6).all(dim=1)
+        return float(zero_var.float().mean()), float((zero_var & unsolved).float().mean())
 
     def chunks(self, engine: RolloutEngine) -> int:
         """Engine calls per generation round (reward.overlap_chunks; "auto": `auto_chunks`); with a lockstep

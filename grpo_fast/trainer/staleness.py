@@ -19,17 +19,16 @@ def token_staleness(completions: list[Completion], version: int, width: int) -> 
     where no segments were recorded: an engine outside the trainer's rollout phase)."""
     out = torch.zeros(len(completions), width, dtype=torch.long)
     for i, c in enumerate(completions):
-        for start, end, v in _stretches(c):
+        for start, end, v in _stretches(c, version):
             out[i, start : min(end, width)] = version - v
     return out
 
 
-def _stretches(c: Completion) -> list[tuple[int, int, int]]:
-    """(start, end, version) of each segment of `c` (none when its segments were not recorded)."""
-    if not c.segments:
-        return []
-    ends = [start for start, _ in c.segments[1:]] + [len(c.token_ids)]
-    return [(start, end, v) for (start, v), end in zip(c.segments, ends, strict=True)]
+def _stretches(c: Completion, version: int) -> list[tuple[int, int, int]]:
+    """(start, end, version) of each segment of `c`; without recorded segments, one stretch at `version`."""
+    segments = c.segments or [(0, version)]
+    ends = [start for start, _ in segments[1:]] + [len(c.token_ids)]
+    return [(start, end, v) for (start, v), end in zip(segments, ends, strict=True)]
 
 
 def staleness_metrics(completions: list[Completion], version: int) -> dict[str, float]:
@@ -38,8 +37,7 @@ def staleness_metrics(completions: list[Completion], version: int) -> dict[str, 
     per_completion = [version - c.segments[0][1] if c.segments else 0 for c in completions]
     tokens: Counter = Counter()
     for c in completions:
-        tokens[0] += 0 if c.segments else len(c.token_ids)
-        for start, end, v in _stretches(c):
+        for start, end, v in _stretches(c, version):
             tokens[version - v] += end - start
     total = max(sum(tokens.values()), 1)
     out = {

@@ -231,7 +231,7 @@ class GRPOTrainer:
     def _start_engine_process(self) -> None:
         """rollout.mode async: the engine process, from the current weights (grpo_fast.rollout.async_rollouts)."""
         r = self.config.rollout
-        kind = choose_engine(r.engine).name if r.engine == "auto" else r.engine
+        kind = choose_engine(r.engine).name
         kwargs = VLLMEngine.run_kwargs(self.config, r.vllm) if kind == "vllm" else {}
         spec = EngineSpec(kind, self._export_model(), kwargs)
         self.rollout.start_async(spec, trainer_weights(self.model), self.step)
@@ -240,11 +240,16 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         if self.rollout.async_started:  # the weights after this step's update go to the engine process
             out = self.rollout.push_weights(trainer_weights(self.model), self.step + 1)
-            dt = time.perf_counter() - t0
-            self.timers["sync"] += dt
-            return {**out, "time/sync": dt}
+        else:
+            out = self._load_engine_weights()
+        dt = time.perf_counter() - t0
+        self.timers["sync"] += dt
+        return {**out, "time/sync": dt}
+
+    def _load_engine_weights(self) -> dict:
+        """The trainer's weights into the colocated engine, which wakes up for them (an OOM there names the knobs)."""
         try:
-            out = self.engine.load_weights(trainer_weights(self.model))
+            return self.engine.load_weights(trainer_weights(self.model))
         except torch.OutOfMemoryError as exc:
             raise torch.OutOfMemoryError(
                 f"the {self.engine.name} rollout engine ran out of accelerator memory waking up for the weight "
@@ -253,9 +258,6 @@ class GRPOTrainer:
                 "rollout.max_model_len; or free the trainer's share: run.offload_optimizer: true, "
                 "run.offload_params: true, a smaller run.micro_batch_size."
             ) from exc
-        dt = time.perf_counter() - t0
-        self.timers["sync"] += dt
-        return {**out, "time/sync": dt}
 
     # -- evaluation -------------------------------------------------------------------------------------
 
