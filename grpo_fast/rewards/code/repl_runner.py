@@ -1,0 +1,132 @@
+"""REPL runner: one persistent Python interpreter in a sandbox, the server behind python_tool.PythonEnvironment.
+
+Standalone (stdlib only), started by the launcher's "start" op as `python -I -c <this source> <max_chars>`
+(programs.runner_argv). stdin holds one line, the number of its channel's file descriptor (a socket to the
+launcher), then ends. It says {"hello": true}, then answers each request line on the channel with one line:
+
+  {"code": text}  ->  {"output": text}, or {"output": text, "error": traceback} when the code raised
+
+The code runs as a cell of an interactive interpreter, in the one namespace that all requests share (named
+"__main__"): when its last statement is an expression, sys.displayhook prints its repr (None prints nothing).
+`output`: what the code wrote to sys.stdout and sys.stderr, in order, its first `max_chars` characters and then
+a note of how many were left out (writes below those objects, such as os.write or child processes, are not
+captured). `error`: the last `max_chars` characters of the traceback of the exception the code raised
+(SystemExit included), the runner's own frame left out and the cells' source lines shown. A request that is not
+such JSON gets {"error": ...} alone. Lone surrogates are sent as backslash escapes and answers are ASCII JSON,
+so an answer takes at most 12 bytes per character of `output` and `error`, plus a few dozen.
+"""
+
+import ast
+import builtins
+import io
+import json
+import linecache
+import os
+import sys
+import traceback
+
+
+class _Output(io.StringIO):
+    """sys.stdout and sys.stderr while a cell runs: keeps the first `limit` characters, counts the rest."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.limit, self.kept, self.dropped = limit, 0, 0
+
+    def write(self, text):
+        room = max(self.limit - self.kept, 0)
+        self.kept += super().write(text[:room])
+        self.dropped += max(len(text) - room, 0)
+        return len(text)
+
+    def text(self):
+        note = f"\n[{self.dropped} more characters of output not shown]\n" if self.dropped else ""
+        return self.getvalue() + note
+
+
+def _run(code, name, namespace):
+    """Run `code` as the cell `name` in `namespace`: the traceback text of what it raised, or None."""
+    try:
+        body = ast.parse(code, name).body
+        shown = body[-1:] if body and isinstance(body[-1], ast.Expr) else []
+        statements = compile(ast.Module(body[: len(body) - len(shown)], []), name, "exec")
+        last = compile(ast.Interactive(shown), name, "single")
+    except BaseException as exc:  # noqa: BLE001 - SyntaxError, null bytes, nesting too deep: the cell's error
+        return "".join(traceback.format_exception_only(type(exc), exc))
+    try:
+        exec(statements, namespace)
+        exec(last, namespace)
+    except BaseException as exc:  # noqa: BLE001 - whatever the code raises, SystemExit too, is its answer
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next))
+    return None
+
+
+def _cell(code, number, namespace, limit):
+    """The answer to a request to run `code`, the `number`th cell."""
+    name = f"<cell {number}>"
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    output = _Output(limit)
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = output
+    try:
+        error = _run(code, name, namespace)
+    finally:
+        sys.stdout, sys.stderr = saved
+    answer = {"output": _escaped(output.text())}
+    if error is not None:
+        answer["error"] = _escaped(error[-limit:])
+    return answer
+
+
+def _escaped(text):
+    """`text` with lone surrogates as backslash escapes: valid UTF-8 for the caller."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _channel(fd):
+    buffer = b""
+
+    def receive():
+        nonlocal buffer
+        while b"\n" not in buffer:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            buffer += chunk
+        line, _, buffer = buffer.partition(b"\n")
+        return line
+
+    def send(message):
+        data = (json.dumps(message) + "\n").encode()
+        while data:
+            data = data[os.write(fd, data) :]
+
+    return receive, send
+
+
+def main():
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(0, 64)
+        if not chunk:
+            return
+        line += chunk
+    receive, send = _channel(int(line))
+    limit = int(sys.argv[1])
+    sys.argv = [""]
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    send({"hello": True})
+    number = 0
+    while (line := receive()) is not None:
+        try:
+            code = json.loads(line)["code"]
+        except (ValueError, TypeError, KeyError):
+            code = None
+        if not isinstance(code, str):
+            send({"error": 'malformed request: expected {"code": text}'})
+            continue
+        number += 1
+        send(_cell(code, number, namespace, limit))
+
+
+main()
