@@ -12,7 +12,7 @@ from grpo_fast.demo.driver import DemoConfig
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = DemoConfig()
     parser.add_argument("--output-dir", default=defaults.output_dir)
-    parser.add_argument("--task", choices=("modular", "code"), default=defaults.task)
+    parser.add_argument("--task", choices=("modular", "code", "tools"), default=defaults.task)
     parser.add_argument(
         "--forge-fraction",
         type=float,
@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--engine", choices=("auto", "vllm", "hf"), default=defaults.engine)
-    parser.add_argument("--rl-steps", type=int, default=defaults.rl_steps)
-    parser.add_argument("--sft-steps", type=int, default=defaults.sft_steps)
+    parser.add_argument("--rl-steps", type=int, default=None, help="GRPO steps (default: the task's)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="cold-start SFT steps (default: the task's)")
     parser.add_argument("--no-progress", action="store_true")
 
 

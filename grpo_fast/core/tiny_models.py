@@ -110,6 +110,49 @@ def build_char_tokenizer(chars: str = DEFAULT_CHARS):
     return fast
 
 
+CHAT_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end|>", "<tool_call>", "</tool_call>")
+CHAT_TEMPLATE = (
+    # Compact ChatML-like turns: <|role|>content<|end|>; tools listed by signature in a system turn; a tool call as
+    # <tool_call>name key=value ...</tool_call>; a tool's result as a <|tool|> turn.
+    "{%- if tools %}<|system|>tools:{% for t in tools %} {{ t.function.name }}("
+    "{{ t.function.parameters.properties | list | join(',') }}){% endfor %}<|end|>{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' %}<|assistant|>{{ m.content or '' }}"
+    "{%- for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}"
+    "{%- for k, v in c.function.arguments.items() %} {{ k }}={{ v }}{% endfor %}</tool_call>{% endfor %}<|end|>"
+    "{%- else %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+RESPONSE_TEMPLATE = {
+    # transformers' response parsing for CHAT_TEMPLATE's assistant turn: tool calls with their arguments typed by
+    # the tools' schemas, the rest as content.
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|assistant|>",
+    "fields": {
+        "tool_calls": {
+            "open_pattern": r"<tool_call>(?P<name>\w+)",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "xml-inline",
+            "content_args": {"tag_pattern": r"(?P<key>\w+)=(?P<value>[^\s<]*)", "value_parser": {"name": "text"}},
+            "transform": {"type": "function", "function": {"name": "{name}", "arguments": "{content}"}},
+        },
+        "content": {"close_pattern": r"<\|end\|>\s*|$", "content": "text"},
+    },
+}
+
+
+def build_chat_tokenizer(chars: str = DEFAULT_CHARS + "_"):
+    """`build_char_tokenizer` with a chat template that renders tools and tool calls (CHAT_TEMPLATE), one token per
+    chat marker (CHAT_TOKENS), end of turn <|end|> as EOS, and the response_template that parses its tool calls."""
+    tok = build_char_tokenizer(chars)
+    tok.add_special_tokens({"eos_token": "<|end|>", "additional_special_tokens": list(CHAT_TOKENS)})
+    tok.chat_template = CHAT_TEMPLATE
+    tok.response_template = RESPONSE_TEMPLATE
+    return tok
+
+
 def build_word_tokenizer(vocab: int):
     """A `vocab`-token WordLevel tokenizer over the words w3 ... w{vocab-1} (ids 0..2: pad, bos, eos), split on
     whitespace, wrapped in PreTrainedTokenizerFast."""

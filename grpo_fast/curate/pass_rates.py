@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_fast.core.scoring import submit_completions
 from grpo_fast.rewards.columns import TrainerState
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.rollout.generation import Rollouts
 
 CORRECT_TOLERANCE = 1e-6
 
@@ -35,19 +37,20 @@ class PromptSamples:
 
 def sample_prompts(
     engine: RolloutEngine,
-    prompt_ids: list[list[int]],
+    rollouts: Rollouts,
     rows: list[dict],
     index: list[int],
     rewards,
     sampling: SamplingSpec,
     state: TrainerState,
 ) -> list[PromptSamples]:
-    """`sampling.n` completions for each rows[i], i in `index` (prompt_ids[j] encodes rows[index[j]]), scored
-    by the RewardSet `rewards`; one PromptSamples per prompt, in `index` order."""
+    """`sampling.n` completions for each rows[i], i in `index`, produced by `rollouts` (one engine call, or
+    multi-turn with tools) and scored by the RewardSet `rewards`; one PromptSamples per prompt, in `index` order."""
     k = sampling.n
-    flat = [c for group in engine.generate(prompt_ids, sampling) for c in group]
     flat_rows = [rows[i] for i in index for _ in range(k)]
-    scored = rewards.submit(flat_rows, [c.text for c in flat], [c.token_ids for c in flat], state).result()
+    out = rollouts.generate(engine, [rows[i] for i in index], sampling, index)
+    flat = out.completions
+    scored = submit_completions(rewards, flat_rows, flat, state, out.columns).result()
     combined = rewards.combine(scored.per_func)
     correct = combined >= rewards.full_rewards(flat_rows) - CORRECT_TOLERANCE  # NaN (unscored) is not correct
     out = []

@@ -33,6 +33,7 @@ from grpo_fast.rewards.columns import TrainerState
 from grpo_fast.rewards.reward_set import RewardSet
 from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids, training_sampling
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES, create_engine, resolve_engine_name
+from grpo_fast.rollout.rollouts import build_rollouts
 
 logger = logging.getLogger(__name__)
 
@@ -94,14 +95,14 @@ def run_sampling(config, rows: list[dict], *, tokenizer=None, model=None, engine
         if todo:
             encoder = PromptEncoder(tokenizer, config.data)
             stops = stop_token_ids(tokenizer, config.rollout.stop)
+            rollouts = build_rollouts(config.rollout, encoder, tokenizer, stops)
             state = TrainerState(global_step=0, max_steps=0)
             for c in _progress(todo, config.run.progress):
                 index = list(range(c * s.chunk_prompts, c * s.chunk_prompts + chunk_size(c)))
                 k = s.samples_per_prompt
                 # Request i of the whole run has seed base + i * k, however the run was interrupted.
                 spec = training_sampling(config.rollout, stops, k, config.run.seed * 1_000_003 + index[0] * k)
-                ids = encoder.encode_rows(rows, index, cache=False)
-                results = sample_prompts(engine, ids, rows, index, rewards, spec, state)
+                results = sample_prompts(engine, rollouts, rows, index, rewards, spec, state)
                 chunk = [_record(c, rows[r.row], r, rules, rewards.names) for r in results]
                 append_chunk(out / JOURNAL, chunk)
                 records += chunk

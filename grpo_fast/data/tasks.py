@@ -9,6 +9,7 @@ task's builder and the reward functions (grpo_fast.rewards.registry names) that 
   e.g. "3*5+7". Rows keep the reference solution in "answer".
 - code functions: "mul 7 mod 10:" -> a Python program defining f with f(x) = x*7 % 10, checked by hidden
   assert tests in the code sandbox (`code_tests`, column "tests"); e.g. "def f(x):return x*7%10".
+- products: "1234*5678=" -> "7006652", exact; a task for a model with a multiply tool (the demo's tool task).
 """
 
 from __future__ import annotations
@@ -47,6 +48,22 @@ def modular_arithmetic_dataset(
             continue
         seen.add(prompt)
         rows.append({"prompt": prompt, "answer": str(_OPS[op](a, b) % modulus)})
+    return rows
+
+
+def products_dataset(n: int, seed: int = 0, digits: int = 4, exclude: set[str] | None = None) -> list[dict]:
+    """`n` distinct rows of "a*b=" with answer str(a*b), a and b of `digits` digits; prompts in `exclude` skipped."""
+    rng = random.Random(seed)
+    rows, seen = [], set(exclude or ())
+    low, high = 10 ** (digits - 1), 10**digits
+    if n > (high - low) ** 2 - len(seen):
+        raise ValueError(f"products_dataset: fewer than n={n} distinct prompts of {digits}-digit factors")
+    while len(rows) < n:
+        a, b = rng.randrange(low, high), rng.randrange(low, high)
+        prompt = f"{a}*{b}="
+        if prompt not in seen:
+            seen.add(prompt)
+            rows.append({"prompt": prompt, "answer": str(a * b)})
     return rows
 
 
@@ -145,5 +162,6 @@ TASKS = {
     "modular_arithmetic": (modular_arithmetic_dataset, ["exact_match"]),
     "countdown": (countdown_dataset, ["countdown"]),
     "code_functions": (code_functions_dataset, ["code_tests"]),
+    "products": (products_dataset, ["exact_match"]),
 }
 """task name -> (dataset builder, names of the reward functions that verify it)."""

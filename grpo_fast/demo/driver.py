@@ -11,6 +11,11 @@
 
 Tasks (`DemoConfig.task`):
 - "modular": "(a*7)%10=" -> the digit; reward: exact match.
+- "tools": "1234*5678=" -> "7006652", with a `multiply(a, b)` tool (multi-turn rollouts, grpo_fast.rollout.multi_turn)
+  and a chat tokenizer whose template renders tool calls. The tiny model cannot multiply; with the tool it
+  only has to copy the factors into a call and the result into its answer. The teacher calls the tool
+  `sft_correct_fraction` of the time and otherwise answers at once with the factors' digits side by side.
+  Reward: exact match of the final answer. The summary adds the tool-call rate over training and held out.
 - "code": "mul 7 mod 10:" -> a program "def f(x):return x*7%10"; reward: `code_tests`, the hidden assert
   tests run in the code sandbox through the trainer's reward pool; the teacher's mistake is multiplier
   + 1. With `forge_fraction` > 0 a rollout engine wrapper replaces that share of the completions with
@@ -39,11 +44,19 @@ import torch
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
 from grpo_fast.core.seeding import set_seed
-from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, build_tiny_model, save_tiny
-from grpo_fast.data.tasks import code_functions_dataset, modular_arithmetic_dataset
+from grpo_fast.core.tiny_models import (
+    TinyModelSpec,
+    build_char_tokenizer,
+    build_chat_tokenizer,
+    build_tiny_model,
+    save_tiny,
+)
+from grpo_fast.data.tasks import code_functions_dataset, modular_arithmetic_dataset, products_dataset
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.rewards import code_tests
 from grpo_fast.rollout.base import Completion, RolloutEngine
+from grpo_fast.rollout.rollouts import TOOLS
+from grpo_fast.rollout.tools import Tool
 from grpo_fast.rollout.vllm_engine import VLLMOptions
 from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.trainer.config import RewardConfig, RolloutConfig, RunConfig, TrainConfig
@@ -81,10 +94,10 @@ class DemoConfig:
     engine: str = "vllm"  # the demo shows colocated vLLM rollouts ("auto" would pick transformers at this size)
     num_train: int = 800
     num_eval: int = 200
-    sft_steps: int = 60
+    sft_steps: int | None = None  # None: the task's (TASK_STEPS)
     sft_lr: float = 3e-3
     sft_correct_fraction: float = 0.3
-    rl_steps: int = 100
+    rl_steps: int | None = None  # None: the task's (TASK_STEPS)
     prompts_per_step: int = 16
     num_generations: int = 8
     rl_lr: float = 1e-3
@@ -92,16 +105,30 @@ class DemoConfig:
     forge_fraction: float = 0.0
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        if self.task not in TASK_STEPS:
+            raise ValueError(f"task: expected one of {sorted(TASK_STEPS)}, got {self.task!r}")
+        sft_steps, rl_steps = TASK_STEPS[self.task]
+        self.sft_steps = sft_steps if self.sft_steps is None else self.sft_steps
+        self.rl_steps = rl_steps if self.rl_steps is None else self.rl_steps
+
+
+TASK_STEPS = {"modular": (60, 100), "code": (60, 100), "tools": (300, 60)}
+"""task -> (SFT steps, GRPO steps) by default: the tool task's longer demonstrations (copying two factors into a
+call and its result into the answer) need more SFT before sampling finds the tool often enough."""
+
 
 @dataclass(frozen=True)
 class DemoTask:
-    """Rows to train and evaluate on, the noisy teacher's (prompt, completion) pairs, the reward specs."""
+    """Rows to train and evaluate on, the noisy teacher's (prompt, completion) pairs (a completion: text, or chat
+    messages with tool calls), the reward specs, the tools (registered names) the model may call."""
 
     train_rows: list[dict]
     eval_rows: list[dict]
-    teacher_pairs: list[tuple[str, str]]
+    teacher_pairs: list[tuple[str, str | list[dict]]]
     rewards: list
     max_completion_length: int
+    tools: tuple[str, ...] = ()
 
 
 def build_task(cfg: DemoConfig) -> DemoTask:
@@ -126,7 +153,26 @@ def build_task(cfg: DemoConfig) -> DemoTask:
             wrong = f"def f(x):return x*{int(k) + 1}%{m}"
             pairs.append((r["prompt"], r["answer"] if rng.random() < cfg.sft_correct_fraction else wrong))
         return DemoTask(train_rows, eval_rows, pairs, ["code_tests"], max_completion_length=28)
-    raise ValueError(f"task: expected 'modular' or 'code', got {cfg.task!r}")
+    if cfg.task == "tools":
+        eval_rows = products_dataset(cfg.num_eval, seed=cfg.seed + 1)
+        train_rows = products_dataset(cfg.num_train, seed=cfg.seed + 2, exclude={r["prompt"] for r in eval_rows})
+        pairs = [(r["prompt"], tool_demonstration(r, rng.random() < cfg.sft_correct_fraction)) for r in train_rows]
+        return DemoTask(train_rows, eval_rows, pairs, ["exact_match"], max_completion_length=64, tools=("multiply",))
+    raise ValueError(f"task: expected 'modular', 'code' or 'tools', got {cfg.task!r}")
+
+
+def tool_demonstration(row: dict, calls_tool: bool) -> list[dict]:
+    """The tool task teacher's completion of `row`: the multiply call, its result and the answer; or (its mistake)
+    an immediate answer writing the two factors side by side."""
+    a, b = (int(x) for x in row["prompt"].rstrip("=").split("*"))
+    if not calls_tool:
+        return [{"role": "assistant", "content": f"{a}{b}"}]
+    call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
+    return [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "name": "multiply", "content": str(a * b)},
+        {"role": "assistant", "content": str(a * b)},
+    ]
 
 
 class ForgingEngine(RolloutEngine):
@@ -187,12 +233,20 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         (out / stale).unlink(missing_ok=True)
     set_seed(cfg.seed)
 
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(tokenizer, TinyModelSpec(), seed=cfg.seed)
     task = build_task(cfg)
+    tokenizer = build_chat_tokenizer() if task.tools else build_char_tokenizer()
+    model = build_tiny_model(tokenizer, TinyModelSpec(), seed=cfg.seed)
+    schemas = [Tool.of(TOOLS.get(name)).schema for name in task.tools] or None
     t0 = time.perf_counter()
     sft_losses = sft_train(
-        model, tokenizer, task.teacher_pairs, steps=cfg.sft_steps, batch_size=64, lr=cfg.sft_lr, seed=cfg.seed
+        model,
+        tokenizer,
+        task.teacher_pairs,
+        steps=cfg.sft_steps,
+        batch_size=64,
+        lr=cfg.sft_lr,
+        seed=cfg.seed,
+        tools=schemas,
     )
     seconds_sft = time.perf_counter() - t0
     model_dir = save_tiny(model, tokenizer, out / "sft_model")
@@ -221,6 +275,11 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         "task": cfg.task,
         "accuracy_before_rl": before["eval/accuracy"],
         "accuracy_after_rl": after["eval/accuracy"],
+        **{
+            f"tool_call_rate_{when}_rl": r["eval/tool_call_rate"]
+            for when, r in (("before", before), ("after", after))
+            if "eval/tool_call_rate" in r
+        },
         "improvement_pp": 100.0 * (after["eval/accuracy"] - before["eval/accuracy"]),
         "reward_before_rl": before["eval/reward_mean"],
         "reward_after_rl": after["eval/reward_mean"],
@@ -251,7 +310,9 @@ def demo_train_config(cfg: DemoConfig, task: DemoTask, model_dir: Path) -> Train
             num_generations=cfg.num_generations,
             max_completion_length=task.max_completion_length,
             temperature=1.0,
-            max_model_len=64,
+            max_model_len=128 if task.tools else 64,
+            tools=list(task.tools),
+            max_tool_calling_iterations=2 if task.tools else None,
             vllm=VLLMOptions(dtype="float32", kv_cache_memory_bytes=64 << 20),
         ),
         loss=GRPOLossConfig(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28),
@@ -300,6 +361,9 @@ def _run_summary(trainer: GRPOTrainer) -> dict:
         "reward_first_step": history[1]["reward/mean"] if len(history) > 1 else None,
         "reward_last_step": history[-1].get("reward/mean"),
         "eval_accuracy_curve": [(r["step"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r],
+        "tool_call_rate_curve": [
+            (r["step"], r["tools/rollouts_calling_frac"]) for r in history if "tools/calls_per_rollout" in r
+        ],
         "torch_threads": torch.get_num_threads(),
         "metrics_jsonl": str(trainer.metrics.path),
     }

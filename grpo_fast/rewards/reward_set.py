@@ -174,13 +174,13 @@ class RewardSet:
         self._pool: RewardPool | None = None
 
     @classmethod
-    def from_config(cls, config, funcs: Sequence | None = None) -> RewardSet:
-        """The reward set a TrainConfig's `reward` section describes (funcs: specs to use instead of
-        reward.funcs), with the rollout's max_completion_length for functions that require one."""
+    def from_config(cls, config, funcs: Sequence | None = None, weights: Sequence[float] | None = None) -> RewardSet:
+        """The reward set a TrainConfig's `reward` section describes (funcs, weights: to use instead of reward.funcs
+        and reward.weights), with the rollout's max_completion_length for functions that require one."""
         r = config.reward
         return cls(
             r.funcs if funcs is None else funcs,
-            r.weights,
+            r.weights if weights is None else weights,
             workers=r.workers,
             timeout=r.timeout,
             failure_reward=r.failure_reward,
@@ -198,25 +198,39 @@ class RewardSet:
         return torch.tensor(applies, dtype=torch.float32).reshape(len(rows), len(self.funcs)) @ weights
 
     def submit(
-        self, rows: list[dict], texts: list[str], completion_ids: list[list[int]], state: TrainerState
+        self,
+        rows: list[dict],
+        texts: list[str],
+        completion_ids: list[list[int]],
+        state: TrainerState,
+        *,
+        conversations: list[list[dict] | None] | None = None,
+        columns: Mapping[str, list] | None = None,
+        environments: list | None = None,
     ) -> PendingScores:
         """Start scoring completion i (text, token ids) of dataset row rows[i]: in-process functions run now,
-        pooled ones in the background; `.result()` waits for them."""
+        pooled ones in the background; `.result()` waits for them. Multi-turn completions: `conversations[i]`, the
+        assistant and tool messages, is what a function sees as the completion of a chat prompt; `columns`: extra
+        per-completion columns (a rollout function's fields, `environment_reward`); `environments`: the rollouts'
+        environment instances, for the in-process functions that take them (TRL's `environments`)."""
         prompts = [r["prompt"] for r in rows]
+        conversations = conversations or [None] * len(rows)
         completions = [
-            [{"role": "assistant", "content": t}] if isinstance(p, list) else t
-            for p, t in zip(prompts, texts, strict=True)
+            (c if c is not None else [{"role": "assistant", "content": t}]) if isinstance(p, list) else t
+            for p, t, c in zip(prompts, texts, conversations, strict=True)
         ]
-        columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
-        columns["completion_ids"] = completion_ids
+        table = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"} if rows else {}
+        table.update(columns or {})
+        table["completion_ids"] = completion_ids
         call_kwargs = {"trainer_state": state}
+        local_kwargs = call_kwargs if environments is None else {**call_kwargs, "environments": environments}
         per_func = torch.full((len(rows), len(self.funcs)), math.nan)
         call_seconds = [0.0] * len(self.funcs)
         counts: Counter = Counter()
         for j, fn in enumerate(self.funcs):
             if self.in_process[j]:
                 start = time.perf_counter()
-                values = call_reward(fn, prompts, completions, columns, call_kwargs)
+                values = call_reward(fn, prompts, completions, table, local_kwargs)
                 per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
                 counts[f"{self.names[j]}/program_failures"] += sum(isinstance(v, ProgramFailure) for v in values)
                 call_seconds[j] = time.perf_counter() - start
@@ -224,7 +238,7 @@ class RewardSet:
         future = None
         if pooled and rows:
             funcs = [self.funcs[j] for j in pooled]
-            future = self._get_pool().submit(funcs, prompts, completions, columns, call_kwargs)
+            future = self._get_pool().submit(funcs, prompts, completions, table, call_kwargs)
         return PendingScores(per_func, call_seconds, pooled, future, self.names, +counts, self._place)
 
     def pool_seconds(self, scored: ScoredBatch) -> float:
@@ -274,8 +288,11 @@ class RewardSet:
 
 def _why_not_pooled(fn) -> str | None:
     """Why `fn` cannot be sent to a reward-pool worker, or None: a function of `__main__` (a worker never runs
-    the training script, so it cannot import it), or one that does not pickle (a lambda, a closure)."""
+    the training script, so it cannot import it), one that does not pickle (a lambda, a closure), or one that takes
+    `environments` (the rollouts' live environment instances, which stay in this process)."""
     inner = getattr(unrouted(fn), "func", unrouted(fn))
+    if "environments" in inspect.signature(fn).parameters:
+        return "takes `environments` (the rollouts' environment instances stay in the trainer's process)"
     module = getattr(inner, "__module__", None) if inspect.isroutine(inner) else type(inner).__module__
     if module == "__main__":
         return (

@@ -41,3 +41,10 @@ def countdown_reward(prompts, completions, numbers, target, **_) -> list[float]:
         ok = used is not None and Counter(used) == Counter(int(x) for x in nums)
         out.append(float(ok and arithmetic_value(expr) == int(tgt)))
     return out
+
+
+def environment_reward(completions, environment_reward, **_) -> list[float | None]:
+    """The score each rollout's environment gave it (its get_reward(), the `environment_reward` column of multi-turn
+    rollouts; None where it has none). Added with weight 1 to a run whose environments define get_reward, as TRL
+    adds them."""
+    return list(environment_reward)

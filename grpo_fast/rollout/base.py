@@ -39,10 +39,38 @@ class Completion:
     segments: list[tuple[int, int]] = field(default_factory=list)
     """(first token index, weight version) of each stretch sampled by one set of weights, in order; the trainer
     sets it (partial rollouts continue a completion over several versions); empty: not recorded."""
+    sampled: list[bool] = field(default_factory=list)
+    """Multi-turn completions: whether token i was sampled by the engine (False: inserted, a tool's result or the
+    chat template's tokens around it, in the sequence but masked out of the loss and of every token-level metric;
+    its logprob is 0.0); empty: every token was sampled."""
+    episode: ToolEpisode | None = None
+    """Multi-turn completions: the conversation and what its tool calls did (grpo_fast.rollout.multi_turn)."""
 
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the engine sampled (the completion's length for every length metric)."""
+        return sum(self.sampled) if self.sampled else len(self.token_ids)
+
+
+@dataclass
+class ToolEpisode:
+    """One multi-turn rollout: `messages`, its assistant and tool turns as chat messages (what rewards see); its
+    tool `calls`, `failures` per tool name (a malformed call, an unknown tool, a tool that raised or timed out),
+    assistant `turns`, `tool_seconds` spent in its tools, and `environment_reward` (its environment's
+    get_reward(), None without one)."""
+
+    messages: list[dict] = field(default_factory=list)
+    calls: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    turns: int = 0
+    tool_seconds: float = 0.0
+    environment_reward: float | None = None
+    environment: object = None
+    """The rollout's environment instance (TRL passes them to reward functions as `environments`)."""
 
 
 @dataclass(frozen=True)

@@ -21,28 +21,36 @@ class PromptEncoder:
         has = getattr(self.tokenizer, "chat_template", None) is not None
         return has if mode == "auto" else mode
 
-    def encode(self, prompt) -> list[int]:
+    def messages(self, prompt) -> list[dict]:
+        """The chat messages of a prompt: its messages (a string as one user turn), after the system prompt."""
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        if self.data.system_prompt and messages[0].get("role") != "system":
+            messages = [{"role": "system", "content": self.data.system_prompt}, *messages]
+        return messages
+
+    def encode(self, prompt, tools: list | None = None) -> list[int]:
+        """The prompt's ids (with the generation prompt); `tools`: JSON schemas the chat template renders."""
         if isinstance(prompt, list) or self._use_chat_template():
-            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            if self.data.system_prompt and messages[0].get("role") != "system":
-                messages = [{"role": "system", "content": self.data.system_prompt}, *messages]
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            messages = self.messages(prompt)
+            ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
     def encode_rows(self, rows: list[dict], index: list[int], cache: bool) -> list[list[int]]:
         """Token ids of rows[i]["prompt"] for i in index; `cache` keeps them by row index."""
-        out = []
-        for i in index:
-            if not cache:
-                out.append(self._checked(i, self.encode(rows[i]["prompt"])))
-                continue
-            if i not in self._cache:
-                self._cache[i] = self._checked(i, self.encode(rows[i]["prompt"]))
-            out.append(self._cache[i])
-        return out
+        return [self.row_ids(rows[i], i if cache else None, i) for i in index]
 
-    def _checked(self, row: int, ids: list[int]) -> list[int]:
+    def row_ids(self, row: dict, key: int | None = None, label: int | str | None = None) -> list[int]:
+        """Token ids of row["prompt"], kept under `key` when one is given; ValueError naming the row (`label`,
+        default `key`) when the prompt leaves the engine no room."""
+        if key is not None and key in self._cache:
+            return self._cache[key]
+        ids = self.checked(label if label is not None else key, self.encode(row["prompt"]))
+        if key is not None:
+            self._cache[key] = ids
+        return ids
+
+    def checked(self, row: int | str | None, ids: list[int]) -> list[int]:
         if self.max_tokens is not None and len(ids) > self.max_tokens:
             raise ValueError(
                 f"dataset row {row}: the prompt is {len(ids)} tokens, more than the {self.max_tokens} that "

@@ -9,6 +9,8 @@ Conventions (`data.format`, "auto" tries them in this order):
   prompt's generation prompt, end-of-turn tokens included.
 - messages: a conversation; the loss covers every assistant turn (each turn's tokens after the generation
   prompt that precedes it, end-of-turn included).
+A chat row may carry a `tools` column (TRL's): the JSON schemas of the tools its conversation calls, rendered by
+the chat template as a rollout with those tools renders them. Tool turns (role "tool") are context, never targets.
 - text: language modelling, the loss covers every token but the first (EOS appended).
 Other columns are ignored.
 
@@ -93,30 +95,29 @@ class ExampleEncoder:
         if fmt == "text":
             ids = self._with_eos(self.tokenizer(row["text"])["input_ids"])
             return ids, [t > 0 for t in range(len(ids))]
+        tools = row.get("tools") or None
         if fmt == "messages":
-            return self._conversation(row["messages"])
+            return self._conversation(row["messages"], tools)
         prompt, completion = row[self.data.prompt_column], row[self.data.completion_column]
         if isinstance(completion, list):  # chat messages: the prompt is a conversation too
             messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
-            prompt_ids = self.prompts.encode(messages)
-            completion_ids = self._after(prompt_ids, self._render(self._with_system(messages + completion)))
-        else:
-            prompt_ids = self.prompts.encode(prompt)
-            completion_ids = self._with_eos(self.tokenizer(completion, add_special_tokens=False)["input_ids"])
+            return self._conversation(messages + completion, tools)
+        prompt_ids = self.prompts.encode(prompt)
+        completion_ids = self._with_eos(self.tokenizer(completion, add_special_tokens=False)["input_ids"])
         return prompt_ids + completion_ids, [False] * len(prompt_ids) + [True] * len(completion_ids)
 
-    def _conversation(self, messages: list[dict]) -> tuple[list[int], list[bool]]:
+    def _conversation(self, messages: list[dict], tools: list | None = None) -> tuple[list[int], list[bool]]:
         """Loss on each assistant turn: the tokens between the generation prompt before it (the prompt
         encoding of the turns so far) and the end of its own rendering."""
-        full = self._render(self._with_system(messages))
+        full = self._render(self._with_system(messages), tools)
         mask = [False] * len(full)
         for i, message in enumerate(messages):
             if message.get("role") != "assistant":
                 continue
             if i == 0:
                 raise ValueError("a conversation starts with an assistant turn (no prompt to condition it on)")
-            prompt_ids = self.prompts.encode(messages[:i])
-            turn = self._render(self._with_system(messages[: i + 1]))
+            prompt_ids = self.prompts.encode(messages[:i], tools)
+            turn = self._render(self._with_system(messages[: i + 1]), tools)
             start, end = len(prompt_ids), len(prompt_ids) + len(self._after(prompt_ids, turn))
             self._after(turn, full)  # the conversation up to this turn is how the whole one begins
             mask[start:end] = [True] * (end - start)
@@ -127,8 +128,8 @@ class ExampleEncoder:
             return [{"role": "system", "content": self.data.system_prompt}, *messages]
         return messages
 
-    def _render(self, messages: list[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True)
+    def _render(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def _with_eos(self, ids: list[int]) -> list[int]:

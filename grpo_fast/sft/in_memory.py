@@ -21,9 +21,12 @@ def sft_train(
     lr: float = 1e-3,
     seed: int = 0,
     add_eos: bool = True,
+    tools: list[dict] | None = None,
 ) -> list[float]:
     """Trains `model` in place for `steps` AdamW steps, each on `batch_size` pairs drawn at random with
-    replacement (a generator seeded with `seed`; one padded micro-batch, no truncation); returns the losses.
+    replacement (a generator seeded with `seed`; one padded micro-batch, no truncation); returns the losses. A
+    completion may be chat messages with tool calls and tool turns (the loss covers its assistant turns only);
+    `tools`: the JSON schemas its prompt renders.
     Unlike `grpo-fast sft`'s epochs, the draw keeps the noisy demo teacher's SFT loose enough that greedy
     decoding starts partly right (the demo and the health tests are calibrated on it)."""
     if steps <= 0 or not pairs:
@@ -33,7 +36,9 @@ def sft_train(
         optim=OptimConfig(lr=lr),
         run=SFTRunConfig(max_steps=steps, micro_batch_tokens=None, micro_batch_size=batch_size, seed=seed),
     )
-    trainer = SFTTrainer(config, model, tokenizer, dataset=[{"prompt": p, "completion": c} for p, c in pairs])
+    trainer = SFTTrainer(
+        config, model, tokenizer, dataset=[{"prompt": p, "completion": c, "tools": tools} for p, c in pairs]
+    )
     g = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(steps):

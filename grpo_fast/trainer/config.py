@@ -124,6 +124,29 @@ class RolloutConfig(ConfigSection):
         factory=PartialOptions,
     )
     async_engine: AsyncOptions = option(help="the engine process's options (rollout.mode async)", factory=AsyncOptions)
+    tools: list[str] = option(
+        help="tools the model may call during a rollout (TRL's `tools`): registered names (rollout.registry TOOLS) or "
+        "package.module:function, each with type hints and a Google-style docstring (grpo_fast.rollout.multi_turn)",
+        factory=list,
+    )
+    environment_factory: str | dict | None = option(
+        None,
+        "TRL's environment_factory: a registered name or package.module:Factory giving one environment per rollout "
+        "(its public methods are tools; reset(**row), optional get_reward()), or {name: factory} with each row "
+        "naming its own in an `environment` column (grpo_fast.rollout.environments)",
+    )
+    max_tool_calling_iterations: int | None = option(
+        None, "rounds of tool calls per rollout at most (null: until a turn calls no tool or the tokens run out)", low=0
+    )
+    tool_timeout_seconds: float = option(
+        30.0, "seconds a tool call may take; past it the model reads an error", low=0, low_open=True
+    )
+    tool_workers: int = option(8, "rollouts whose tool calls run at once", low=1)
+    rollout_func: str | None = option(
+        None,
+        "TRL's rollout_func(prompts, trainer) -> {prompt_ids, completion_ids, logprobs, ...}, package.module:function: "
+        "a custom agent that produces the completions itself (grpo_fast.rollout.generation.CustomRollouts)",
+    )
     vllm: VLLMOptions = option(help="the vLLM engine's options", factory=VLLMOptions)
     hf: HFOptions = option(help="the transformers engine's options", factory=HFOptions)
     plugins: dict = option(
@@ -361,6 +384,13 @@ def validate(cfg: TrainConfig) -> None:
             "rollout.partial.correction: 'coupled' takes the behaviour logprobs as the old policy; with "
             "grpo.vllm_importance_sampling_correction (the decoupled correction) set one of them to none / false"
         )
+    multi_turn = bool(r.tools or r.environment_factory)
+    if (multi_turn or r.rollout_func) and r.mode != "sync":
+        raise ValueError(
+            f"rollout.mode: tools, environments and rollout_func run with rollout.mode sync, got {r.mode!r}"
+        )
+    if multi_turn and r.rollout_func:
+        raise ValueError("rollout.rollout_func: a custom rollout function replaces the tool loop; set tools or it")
     if r.mode != "sync" and g.dynamic_sampling:
         raise ValueError(f"grpo.dynamic_sampling: not available with rollout.mode {r.mode} yet (set one of them off)")
     if r.mode == "async" and r.engine not in ("auto", "hf", "vllm"):

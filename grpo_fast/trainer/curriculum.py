@@ -34,11 +34,12 @@ class PassRateCurriculum:
         index = list(range(self.num_rows))
         if cfg.max_prompts and cfg.max_prompts < self.num_rows:
             index = sorted(random.Random(self.seed * 7919 + step).sample(index, cfg.max_prompts))
-        ids = trainer.prompts.encode_rows(trainer.train_rows, index, cache=True)
         seed = (self.seed * 1_000_003 + step * 10_007) * 1000 + 999  # apart from the rollout phase's seeds
         spec = training_sampling(trainer.config.rollout, trainer.stop_ids, cfg.samples, seed)
         state = TrainerState(global_step=step, max_steps=trainer.config.run.max_steps)
-        for result in sample_prompts(trainer.engine, ids, trainer.train_rows, index, trainer.rewards, spec, state):
+        for result in sample_prompts(
+            trainer.engine, trainer.rollouts, trainer.train_rows, index, trainer.rewards, spec, state
+        ):
             self.pass_rates[result.row] = result.pass_rate
         active = [i for i in range(self.num_rows) if in_band(self.pass_rates.get(i, cfg.low), cfg.low, cfg.high)]
         if active:

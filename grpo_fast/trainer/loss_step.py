@@ -344,6 +344,10 @@ class LossStep:
         batch = build_sequence_batch(rollout.prompt_ids, [c.token_ids for c in comps], self.pad_token_id)
         if cfg.grpo.mask_truncated_completions:
             batch.completion_mask[torch.tensor([c.truncated for c in comps])] = False
+        if any(c.sampled for c in comps):  # multi-turn: inserted tokens (tool results) stay out of the loss
+            width = batch.completion_ids.shape[1]
+            sampled = [c.sampled or [True] * len(c.token_ids) for c in comps]
+            batch.completion_mask &= padded_rows(sampled, width, False, torch.bool)
         staleness = token_staleness(comps, rollout.version, batch.completion_ids.shape[1])
         fix = step_correction(cfg)
         if fix.mask_staleness is not None:

@@ -18,14 +18,15 @@ logger = logging.getLogger(__name__)
 
 def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> dict[str, float]:
     """The rollout side of a step's metrics: rewards (overall and per function, with each verifier's
-    failures), zero-variance groups, completion lengths and truncation over every completion generated this
-    step, throughput, the trained completions' staleness (grpo_fast.trainer.staleness) and, with partial
-    rollouts, the step's rounds, restarts and drops.
+    failures), zero-variance groups, completion lengths (the tokens the engine sampled, never a tool's result) and
+    truncation over every completion generated this step, throughput, the trained completions' staleness
+    (grpo_fast.trainer.staleness), with partial rollouts the step's rounds, restarts and drops, and with tools
+    `tool_metrics`.
 
     rollout: the step's RolloutBatch; times: seconds of "train", "sync" and the whole "step" (generation and
     scoring times come from the rollout: time/score is scoring on the critical path, time/score_pool the
     reward pool's own time, mostly overlapped with generation); the loss step's metrics come from the caller."""
-    lengths = torch.tensor([len(c.token_ids) for c in rollout.generated], dtype=torch.float32)
+    lengths = torch.tensor([c.num_sampled for c in rollout.generated], dtype=torch.float32)
     mean, std = reward_stats(rollout.generated_rewards)
     out = {
         "reward/mean": mean,
@@ -37,7 +38,7 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
         "completion/length_p95": float(torch.quantile(lengths, 0.95)),
         "completion/truncated_frac": float(np.mean([c.truncated for c in rollout.generated])),
         "completion/reward_by_length_quartile": reward_by_length(
-            [len(c.token_ids) for c in rollout.generated], rollout.generated_rewards.tolist()
+            [c.num_sampled for c in rollout.generated], rollout.generated_rewards.tolist()
         ),
     }
     for j, name in enumerate(reward_names):
@@ -59,7 +60,31 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
         }
     )
     out["rollout/trained_samples"] = float(len(rollout.completions))
-    out["rollout/trained_tokens"] = float(sum(len(c.token_ids) for c in rollout.completions))
+    out["rollout/trained_tokens"] = float(sum(c.num_sampled for c in rollout.completions))
+    out.update(tool_metrics(rollout.generated, rollout.time_tools))
     out.update(staleness_metrics(rollout.completions, rollout.version))
     out.update({f"rollout/{k}": float(v) for k, v in rollout.partial_counts.items()})
+    return out
+
+
+def tool_metrics(completions, seconds: float) -> dict[str, float]:
+    """Multi-turn rollouts' metrics (none for single-turn completions): tool calls, assistant turns per rollout,
+    failed calls per rollout by tool, the share of the completions' tokens inserted (masked out of the loss), the
+    step's seconds in tools (wall clock, `seconds`) and a call's mean seconds."""
+    episodes = [c.episode for c in completions if c.episode is not None]
+    if not episodes:
+        return {}
+    n, calls = len(episodes), sum(e.calls for e in episodes)
+    tokens = sum(len(c.token_ids) for c in completions)
+    out = {
+        "tools/calls_per_rollout": calls / n,
+        "tools/rollouts_calling_frac": sum(e.calls > 0 for e in episodes) / n,
+        "tools/turns_per_rollout": sum(e.turns for e in episodes) / n,
+        "tools/failures_per_rollout": sum(sum(e.failures.values()) for e in episodes) / n,
+        "tools/masked_token_frac": sum(len(c.token_ids) - c.num_sampled for c in completions) / max(tokens, 1),
+        "tools/call_seconds_mean": sum(e.tool_seconds for e in episodes) / max(calls, 1),
+        "time/tools": seconds,
+    }
+    for name in sorted({k for e in episodes for k in e.failures}):
+        out[f"tools/{name}/failures"] = float(sum(e.failures.get(name, 0) for e in episodes))
     return out

@@ -166,10 +166,9 @@ def difficulty_probe(trainer, prompts: int, samples: int, report: PreflightRepor
     cfg = trainer.config
     rng = random.Random(cfg.run.seed)
     index = rng.sample(range(len(trainer.train_rows)), min(prompts, len(trainer.train_rows)))
-    ids = trainer.prompts.encode_rows(trainer.train_rows, index, cache=False)
     spec = training_sampling(cfg.rollout, trainer.stop_ids, samples, cfg.run.seed)
     state = TrainerState(global_step=0, max_steps=cfg.run.max_steps)
-    results = sample_prompts(trainer.engine, ids, trainer.train_rows, index, trainer.rewards, spec, state)
+    results = sample_prompts(trainer.engine, trainer.rollouts, trainer.train_rows, index, trainer.rewards, spec, state)
     passed = torch.tensor([r.pass_rate for r in results])
     _, zero_var = group_advantages(torch.cat([r.rewards for r in results]), samples, "none")
     report.difficulty = {
@@ -197,6 +196,8 @@ def baselines(trainer, sft_control_rows: list[dict] | None, sft_steps: int, repo
     start = trainer.evaluate()
     report.baselines["start/accuracy"] = start["eval/accuracy"]
     report.baselines["start/reward_mean"] = start["eval/reward_mean"]
+    if "eval/tool_call_rate" in start:
+        report.baselines["start/tool_call_rate"] = start["eval/tool_call_rate"]
     if not sft_control_rows:
         return
 

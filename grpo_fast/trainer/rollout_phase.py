@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grpo_fast.core.scoring import submit_completions
 from grpo_fast.distributed.context import Distributed
 from grpo_fast.rewards.length import soft_overlong_penalty
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rollout.async_rollouts import AsyncRollouts, EngineSpec
 from grpo_fast.rollout.base import Completion, RolloutEngine
+from grpo_fast.rollout.generation import Rollouts, SingleTurn
 from grpo_fast.rollout.partial import PartialGroup, PartialRollouts
 from grpo_fast.rollout.prompts import PromptEncoder, training_sampling
 from grpo_fast.trainer.advantages import group_advantages
@@ -69,6 +71,8 @@ class RolloutBatch:
     time_score_pool: float
     reward_failures: dict[str, int]
     version: int = 0
+    time_tools: float = 0.0
+    """Multi-turn rollouts: seconds of time_generate spent running tools."""
     partial_counts: dict[str, float] = field(default_factory=dict)
     """rollout.mode partial: the step's "rounds", and the completions "restarted" / groups "dropped" for
     staleness, groups "started", "generated_tokens" (grpo_fast.rollout.partial.PartialRollouts.collect); async:
@@ -88,8 +92,10 @@ class RolloutPhase:
         sampler: PromptSampler,
         stop_ids: tuple[int, ...],
         dist: Distributed | None = None,
+        rollouts: Rollouts | None = None,
     ) -> None:
         self.config, self.rows, self.prompts, self.rewards, self.sampler = config, rows, prompts, rewards, sampler
+        self.rollouts = rollouts or SingleTurn(prompts)  # how a sync step's completions are produced
         self.stop_ids = stop_ids
         self.dist = dist or Distributed()
         self.auto_chunks = 1  # reward.overlap_chunks auto: the chunks of the next round
@@ -174,7 +180,7 @@ class RolloutPhase:
             rewards_all.append(rewards)
             per_func_all.append(per_func)
             for k in range(len(index)):
-                group = (prompt_ids[k], flat[k * g : (k + 1) * g], rewards[k * g : (k + 1) * g])
+                group = (prompt_ids[k * g : (k + 1) * g], flat[k * g : (k + 1) * g], rewards[k * g : (k + 1) * g])
                 if cfg.grpo.dynamic_sampling and bool(group_advantages(group[2], g, "none")[1].all()):
                     spare.append(group)
                 else:
@@ -189,7 +195,7 @@ class RolloutPhase:
         generated_rewards = torch.cat(rewards_all)
         zero_var, stuck = self._flat_groups(generated_rewards, generated_rows)
         return RolloutBatch(
-            prompt_ids=[p for p, _, _ in kept for _ in range(g)],
+            prompt_ids=[p for ps, _, _ in kept for p in ps],
             completions=[c for _, cs, _ in kept for c in cs],
             rewards=torch.cat([r for _, _, r in kept]),
             generated=generated,
@@ -204,6 +210,7 @@ class RolloutPhase:
             time_score_pool=times["score_pool"],
             reward_failures=dict(failures),
             version=step,
+            time_tools=times["tools"],
         )
 
     def _collect_partial(self, engine: RolloutEngine, step: int) -> RolloutBatch:
@@ -241,9 +248,7 @@ class RolloutPhase:
         completions = [m.completion() for grp in groups for m in grp.members]
         rows = [grp.row for grp in groups for _ in range(g)]
         state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
-        scored = self.rewards.submit(
-            [self.rows[i] for i in rows], [c.text for c in completions], [c.token_ids for c in completions], state
-        ).result()
+        scored = submit_completions(self.rewards, [self.rows[i] for i in rows], completions, state).result()
         rewards = self._combined(scored.per_func, completions)
         zero_var, stuck = self._flat_groups(rewards, rows)
         return RolloutBatch(
@@ -299,28 +304,31 @@ class RolloutPhase:
         self, engine: RolloutEngine, index: list[int], seed: int, step: int, times: Counter, failures: Counter
     ):
         """G completions for each row of `index`, generated chunk by chunk while the previous chunk is
-        scored: (prompt ids [P], completions [P*G], per-function rewards [P*G, F], combined rewards with the
+        scored: (prompt ids [P*G], completions [P*G], per-function rewards [P*G, F], combined rewards with the
         overlong penalty [P*G]); adds the seconds spent to `times` and the verifier failures to `failures`."""
         cfg, n = self.config, self.config.rollout.num_generations
-        prompt_ids = self.prompts.encode_rows(self.rows, index, cache=True)
         state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
         calls = self.chunks(engine)
         chunk = max(1, -(-len(index) // calls))
         starts = list(range(0, len(index), chunk))
         if engine.lockstep:  # every rank calls generate as often, empty-handed where it has no prompts
             starts += [len(index)] * (calls - len(starts))
-        flat, pending, generating = [], [], 0.0
+        prompt_ids, flat, pending, generating = [], [], [], 0.0
         for start in starts:
             # Request i of the round keeps seed + i * n however the round is split.
             spec = training_sampling(cfg.rollout, self.stop_ids, n, seed + start * n)
+            keys = index[start : start + chunk]
+            rows = [self.rows[i] for i in keys]
             t0 = time.perf_counter()
-            part = [c for group in engine.generate(prompt_ids[start : start + chunk], spec) for c in group]
+            out = self.rollouts.generate(engine, rows, spec, keys)
             generating += time.perf_counter() - t0
-            if not part:
+            if not out.completions:
                 continue
-            rows = [self.rows[i] for i in index[start : start + chunk] for _ in range(n)]
-            pending.append(self.rewards.submit(rows, [c.text for c in part], [c.token_ids for c in part], state))
-            flat += part
+            rows = [row for row in rows for _ in range(n)]
+            times["tools"] += out.seconds_tools
+            pending.append(submit_completions(self.rewards, rows, out.completions, state, out.columns))
+            prompt_ids += out.prompt_ids
+            flat += out.completions
         times["generate"] += generating
         if not pending:  # this rank has its groups; the others resample
             return [], [], torch.zeros(0, len(self.rewards.names)), torch.zeros(0)

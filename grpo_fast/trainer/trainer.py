@@ -25,6 +25,7 @@ from grpo_fast.core.metrics import MetricsLogger
 from grpo_fast.core.optim import build_optimizer, build_scheduler
 from grpo_fast.core.plots import save_plots
 from grpo_fast.core.policy import load_policy
+from grpo_fast.core.scoring import submit_completions
 from grpo_fast.core.seeding import set_rng_state, set_seed
 from grpo_fast.core.sharded_checkpoint import (
     SHARDED_DIR,
@@ -43,6 +44,7 @@ from grpo_fast.rollout.async_rollouts import EngineSpec
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
 from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
 from grpo_fast.rollout.registry import choose_engine, create_engine
+from grpo_fast.rollout.rollouts import build_rollouts
 from grpo_fast.rollout.vllm_engine import VLLMEngine
 from grpo_fast.rollout.weight_sync import trainer_weights
 from grpo_fast.trainer.audit import AuditTrail
@@ -90,6 +92,11 @@ class GRPOTrainer:
     existing RolloutEngine to reuse (its weights are overwritten with the model's at the start of `train`).
     callbacks: callables `(trainer, rollout, metrics)` run after each training step with the step's
     RolloutBatch and metrics (inspect samples, extra logging, alarms).
+
+    Multi-turn rollouts, TRL 1.16's arguments (grpo_fast.rollout.multi_turn; they replace the config's
+    rollout.tools / environment_factory / rollout_func): tools, callables the model may call; environment_factory,
+    a callable giving one environment per rollout, or {name: factory} routed by the rows' `environment` column;
+    rollout_func(prompts, trainer), a custom agent that returns the completions itself.
     """
 
     def __init__(
@@ -102,6 +109,10 @@ class GRPOTrainer:
         tokenizer=None,
         engine: RolloutEngine | None = None,
         callbacks: Sequence[Callable] = (),
+        *,
+        tools: Sequence[Callable] | None = None,
+        environment_factory=None,
+        rollout_func: Callable | None = None,
     ) -> None:
 
         self.config = cfg = config or TrainConfig()
@@ -126,8 +137,8 @@ class GRPOTrainer:
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.path or model.name_or_path)
         if self.tokenizer.pad_token_id is None:  # a tokenizer passed in
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.rewards = RewardSet.from_config(cfg, funcs)
+        self._set_up_rollouts(tools, environment_factory, rollout_func)
+        self.rewards = self._reward_set(reward_funcs)
         self.train_rows = _as_rows(train_dataset)
         self.eval_rows = _as_rows(eval_dataset) if eval_dataset is not None else None
         if cfg.run.eval_max_prompts and self.eval_rows:
@@ -151,12 +162,8 @@ class GRPOTrainer:
         )
         self.sampler = PromptSampler(len(self.train_rows), cfg.run.seed)
         self.curriculum = PassRateCurriculum(cfg.curriculum, len(self.train_rows), cfg.run.seed)
-        self.prompts = PromptEncoder(
-            self.tokenizer, cfg.data, max_tokens=cfg.rollout.max_model_len - cfg.rollout.max_completion_length
-        )
-        self.stop_ids = stop_token_ids(self.tokenizer, cfg.rollout.stop)
         self.rollout = RolloutPhase(
-            cfg, self.train_rows, self.prompts, self.rewards, self.sampler, self.stop_ids, self.dist
+            cfg, self.train_rows, self.prompts, self.rewards, self.sampler, self.stop_ids, self.dist, self.rollouts
         )
         self.step = 0
         self.timers: dict[str, float] = defaultdict(float)
@@ -169,6 +176,35 @@ class GRPOTrainer:
         self.resumed_from: Path | None = None  # the checkpoint resumed from: never pruned by run.keep_checkpoints
         self.skipped_steps = 0  # steps whose loss or gradient was non-finite (their update skipped)
         self.bad_steps_in_row = 0
+
+    def _set_up_rollouts(self, tools, environment_factory, rollout_func) -> None:
+        """The prompt encoder, the stop tokens, and how a step's completions are produced (`rollouts`: one engine
+        call per prompt, multi-turn with tools and environments, or a rollout function)."""
+        cfg = self.config
+        self.prompts = PromptEncoder(
+            self.tokenizer, cfg.data, max_tokens=cfg.rollout.max_model_len - cfg.rollout.max_completion_length
+        )
+        self.stop_ids = stop_token_ids(self.tokenizer, cfg.rollout.stop)
+        self.rollouts = build_rollouts(
+            cfg.rollout,
+            self.prompts,
+            self.tokenizer,
+            self.stop_ids,
+            tools=tools,
+            environment_factory=environment_factory,
+            rollout_func=rollout_func,
+            trainer=self,
+        )
+
+    def _reward_set(self, reward_funcs) -> RewardSet:
+        """The run's rewards: `reward_funcs`, and the environments' own reward (weight 1, as TRL adds it) when they
+        define get_reward."""
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        weights = self.config.reward.weights
+        environments = getattr(self.rollouts, "environments", None)
+        if environments is not None and environments.has_reward():
+            funcs, weights = funcs + ["environment_reward"], None if weights is None else [*weights, 1.0]
+        return RewardSet.from_config(self.config, funcs, weights)
 
     # -- the rollout engine -----------------------------------------------------------------------------
 
@@ -224,6 +260,9 @@ class GRPOTrainer:
         the trainer built it."""
         self.rewards.close()
         self.rollout.close()
+        close_rollouts = getattr(self.rollouts, "close", None)
+        if close_rollouts is not None:
+            close_rollouts()
         if self.engine is not None and self._owns_engine:
             self.engine.close()
             self.engine = None
@@ -268,14 +307,16 @@ class GRPOTrainer:
             return {}
         self._ensure_engine()
         rows = self.eval_rows[self.dist.rank :: self.dist.world_size]  # this rank's share
-        correct, total = self._score_greedy(rows)
-        correct, total = self.dist.sum(torch.stack([correct, total]).cpu())
+        correct, total, calling = self.dist.sum(torch.stack(self._score_greedy(rows)).cpu())
         n = len(self.eval_rows)
-        return {"eval/accuracy": float(correct) / n, "eval/reward_mean": float(total) / n}
+        out = {"eval/accuracy": float(correct) / n, "eval/reward_mean": float(total) / n}
+        if getattr(self.rollouts, "tools", None) is not None:
+            out["eval/tool_call_rate"] = float(calling) / n
+        return out
 
-    def _score_greedy(self, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(how many of `rows` reach their full reward, the sum of their rewards), greedy decoding."""
-        ids = self.prompts.encode_rows(rows, list(range(len(rows))), cache=False)
+    def _score_greedy(self, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(how many of `rows` reach their full reward, the sum of their rewards, how many called a tool), greedy
+        decoding."""
         spec = SamplingSpec(
             n=1,
             max_tokens=self.config.rollout.max_completion_length,
@@ -285,15 +326,16 @@ class GRPOTrainer:
         )
         t0 = time.perf_counter()
         if rows or self.engine.lockstep:  # a tensor-parallel engine's ranks generate together, rows or not
-            outs = [group[0] for group in self.engine.generate(ids, spec)]
+            outs = self.rollouts.generate(self.engine, rows, spec).completions
         if not rows:
-            return torch.zeros(()), torch.zeros(())
+            return torch.zeros(()), torch.zeros(()), torch.zeros(())
         state = TrainerState(global_step=self.step, max_steps=self.config.run.max_steps)
-        scored = self.rewards.submit(rows, [c.text for c in outs], [c.token_ids for c in outs], state)
+        scored = submit_completions(self.rewards, rows, outs, state)
         rewards = self.rewards.combine(scored.result().per_func)
         self.timers["eval"] += time.perf_counter() - t0
         solved = (rewards >= self.rewards.full_rewards(rows) - 1e-6).float().sum()
-        return solved, torch.nan_to_num(rewards, nan=0.0).float().sum()
+        calling = torch.tensor(float(sum(c.episode is not None and c.episode.calls > 0 for c in outs)))
+        return solved, torch.nan_to_num(rewards, nan=0.0).float().sum(), calling
 
     # -- checks before, during and after the run -------------------------------------------------------
 

@@ -1,0 +1,73 @@
+"""The run's `Rollouts` (grpo_fast.rollout.generation) from its config and the trainer's arguments: one engine
+call per prompt, multi-turn rollouts with tools and environments, or a custom rollout function.
+
+Tools and environment factories given as strings are registered names (TOOLS, ENVIRONMENTS) or
+"package.module:attribute"; the trainer's `tools=`, `environment_factory=` and `rollout_func=` arguments take the
+objects themselves, as TRL's GRPOTrainer does, and replace the config's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from grpo_fast.registry import Registry
+from grpo_fast.rollout.chat_turns import ChatFormat
+from grpo_fast.rollout.environments import Environments
+from grpo_fast.rollout.generation import CustomRollouts, Rollouts, SingleTurn
+from grpo_fast.rollout.multi_turn import MultiTurn
+from grpo_fast.rollout.prompts import PromptEncoder
+from grpo_fast.rollout.tools import Tool
+
+TOOLS = Registry("tool", {"multiply": "grpo_fast.rollout.builtin_tools:multiply"})
+ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rewards.code.python_tool:PythonEnvironment"})
+
+
+def build_rollouts(
+    rollout,
+    prompts: PromptEncoder,
+    tokenizer,
+    stop_ids: tuple[int, ...],
+    *,
+    tools: Sequence[Callable] | None = None,
+    environment_factory: Callable | Mapping[str, Callable] | None = None,
+    rollout_func: Callable | None = None,
+    trainer=None,
+) -> Rollouts:
+    """The Rollouts of config section `rollout` (its tools, environment_factory, rollout_func, tool limits), with
+    the trainer's own objects in place of the config's strings where given; `trainer` is what rollout_func gets."""
+    funcs = list(tools) if tools is not None else [TOOLS.get(name) for name in rollout.tools]
+    factory = environment_factory if environment_factory is not None else _factory(rollout.environment_factory)
+    custom = rollout_func if rollout_func is not None else _custom(rollout.rollout_func)
+    if custom is not None:
+        if funcs or factory is not None:
+            raise ValueError("rollout_func: a custom rollout function replaces the tool loop; pass tools or it")
+        return CustomRollouts(lambda prompts_: custom(prompts_, trainer), tokenizer, stop_ids)
+    if not funcs and factory is None:
+        return SingleTurn(prompts)
+    if rollout.mode != "sync":
+        raise ValueError(f"rollout.mode: tools and environments run with rollout.mode sync, got {rollout.mode!r}")
+    return MultiTurn(
+        prompts,
+        ChatFormat(tokenizer),
+        [Tool.of(fn) for fn in funcs],
+        None if factory is None else Environments.of(factory),
+        max_iterations=rollout.max_tool_calling_iterations,
+        max_completion_length=rollout.max_completion_length,
+        max_model_len=rollout.max_model_len,
+        timeout=rollout.tool_timeout_seconds,
+        workers=rollout.tool_workers,
+    )
+
+
+def _factory(spec: str | Mapping[str, str] | None):
+    if spec is None:
+        return None
+    if isinstance(spec, Mapping):
+        return {name: ENVIRONMENTS.get(s) for name, s in spec.items()}
+    return ENVIRONMENTS.get(spec)
+
+
+def _custom(spec: str | None):
+    if spec is None:
+        return None
+    return Registry("rollout function", {}).get(spec)
