@@ -143,7 +143,10 @@ RESPONSE_TEMPLATE = {
 }
 
 
-def build_chat_tokenizer(chars: str = DEFAULT_CHARS + "_"):
+CHAT_CHARS = DEFAULT_CHARS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ_.'\"[]{}<>|!;#&\n"
+
+
+def build_chat_tokenizer(chars: str = CHAT_CHARS):
     """`build_char_tokenizer` with a chat template that renders tools and tool calls (CHAT_TEMPLATE), one token per
     chat marker (CHAT_TOKENS), end of turn <|end|> as EOS, and the response_template that parses its tool calls."""
     tok = build_char_tokenizer(chars)

@@ -15,7 +15,7 @@ from grpo_fast.sft.trainer import SFTTrainer
 def sft_train(
     model,
     tokenizer,
-    pairs: list[tuple[str, str]],
+    pairs: list[tuple],
     steps: int,
     batch_size: int = 32,
     lr: float = 1e-3,
@@ -26,7 +26,7 @@ def sft_train(
     """Trains `model` in place for `steps` AdamW steps, each on `batch_size` pairs drawn at random with
     replacement (a generator seeded with `seed`; one padded micro-batch, no truncation); returns the losses. A
     completion may be chat messages with tool calls and tool turns (the loss covers its assistant turns only);
-    `tools`: the JSON schemas its prompt renders.
+    `tools`: the JSON schemas its prompt renders, or per pair as a third element (prompt, completion, tools).
     Unlike `grpo-fast sft`'s epochs, the draw keeps the noisy demo teacher's SFT loose enough that greedy
     decoding starts partly right (the demo and the health tests are calibrated on it)."""
     if steps <= 0 or not pairs:
@@ -37,7 +37,7 @@ def sft_train(
         run=SFTRunConfig(max_steps=steps, micro_batch_tokens=None, micro_batch_size=batch_size, seed=seed),
     )
     trainer = SFTTrainer(
-        config, model, tokenizer, dataset=[{"prompt": p, "completion": c, "tools": tools} for p, c in pairs]
+        config, model, tokenizer, dataset=[{"prompt": p[0], "completion": p[1], "tools": p[2] if len(p) > 2 else tools} for p in pairs]
     )
     g = torch.Generator().manual_seed(seed)
     losses = []
