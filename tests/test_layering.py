@@ -25,7 +25,7 @@ LAYERS = (
     ("loss",),
     ("backends",),
     ("kernels",),
-    ("config_fields", "registry", "machine"),
+    ("config_fields", "registry", "machine", "errors"),
 )
 """From the top (imports others) to the bottom (imports no other package of grpo_fast)."""
 

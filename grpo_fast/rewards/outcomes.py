@@ -16,6 +16,8 @@ service to run it) is not a score at all, and is loud.
 
 from __future__ import annotations
 
+from grpo_fast.errors import InfrastructureError
+
 
 class ProgramFailure(float):
     """A reward of `value` for a completion that failed by its own doing; `reason` says how."""
@@ -32,10 +34,6 @@ class ProgramFailure(float):
 
     def __repr__(self) -> str:
         return f"ProgramFailure({float(self)!r}, {self.reason!r})"
-
-
-class InfrastructureError(RuntimeError):
-    """Scoring failed for a reason the completion cannot cause (see module doc)."""
 
 
 class VerifierStartupError(InfrastructureError):

@@ -7,7 +7,8 @@ An environment's public methods are tools the same way (grpo_fast.rollout.enviro
 What a call can do to the rollout: every call gets a result text for the model. A call of an unknown tool, with
 arguments its schema does not admit (a missing or unknown argument, a value of the wrong JSON type), a tool that
 raises, and one that runs past `timeout` each give an "error: ..." text and count as that tool's failure; none of
-them stops the step. A sync tool past its deadline keeps running in its daemon thread (Python cannot stop a
+them stops the step. A tool that raises grpo_fast.errors.InfrastructureError (a sandbox that cannot start: nothing
+the model did) stops it, loudly. A sync tool past its deadline keeps running in its daemon thread (Python cannot stop a
 thread): a tool that must be stoppable runs its work in a process (grpo_fast.rewards.code.python_tool does); an
 async tool past its deadline is cancelled.
 """
@@ -21,6 +22,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from grpo_fast.errors import InfrastructureError
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,),
@@ -128,6 +131,8 @@ class ToolRunner:
             return ToolResult(name, f"error: {name}: {why}", "bad_arguments", 0.0)
         outcome = self._run_async(tool, arguments) if tool.is_async else self._run_sync(tool, arguments)
         seconds = time.perf_counter() - start
+        if isinstance(outcome, _Broken):
+            raise outcome.error
         if isinstance(outcome, _Failed):
             return ToolResult(name, f"error: {name}: {outcome.why}", outcome.kind, seconds)
         return ToolResult(name, outcome if isinstance(outcome, str) else str(outcome), None, seconds)
@@ -138,6 +143,8 @@ class ToolRunner:
         def target() -> None:
             try:
                 box.append(tool.fn(**arguments))
+            except InfrastructureError as exc:  # ours, not the model's: raised in the caller
+                box.append(_Broken(exc))
             except Exception as exc:  # noqa: BLE001 - a tool's exception is the model's to read
                 box.append(_Failed("raised", f"{type(exc).__name__}: {exc}"))
 
@@ -157,6 +164,8 @@ class ToolRunner:
             return future.result()
         except TimeoutError:
             return _Failed("timeout", f"timed out after {self.timeout:g} s")
+        except InfrastructureError:
+            raise
         except Exception as exc:  # noqa: BLE001 - a tool's exception is the model's to read
             return _Failed("raised", f"{type(exc).__name__}: {exc}")
 
@@ -177,3 +186,8 @@ class ToolRunner:
 class _Failed:
     kind: str
     why: str
+
+
+@dataclass(frozen=True)
+class _Broken:
+    error: InfrastructureError

@@ -36,9 +36,8 @@ def sft_train(
         optim=OptimConfig(lr=lr),
         run=SFTRunConfig(max_steps=steps, micro_batch_tokens=None, micro_batch_size=batch_size, seed=seed),
     )
-    trainer = SFTTrainer(
-        config, model, tokenizer, dataset=[{"prompt": p[0], "completion": p[1], "tools": p[2] if len(p) > 2 else tools} for p in pairs]
-    )
+    rows = [{"prompt": p[0], "completion": p[1], "tools": p[2] if len(p) > 2 else tools} for p in pairs]
+    trainer = SFTTrainer(config, model, tokenizer, dataset=rows)
     g = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(steps):

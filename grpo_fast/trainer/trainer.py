@@ -42,6 +42,7 @@ from grpo_fast.distributed.fsdp import shard_policy
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rollout.async_rollouts import EngineSpec
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
+from grpo_fast.rollout.generation import SingleTurn
 from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
 from grpo_fast.rollout.registry import choose_engine, create_engine
 from grpo_fast.rollout.rollouts import build_rollouts
@@ -211,6 +212,11 @@ class GRPOTrainer:
     def _ensure_engine(self) -> None:
         if self.engine is None:
             self.engine = self._make_engine()
+        if self.engine.lockstep and not isinstance(self.rollouts, SingleTurn):
+            raise ValueError(
+                f"rollout: tools, environments and rollout_func need an engine each rank calls on its own; the "
+                f"{self.engine.name} engine generates in lockstep over ranks (tensor parallelism across ranks)"
+            )
         if self.engine.shares_trainer_model and self.offloader.offload_params:
             logger.warning(
                 "run.offload_params ignored: the %s engine generates with the trainer's model", self.engine.name

@@ -9,16 +9,19 @@ from __future__ import annotations
 import time
 
 import pytest
-from tool_agent import SLOW_TIMEOUT, TOOLS, CounterEnv, tools_of
+from tool_agent import SLOW_TIMEOUT, TOOLS, CounterEnv, call, tools_of
 
 from grpo_fast.core.tiny_models import build_char_tokenizer
+from grpo_fast.errors import InfrastructureError
+from grpo_fast.rewards.code import isolation
+from grpo_fast.rewards.code.python_tool import PythonEnvironment
 from grpo_fast.rollout.base import SamplingSpec
 from grpo_fast.rollout.chat_turns import ChatFormat
-from grpo_fast.rollout.environments import Environments
+from grpo_fast.rollout.environments import Environments, environment_tools
 from grpo_fast.rollout.hf_engine import HFEngine
 from grpo_fast.rollout.multi_turn import MultiTurn
 from grpo_fast.rollout.prompts import PromptEncoder
-from grpo_fast.rollout.tools import Tool
+from grpo_fast.rollout.tools import Tool, ToolRunner
 from grpo_fast.trainer.config import DataConfig
 
 
@@ -179,3 +182,26 @@ def test_what_cannot_run_a_multi_turn_rollout_is_named():
     plain.response_template = {"fields": {"content": {"content": "text"}}}
     with pytest.raises(ValueError, match="does not render a tool call"):
         ChatFormat(plain)
+
+
+def broken_sandbox() -> str:
+    """A tool whose machinery is gone."""
+    raise InfrastructureError("the sandbox cannot start")
+
+
+@pytest.mark.skipif(isolation() not in ("namespaces", "bwrap"), reason="no local code sandbox on this machine")
+def test_the_sandboxed_python_environment_keeps_state_and_its_infrastructure_failures_stop_the_step():
+    environments = Environments.of(PythonEnvironment)
+    (env,) = environments.acquire([None])
+    env.reset()
+    tools = {t.name: t for t in environment_tools(env)}
+    runner = ToolRunner(timeout=30)
+    try:
+        assert runner.call(tools, call("python", code="x = 6")).failure is None
+        answer = runner.call(tools, call("python", code="x * 7"))  # the variable lives in the rollout's sandbox
+        assert answer.text.strip() == "42" and answer.failure is None
+        assert "ZeroDivisionError" in runner.call(tools, call("python", code="1/0")).text  # the model's to read
+        with pytest.raises(InfrastructureError, match="the sandbox cannot start"):  # ours: loud, never a result
+            runner.call({"broken_sandbox": Tool.of(broken_sandbox)}, call("broken_sandbox"))
+    finally:
+        environments.close()
