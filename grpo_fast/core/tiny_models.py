@@ -143,10 +143,7 @@ RESPONSE_TEMPLATE = {
 }
 
 
-CHAT_CHARS = DEFAULT_CHARS + "ABCDEFGHIJKLMNOPQRSTUVWXYZ_.'\"[]{}<>|!;#&\n"
-
-
-def build_chat_tokenizer(chars: str = CHAT_CHARS):
+def build_chat_tokenizer(chars: str = DEFAULT_CHARS + "_"):
     """`build_char_tokenizer` with a chat template that renders tools and tool calls (CHAT_TEMPLATE), one token per
     chat marker (CHAT_TOKENS), end of turn <|end|> as EOS, and the response_template that parses its tool calls."""
     tok = build_char_tokenizer(chars)

@@ -15,13 +15,14 @@ import time
 
 import torch
 
-from grpo_fast.core.tiny_models import TinyModelSpec, build_chat_tokenizer, build_tiny_model, save_tiny
+from grpo_fast.core.tiny_models import DEFAULT_CHARS, TinyModelSpec, build_chat_tokenizer, build_tiny_model, save_tiny
 from grpo_fast.rollout.builtin_tools import multiply
 from grpo_fast.rollout.environments import environment_tools
 from grpo_fast.rollout.tools import Tool, ToolRunner
 from grpo_fast.sft.in_memory import sft_train
 
 SLOW_TIMEOUT = 0.5
+TEXT_CHARS = "_ABCDEFGHIJKLMNOPQRSTUVWXYZ.'\"[]{}<>|!;#&"  # what the tools' error results spell
 
 
 async def lookup(key: str) -> str:
@@ -116,7 +117,7 @@ def train_agent(out_dir, steps: int = 400):
     """(model, tokenizer, path) of the agent, trained on SCRIPTS without and with the environment (whose reset
     appends " (start 0)" to the prompt)."""
     torch.manual_seed(0)
-    tok = build_chat_tokenizer()
+    tok = build_chat_tokenizer(DEFAULT_CHARS + TEXT_CHARS)
     model = build_tiny_model(tok, TinyModelSpec(max_position_embeddings=256), seed=0)
     pairs = []
     for with_env in (False, True):
