@@ -6,7 +6,7 @@
 
 The name is the stem of a results file, benchmarks/results/<name>.json; its "benchmark" field picks the columns
 (loss, logits_tile, sft, grpo_step, bench_trl_integration, r1_pipeline, loss_fuzz, demo_ab, health_alarms,
-async_rollouts). No number inside a
+async_rollouts, tools_trl). No number inside a
 marked block is typed by hand: edit the JSON by re-running the benchmark, then this script.
 
     python benchmarks/tables.py                    # rewrite the marked tables of README.md, docs/ and benchmarks/
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -239,6 +240,18 @@ def render_headline(results: Path) -> str:
                     f"rollout.mode sync: {steps['sync']:.2f} s", f"{steps[variant] / steps['sync']:.2f}x time",
                     "async_cpu.json",
                 ])  # fmt: skip
+    if (results / "tools_trl_cpu.json").exists():
+        runs = json.loads((results / "tools_trl_cpu.json").read_text())["runs"]
+        by = {c: [r for r in runs if r["contender"] == c] for c in ("grpo_fast", "trl")}
+        if all(by.values()):
+            step = {c: sum(r["step_seconds_mean"] for r in rs) / len(rs) for c, rs in by.items()}
+            after = {c: sum(r["accuracy_after"] for r in rs) / len(rs) for c, rs in by.items()}
+            lines.append([
+                f"GRPO step with a tool, 150 s of training ({len(by['grpo_fast'])} seed(s))",
+                f"{step['grpo_fast']:.2f} s, held-out accuracy {after['grpo_fast']:.2f}",
+                f"TRL GRPOTrainer(tools=...): {step['trl']:.2f} s, accuracy {after['trl']:.2f}",
+                f"{step['grpo_fast'] / step['trl']:.2f}x time", "tools_trl_cpu.json",
+            ])  # fmt: skip
     return table(lines)
 
 
@@ -347,16 +360,21 @@ def render_health_alarms(payload: dict) -> str:
 
 def render_demo_ab(payload: dict) -> str:
     """One row per source tree: its commit, the medians of the demo's wall time, its own total, its SFT and RL
-    phases, and the ratios of its total and RL phase to the first tree's."""
+    phases, the ratios of its total and RL phase to the first tree's, and the held-out accuracy before and after RL
+    (medians of its runs)."""
     first = payload["summary"][0]["tree"]
     lines = [["tree", "commit", "runs", "wall s", "demo s", "SFT s", "RL s", f"demo vs {first}", f"RL vs {first}"]]
+    lines[0].append("held-out accuracy")
     num = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
     for r in payload["summary"]:
+        runs = [x for x in payload["runs"] if x["tree"] == r["tree"] and x.get("accuracy_after_rl") is not None]
+        accuracy = lambda key, runs=runs: statistics.median(x[key] for x in runs)  # noqa: E731
         lines.append([
             r["tree"], r["commit"], str(r["runs"]), num(r["wall_s_median"], ".1f"),
             num(r["seconds_total_median"], ".1f"), num(r["seconds_sft_median"], ".1f"),
             num(r["seconds_rl_median"], ".1f"),
             num(r[f"seconds_total_vs_{first}"], ".2f") + "x", num(r[f"seconds_rl_vs_{first}"], ".2f") + "x",
+            f"{accuracy('accuracy_before_rl'):.2f} -> {accuracy('accuracy_after_rl'):.2f}" if runs else "",
         ])  # fmt: skip
     settings = payload["settings"]
     return table(lines) + (
@@ -422,6 +440,41 @@ def render_async_rollouts(payload: dict) -> str:
     )
 
 
+def render_tools_trl(payload: dict) -> str:
+    """One row per contender, over its seeds: steps done in the budget, mean step time and its ratio to TRL's,
+    held-out accuracy and tool-call rate before and after (mean, [min, max] over seeds of the final value)."""
+    runs = payload["runs"]
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    step = {c: mean([r["step_seconds_mean"] for r in runs if r["contender"] == c]) for c in _contenders(runs)}
+    lines = [["contender", "seeds", "steps", "step s", "vs TRL", "held-out accuracy", "tool-call rate"]]
+    for contender in _contenders(runs):
+        rs = [r for r in runs if r["contender"] == contender]
+        lines.append([
+            contender, str(len(rs)), f"{mean([r['steps'] for r in rs]):g}", f"{step[contender]:.2f}",
+            f"{step[contender] / step['trl']:.2f}x" if "trl" in step else "",
+            *(_before_after([r[f"{what}_before"] for r in rs], [r[f"{what}_after"] for r in rs])
+              for what in ("accuracy", "tool_call_rate")),
+        ])  # fmt: skip
+    s = payload["settings"]
+    return table(lines) + (
+        f"\n\n{s['budget_seconds']:g} s of training per run (stopped after the first step past it), "
+        f"{s['prompts_per_step']} prompts x {s['num_generations']} completions per step, completion limit "
+        f"{s['max_completion_length']} tokens, at most {s['max_tool_calling_iterations']} rounds of tool calls; held "
+        f"out: {s['eval_prompts']} prompts, greedy, one evaluator for both. From `{payload['command']}` on "
+        f"{where(payload['environment'])}."
+    )
+
+
+def _contenders(runs: list[dict]) -> list[str]:
+    return list(dict.fromkeys(r["contender"] for r in runs))
+
+
+def _before_after(before: list[float], after: list[float]) -> str:
+    """The means before and after, and the range of the values after: "0.20 -> 0.45 [0.40, 0.50]"."""
+    mean = sum(after) / len(after)
+    return f"{sum(before) / len(before):.2f} -> {mean:.2f} [{min(after):.2f}, {max(after):.2f}]"
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "loss": render_loss,
     "logits_tile": render_logits_tile,
@@ -433,6 +486,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "demo_ab": render_demo_ab,
     "health_alarms": render_health_alarms,
     "async_rollouts": render_async_rollouts,
+    "tools_trl": render_tools_trl,
 }
 
 

@@ -56,3 +56,13 @@ def test_code_demo_learns_through_the_pool_and_forged_programs_earn_nothing_extr
     assert summary["forged_completions"] > 100
     assert summary["forged_above_honest"] == 0 and summary["forged_gain_max"] <= 0, summary
     assert summary["forged_unscored"] == 0, summary
+
+
+@pytest.mark.slow
+def test_tools_demo_learns_to_call_the_tool(tmp_path):
+    """The tool task with its defaults (300 SFT, 60 GRPO steps; transformers rollouts: the session's vLLM engine is
+    the character tokenizer's model): >= 30 points of held-out accuracy from RL, by calling the tool."""
+    cfg = DemoConfig(output_dir=str(tmp_path / "tools"), task="tools", engine="hf", progress=False)
+    summary = run_demo(cfg)
+    assert summary["accuracy_after_rl"] - summary["accuracy_before_rl"] >= 0.30, summary
+    assert summary["tool_call_rate_after_rl"] > summary["tool_call_rate_before_rl"], summary
