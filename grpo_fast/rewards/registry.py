@@ -40,7 +40,6 @@ REWARD_FUNCTIONS = Registry(
         "sql_execution": "grpo_fast.rewards.sql:sql_execution",
         "language_consistency": "grpo_fast.rewards.language:language_consistency",
         "exact_match": "grpo_fast.rewards.tasks:exact_match_reward",
-        "environment_reward": "grpo_fast.rewards.tasks:environment_reward",
         "countdown": "grpo_fast.rewards.tasks:countdown_reward",
         "reward_model": "grpo_fast.rewards.reward_model:reward_model",
     },

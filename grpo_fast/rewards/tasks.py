@@ -45,6 +45,6 @@ def countdown_reward(prompts, completions, numbers, target, **_) -> list[float]:
 
 def environment_reward(completions, environment_reward, **_) -> list[float | None]:
     """The score each rollout's environment gave it (its get_reward(), the `environment_reward` column of multi-turn
-    rollouts; None where it has none). Added with weight 1 to a run whose environments define get_reward, as TRL
-    adds them."""
+    rollouts; None where it has none). The trainer adds it, with weight 1, to a run whose environments define
+    get_reward, as TRL adds them; it is no verifier of its own (no self-test, no declared range)."""
     return list(environment_reward)

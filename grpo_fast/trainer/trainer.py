@@ -40,6 +40,7 @@ from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.distributed.context import init_distributed
 from grpo_fast.distributed.fsdp import shard_policy
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
+from grpo_fast.rewards.tasks import environment_reward
 from grpo_fast.rollout.async_rollouts import EngineSpec
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
 from grpo_fast.rollout.generation import SingleTurn
@@ -204,7 +205,7 @@ class GRPOTrainer:
         weights = self.config.reward.weights
         environments = getattr(self.rollouts, "environments", None)
         if environments is not None and environments.has_reward():
-            funcs, weights = funcs + ["environment_reward"], None if weights is None else [*weights, 1.0]
+            funcs, weights = funcs + [environment_reward], None if weights is None else [*weights, 1.0]
         return RewardSet.from_config(self.config, funcs, weights)
 
     # -- the rollout engine -----------------------------------------------------------------------------

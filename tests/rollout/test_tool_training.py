@@ -31,14 +31,17 @@ OPTIONS = (
 )
 
 
-def _trainer(tool_agent, tmp_path, rewards, rows, **kwargs) -> GRPOTrainer:
+def _trainer(tool_agent, tmp_path, rewards, rows, *overrides: str, **kwargs) -> GRPOTrainer:
     _, tok, path = tool_agent
-    config = load_config(None, [*OPTIONS, f"run.output_dir={tmp_path}"])
+    config = load_config(None, [*OPTIONS, f"run.output_dir={tmp_path}", *overrides])
     model = AutoModelForCausalLM.from_pretrained(path)  # a copy of its own: training changes it
     return GRPOTrainer(model, rewards, rows, config=config, tokenizer=tok, **kwargs)
 
 
-def test_trl_tools_and_environment_train_with_tool_tokens_out_of_the_loss(tool_agent, tmp_path):
+@pytest.mark.parametrize(
+    "layout", [("run.packing=true",), ("run.packing=false", "run.share_prompt=true")], ids=["packed", "shared_prompts"]
+)
+def test_trl_tools_and_environment_train_with_tool_tokens_out_of_the_loss(tool_agent, tmp_path, layout):
     seen = {}
 
     def counter_reward(completions, environments, **kwargs):  # TRL's pattern: the environments' state
@@ -46,7 +49,8 @@ def test_trl_tools_and_environment_train_with_tool_tokens_out_of_the_loss(tool_a
         return [float(env.value) for env in environments]
 
     rows = [{"prompt": [{"role": "user", "content": p}]} for p in ("m", "c", "x", "a")]
-    trainer = _trainer(tool_agent, tmp_path, [counter_reward], rows, tools=list(TOOLS), environment_factory=CounterEnv)
+    tools = {"tools": list(TOOLS), "environment_factory": CounterEnv}
+    trainer = _trainer(tool_agent, tmp_path, [counter_reward], rows, *layout, **tools)
     try:
         trainer.train()
         metrics = trainer.metrics.history[-1]
