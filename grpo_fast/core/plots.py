@@ -10,6 +10,8 @@ PANELS = (
     ("completion/length_mean", "completion length (mean)"),
     ("entropy", "entropy"),
 )
+TOOL_PANELS = (("tools/rollouts_calling_frac", "rollouts calling a tool"),)
+"""Added for runs with tools (multi-turn rollouts)."""
 
 
 def save_plots(history: list[dict], output_dir: str | Path, panels: tuple[tuple[str, str], ...] = PANELS) -> list[Path]:

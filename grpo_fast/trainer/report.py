@@ -15,7 +15,12 @@ DASHBOARD = (
     ("completion/length_mean", "completion length, mean"),
     ("completion/length_p95", "completion length, p95"),
     ("clip_ratio/region_mean", "clipped fraction"),
+    ("tools/rollouts_calling_frac", "rollouts calling a tool"),
+    ("tools/calls_per_rollout", "tool calls per rollout"),
+    ("tools/failures_per_rollout", "failed tool calls per rollout"),
+    ("tools/masked_token_frac", "tool-result tokens (masked)"),
 )
+"""Rows shown when the run logged the metric (the tools/ rows: runs with tools)."""
 
 
 def _fmt(value) -> str:

@@ -23,7 +23,7 @@ import torch
 from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger
 from grpo_fast.core.optim import build_optimizer, build_scheduler
-from grpo_fast.core.plots import save_plots
+from grpo_fast.core.plots import PANELS, TOOL_PANELS, save_plots
 from grpo_fast.core.policy import load_policy
 from grpo_fast.core.scoring import submit_completions
 from grpo_fast.core.seeding import set_rng_state, set_seed
@@ -569,7 +569,8 @@ class GRPOTrainer:
         if cfg.run.save_final and not stop:
             self.save()
         if cfg.run.plots and main:
-            save_plots(self.metrics.history, self.output_dir / "plots")
+            calls_tools = any("tools/rollouts_calling_frac" in r for r in self.metrics.history)
+            save_plots(self.metrics.history, self.output_dir / "plots", PANELS + TOOL_PANELS * calls_tools)
         if main:
             write_report(
                 self.output_dir, self.metrics.history, self.health.alarms, self.audit.records, self.preflight_report

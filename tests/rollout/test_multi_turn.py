@@ -6,12 +6,13 @@ conversation the rollout reports, and the ids the engine really returned (record
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
 from tool_agent import SLOW_TIMEOUT, TOOLS, CounterEnv, call, tools_of
 
-from grpo_fast.core.tiny_models import build_char_tokenizer
+from grpo_fast.core.tiny_models import RESPONSE_TEMPLATE, build_char_tokenizer
 from grpo_fast.errors import InfrastructureError
 from grpo_fast.rewards.code import isolation
 from grpo_fast.rewards.code.python_tool import PythonEnvironment
@@ -205,3 +206,19 @@ def test_the_sandboxed_python_environment_keeps_state_and_its_infrastructure_fai
             runner.call({"broken_sandbox": Tool.of(broken_sandbox)}, call("broken_sandbox"))
     finally:
         environments.close()
+
+
+def test_a_call_the_parser_rejects_gets_an_error_result_and_the_model_answers(tool_agent):
+    model, tok, _ = tool_agent
+    strict = copy.deepcopy(tok)  # the same chat template, but arguments must be JSON: "a=12 b=34" is malformed
+    fields = RESPONSE_TEMPLATE["fields"]
+    strict.response_template = {**RESPONSE_TEMPLATE, "fields": {**fields, "tool_calls": {**fields["tool_calls"]}}}
+    strict.response_template["fields"]["tool_calls"].update(content="json", content_args={})
+    out = multi_turn(strict).generate(HFEngine(model, strict), [{"prompt": "m"}], greedy(strict))
+    (c,) = out.completions
+    assert c.episode.messages[1] == {
+        "role": "tool",
+        "name": "unknown",
+        "content": "error: the tool call could not be parsed",
+    }
+    assert c.episode.failures == {"unknown": 1} and c.episode.turns == 2 and c.finish_reason == "stop"
