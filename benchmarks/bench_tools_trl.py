@@ -3,7 +3,7 @@ prompts, reward, batch and settings, the same wall-clock training budget; then t
 rate of each one's final weights, measured by one evaluator.
 
     python benchmarks/bench_tools_trl.py [--seeds 0] [--budget-seconds 150] [--work /tmp/grpo_fast_bench_tools_trl]
-        [--out benchmarks/results/tools_trl_cpu.json]
+        [--out benchmarks/results/tools_trl_cpu.json] [--merge]
 
 The task is `grpo-fast demo --task tools` (grpo_fast.demo.driver): "1234*5678=" -> "7006652" with the tool
 `multiply(a, b)` (grpo_fast.rollout.builtin_tools), the tiny Qwen2 and its chat tokenizer after the demo's
@@ -363,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train", choices=CONTENDERS, help=argparse.SUPPRESS)  # worker: one contender's run
     parser.add_argument("--evaluate", type=Path, help=argparse.SUPPRESS)  # worker: one model directory's evaluation
     parser.add_argument("--seed", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--merge", action="store_true", help="keep --out's runs of the other seeds")
     args = parser.parse_args(argv)
     args.work = args.work.resolve()  # the workers run in the repository root
     if args.train:
@@ -373,15 +374,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    runs: list[dict] = []
+    previous = json.loads(args.out.read_text()) if args.merge and args.out.exists() else None
+    runs: list[dict] = [r for r in previous["runs"] if r["seed"] not in args.seeds] if previous else []
     payload = {
         "benchmark": "tools_trl",
         "description": __doc__.split("\n\n")[0],
         "command": "python benchmarks/bench_tools_trl.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "environment": environment_stamp(torch.device("cpu"), packages=("transformers", "trl")),
-        "settings": SETTINGS | {"budget_seconds": args.budget_seconds, "seeds": args.seeds},
+        "settings": SETTINGS
+        | {"budget_seconds": args.budget_seconds, "seeds": sorted({r["seed"] for r in runs} | set(args.seeds))},
         "runs": runs,
     }
+    if previous:  # the runs kept with --merge came from there
+        payload["earlier"] = {"command": previous["command"], "environment": previous["environment"]}
     for seed in args.seeds:
         run_seed(args, seed, runs, lambda: write_json(args.out, payload))
     return 0
