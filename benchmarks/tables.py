@@ -244,10 +244,10 @@ def render_headline(results: Path) -> str:
         runs = json.loads((results / "tools_trl_cpu.json").read_text())["runs"]
         by = {c: [r for r in runs if r["contender"] == c] for c in ("grpo_fast", "trl")}
         if all(by.values()):
-            step = {c: sum(r["step_seconds_mean"] for r in rs) / len(rs) for c, rs in by.items()}
+            step = {c: _median_step(runs, c) for c in by}
             after = {c: sum(r["accuracy_after"] for r in rs) / len(rs) for c, rs in by.items()}
             lines.append([
-                f"GRPO step with a tool, 150 s of training ({len(by['grpo_fast'])} seed(s))",
+                f"GRPO step with a tool, median, 150 s of training ({len(by['grpo_fast'])} seeds)",
                 f"{step['grpo_fast']:.2f} s, held-out accuracy {after['grpo_fast']:.2f}",
                 f"TRL GRPOTrainer(tools=...): {step['trl']:.2f} s, accuracy {after['trl']:.2f}",
                 f"{step['grpo_fast'] / step['trl']:.2f}x time", "tools_trl_cpu.json",
@@ -441,17 +441,20 @@ def render_async_rollouts(payload: dict) -> str:
 
 
 def render_tools_trl(payload: dict) -> str:
-    """One row per contender, over its seeds: steps done in the budget, mean step time and its ratio to TRL's,
-    held-out accuracy and tool-call rate before and after (mean, [min, max] over seeds of the final value)."""
+    """One row per contender, over its seeds: steps done in the budget (mean), the median step time over all its
+    steps and its ratio to TRL's, the mean step time (an outlier step shows there), held-out accuracy and tool-call
+    rate before and after (mean, [min, max] over seeds of the final value)."""
     runs = payload["runs"]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    step = {c: mean([r["step_seconds_mean"] for r in runs if r["contender"] == c]) for c in _contenders(runs)}
-    lines = [["contender", "seeds", "steps", "step s", "vs TRL", "held-out accuracy", "tool-call rate"]]
+    step = {c: _median_step(runs, c) for c in _contenders(runs)}
+    lines = [["contender", "seeds", "steps", "step s (median)", "vs TRL", "step s (mean)", "held-out accuracy"]]
+    lines[0].append("tool-call rate")
     for contender in _contenders(runs):
         rs = [r for r in runs if r["contender"] == contender]
         lines.append([
             contender, str(len(rs)), f"{mean([r['steps'] for r in rs]):g}", f"{step[contender]:.2f}",
             f"{step[contender] / step['trl']:.2f}x" if "trl" in step else "",
+            f"{mean([r['step_seconds_mean'] for r in rs]):.2f}",
             *(_before_after([r[f"{what}_before"] for r in rs], [r[f"{what}_after"] for r in rs])
               for what in ("accuracy", "tool_call_rate")),
         ])  # fmt: skip
@@ -463,6 +466,11 @@ def render_tools_trl(payload: dict) -> str:
         f"out: {s['eval_prompts']} prompts, greedy, one evaluator for both. From `{payload['command']}` on "
         f"{where(payload['environment'])}."
     )
+
+
+def _median_step(runs: list[dict], contender: str) -> float:
+    """The median of every step time of a contender's runs (all seeds)."""
+    return statistics.median(t for r in runs if r["contender"] == contender for t in r["step_seconds"])
 
 
 def _contenders(runs: list[dict]) -> list[str]:
