@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from safetensors.torch import load_file
 
@@ -57,6 +58,7 @@ def _train(config: Path, out: Path, kill: str | None = None, resume: bool = Fals
     return subprocess.run(cmd + (["--resume"] if resume else []), env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # three training subprocesses (~25 s): CI stays under its 20 minutes; `scripts/test.sh -m slow`
 def test_killed_inside_a_tool_call_then_resumed_equals_the_uninterrupted_run(tmp_path, tool_agent):
     config = _config(tmp_path, tool_agent[2])
     full = _train(config, tmp_path / "full")
