@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 GPU_TESTS = [
@@ -32,6 +34,7 @@ def _env(**extra) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", **extra}
 
 
+@pytest.mark.slow  # 84 s of CI's 20 minutes; run it (`scripts/test.sh -m slow`) before lending a GPU its one call
 def test_dry_run_runs_every_phase_within_the_budget(tmp_path):
     assert shutil.which("python3", path=_env()["PATH"]).startswith(str(Path(sys.executable).parent))
     done = subprocess.run(

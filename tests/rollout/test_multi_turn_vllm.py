@@ -14,6 +14,7 @@ import pytest
 HERE = Path(__file__).parent
 
 
+@pytest.mark.slow  # its own vLLM process (~25 s): CI stays under its 20 minutes
 def test_vllm_multi_turn_rollouts_keep_exact_token_accounting(tool_agent):
     pytest.importorskip("vllm")
     _, _, agent_dir = tool_agent

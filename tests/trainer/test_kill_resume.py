@@ -123,6 +123,7 @@ def test_kill_at_three_points_then_resume_equals_the_uninterrupted_run(tmp_path,
     _check_killed_run_matches(tmp_path, tiny_dir, monkeypatch, ["generate:2", "optimizer:3", "ckpt_write:2"])
 
 
+@pytest.mark.slow  # 28 s; the three-point kill test above covers the same resume path in CI
 def test_killed_twice_before_the_first_checkpoint_then_resumed_equals_the_uninterrupted_run(
     tmp_path, tiny_dir, monkeypatch
 ):
