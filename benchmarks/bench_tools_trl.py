@@ -385,8 +385,10 @@ def main(argv: list[str] | None = None) -> int:
         | {"budget_seconds": args.budget_seconds, "seeds": sorted({r["seed"] for r in runs} | set(args.seeds))},
         "runs": runs,
     }
-    if previous:  # the runs kept with --merge came from there
-        payload["earlier"] = {"command": previous["command"], "environment": previous["environment"]}
+    if previous:  # the runs kept with --merge came from these (bench_async's format)
+        payload["earlier"] = previous.get("earlier", []) + [
+            {"command": previous["command"], "environment": previous["environment"]}
+        ]
     for seed in args.seeds:
         run_seed(args, seed, runs, lambda: write_json(args.out, payload))
     return 0

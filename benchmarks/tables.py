@@ -447,8 +447,10 @@ def render_tools_trl(payload: dict) -> str:
     runs = payload["runs"]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     step = {c: _median_step(runs, c) for c in _contenders(runs)}
-    lines = [["contender", "seeds", "steps", "step s (median)", "vs TRL", "step s (mean)", "held-out accuracy"]]
-    lines[0].append("tool-call rate")
+    lines = [
+        ["contender", "seeds", "steps", "step s (median)", "vs TRL", "step s (mean)", "held-out accuracy"]
+        + ["tool-call rate"]
+    ]
     for contender in _contenders(runs):
         rs = [r for r in runs if r["contender"] == contender]
         lines.append([
@@ -464,7 +466,11 @@ def render_tools_trl(payload: dict) -> str:
         f"{s['prompts_per_step']} prompts x {s['num_generations']} completions per step, completion limit "
         f"{s['max_completion_length']} tokens, at most {s['max_tool_calling_iterations']} rounds of tool calls; held "
         f"out: {s['eval_prompts']} prompts, greedy, one evaluator for both. From `{payload['command']}` on "
-        f"{where(payload['environment'])}."
+        f"{where(payload['environment'])}"
+        + "".join(
+            f"; other runs from `{e['command']}` on {where(e['environment'])}" for e in payload.get("earlier", [])
+        )
+        + "."
     )
 
 
