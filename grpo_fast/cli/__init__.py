@@ -15,6 +15,7 @@ COMMANDS = {
     "sample": ("grpo_fast.cli.sample", "K completions per prompt: pass rates + rejection-sampled SFT set"),
     "filter": ("grpo_fast.cli.filter", "keep prompts whose pass rate lies in a band (default 0.1-0.9)"),
     "pipeline": ("grpo_fast.cli.pipeline", "chained stages: cold-start SFT -> RL -> sample -> SFT -> RL (+RM)"),
+    "engine": ("grpo_fast.cli.engine", "the engine process of an asynchronous run, started apart (on any host)"),
     "sft": ("grpo_fast.cli.sft", "supervised fine-tuning from a YAML config (see configs/sft_demo.yaml)"),
     "bench-loss": ("grpo_fast.bench.loss", "time and memory of the GRPO loss, side by side with its alternatives"),
     "bench-step": ("grpo_fast.bench.step", "one GRPO training step, side by side with TRL's GRPOTrainer"),

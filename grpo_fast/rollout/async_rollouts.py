@@ -1,23 +1,27 @@
-"""Asynchronous rollouts: the engine generates in a process of its own, on cores of its own, while the trainer
-trains; complete groups reach the trainer through a bounded queue.
+"""Asynchronous rollouts: the engine generates in a process of its own, on cores or GPUs of its own, on this host
+or another, while the trainer trains; complete groups reach the trainer through a bounded queue.
 
 The engine process runs the partial-rollout round loop (grpo_fast.rollout.partial) without end: it starts
 groups from the prompts the trainer sends, runs a round, and puts every complete group on the group queue
-(waiting while the queue is full). Between rounds it takes new weights: the trainer copies its weights into
-shared-memory tensors and announces the version; the engine loads them (the weight sync's completeness check
-applies: `RolloutEngine.load_weights`) and publishes the version it holds. Generation pauses only for the copy.
-The trainer writes version v + 1 only after the engine has loaded v, so the shared tensors are never read
-while written.
+(waiting while the queue is full). Between rounds it takes new weights: the trainer copies its weights into a
+staging copy, announces the version and broadcasts the copy (grpo_fast.rollout.engine_link: gloo between CPUs,
+NCCL between GPUs); the engine receives and loads them (the weight sync's completeness check applies:
+`RolloutEngine.load_weights`) and publishes the version it holds. Generation pauses only for the transfer and the
+load. The trainer stages version v + 1 only after the engine has loaded v.
+
+The trainer starts the engine process itself (`launch: spawn`), or waits for one started apart, on any host that
+reaches its `address` (`launch: external`, `grpo-fast engine --connect HOST:PORT`): messages and weights travel
+over TCP, nothing is shared but the address.
 
 Staleness is bounded twice: the engine restarts (or drops the group of) completions older than max_staleness
 versions before each round, and the trainer drops any group that arrives older than that (counted, never
 trained). The queue holds at most `queue_groups` groups, and the prompts sent ahead follow a fixed schedule,
 `groups_in_flight` steps' worth, so that what a checkpoint's prompt sampler has drawn depends only on the step.
 
-Faults: an engine process that dies, or raises (its traceback comes back), stops the run with a RuntimeError
-naming it; no group within `timeout_seconds` does too, never a hang. Groups under way when the trainer stops
-are discarded: a resumed run starts a new engine process from the checkpoint's weights, and the prompts that
-were sent ahead but not trained are skipped, not trained twice.
+Faults: an engine process that raises stops the run with its traceback; one that dies (spawned) or is silent for
+`timeout_seconds` (either launch) stops it with an error naming it, never a hang. An engine process whose trainer
+is gone stops. Groups under way when the trainer stops are discarded: a resumed run starts a new engine process
+from the checkpoint's weights, and the prompts that were sent ahead but not trained are skipped, not trained twice.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ import logging
 import math
 import multiprocessing as mp
 import os
+import pickle
 import queue
+import socket
 import time
 import traceback
 from collections import Counter
@@ -35,14 +41,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from grpo_fast.config_fields import ConfigSection, option
 from grpo_fast.rollout.base import SamplingSpec
+from grpo_fast.rollout.engine_link import (
+    BACKENDS,
+    Channel,
+    Manifest,
+    WeightLink,
+    WeightSender,
+    connect_store,
+    host_store,
+    parse_address,
+)
 from grpo_fast.rollout.partial import ROUND_SEEDS, PartialGroup, PartialOptions, PartialRollouts
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.05
+LAUNCHES = ("spawn", "external")
 
 
 @dataclass
@@ -59,10 +77,35 @@ class AsyncOptions(ConfigSection):
     )
     timeout_seconds: float = option(
         600.0,
-        "seconds without word from the engine process (ready, a group) before the run stops with an error",
+        "seconds without word from the engine process (ready, a group, a weight transfer) before the run stops with "
+        "an error",
         low=0,
         low_open=True,
     )
+    launch: str = option(
+        "spawn",
+        "spawn: the trainer starts the engine process on its own host; external: the trainer waits for one started "
+        "apart, on this host or another, with `grpo-fast engine --connect HOST:PORT` (HOST:PORT as logged)",
+        choices=LAUNCHES,
+    )
+    address: str = option(
+        "",
+        "HOST:PORT where the trainer listens for its engine process (the port on every interface; empty: this "
+        "host, a free port, as logged). Set it for launch external on another host, e.g. node0:29600",
+    )
+    weight_backend: str = option(
+        "auto",
+        "how the weights travel to the engine process: gloo, nccl, or auto (nccl from the trainer's GPU to an engine "
+        "with GPUs of its own: devices set, or launch external)",
+        choices=BACKENDS,
+    )
+
+    def listen_address(self) -> str:
+        """HOST:PORT of the trainer's store (port 0: a free one), the host being what the engine connects to."""
+        if self.address:
+            parse_address(self.address, "rollout.async_engine.address")
+            return self.address
+        return f"{'127.0.0.1' if self.launch == 'spawn' else socket.gethostname()}:0"
 
 
 @dataclass(frozen=True)
@@ -73,6 +116,32 @@ class EngineSpec:
     kind: str
     model_dir: str
     vllm_kwargs: dict = dataclasses.field(default_factory=dict)
+
+    def weight_dtype(self) -> torch.dtype | None:
+        """The dtype the engine holds its weights in, when the spec fixes it (None: the trainer's)."""
+        if self.kind == "hf":
+            return torch.float32
+        name = self.vllm_kwargs.get("dtype", "auto")
+        return None if name == "auto" else getattr(torch, name)
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What the trainer leaves in its store for the engine process: the engine, the partial-rollout pool's keyword
+    arguments, the sampling and seed, threads and GPUs, the queue bound, the weights' manifest and transport, the
+    weight version it starts from, and the timeout of every wait."""
+
+    spec: EngineSpec
+    pool_kwargs: dict
+    sampling: SamplingSpec
+    seed: int
+    threads: int
+    devices: str
+    queue_groups: int
+    manifest: Manifest
+    backend: str
+    version: int
+    timeout_seconds: float
 
 
 def build_engine(spec: EngineSpec):
@@ -91,97 +160,106 @@ def build_engine(spec: EngineSpec):
     raise ValueError(f"rollout.mode async: engine {spec.kind!r} cannot run in the engine process (hf or vllm)")
 
 
-def _engine_main(
-    spec: EngineSpec,
-    pool_kwargs: dict,
-    sampling: SamplingSpec,
-    seed: int,
-    threads: int,
-    cores: set[int],
-    devices: str,
-    shared: dict[str, torch.Tensor],
-    prompts: mp.Queue,
-    groups: mp.Queue,
-    control: mp.Queue,
-    loaded,
+def run_engine(
+    address: str,
+    *,
+    parent: int | None = None,
+    cores: set[int] | None = None,
+    model_dir: str | None = None,
+    devices: str | None = None,
+    threads: int | None = None,
+    connect_seconds: float = 600.0,
 ) -> None:
-    """The engine process: rounds of partial rollouts without end (see module doc). Puts ("ready",) once it holds
-    the weights, then ("group", state, counts) for each complete group, counts since the last one (with
-    "busy_seconds" generating, "idle_seconds" waiting for prompts or for room in the queue); ("error", traceback)
-    on a failure."""
-    parent = os.getppid()
+    """The engine process, connected to the trainer's store at `address`: rounds of partial rollouts without end
+    (see module doc). Puts ("ready",) on the group queue once it holds the weights, then ("group", state, counts)
+    for each complete group, counts since the last one (with "busy_seconds" generating, "idle_seconds" waiting for
+    prompts or for room in the queue); ("error", traceback) on a failure. Stops on the trainer's word, or when the
+    trainer is gone (`parent`, its pid when spawned by it; any launch: its store no longer answers).
+
+    model_dir, devices, threads: this host's, when they differ from the trainer's settings (the weights are the
+    trainer's in any case); cores: the CPU cores of its own."""
     try:
+        store = connect_store(address, connect_seconds)
+    except dist.DistError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(
+            f"rollout.mode async: no trainer answered at {address} in {connect_seconds:g} s ({first_line})"
+        ) from None
+    setup: EngineSetup = pickle.loads(store.get("setup"))
+    groups = Channel(store, "groups", setup.queue_groups)
+    try:
+        devices = setup.devices if devices is None else devices
         if devices:  # before CUDA starts in this process
             os.environ["CUDA_VISIBLE_DEVICES"] = devices
         if cores:
             os.sched_setaffinity(0, cores)
-        torch.set_num_threads(max(1, len(cores) if cores else threads))
-        engine = build_engine(spec)
-        engine.load_weights(shared.items())  # the trainer's current weights (a resumed run's, not the directory's)
-        groups.put(("ready",))
-        pool = PartialRollouts(
-            **pool_kwargs, sampling=lambda max_tokens, s: dataclasses.replace(sampling, max_tokens=max_tokens, seed=s)
+        torch.set_num_threads(max(1, threads or (len(cores) if cores else setup.threads)))
+        link = WeightLink(
+            store,
+            1,
+            setup.manifest,
+            setup.backend,
+            "cuda" if setup.backend == "nccl" else "cpu",
+            setup.timeout_seconds,
         )
-        version, rounds, stop = loaded.value, 0, False
-        counts: Counter = Counter()  # since the last group sent, which carries them
-        while not stop:
-            version, stop = _take_control(engine, shared, control, loaded, version, parent)
-            pool.enforce_staleness(version, counts)
-            counts["started"] += pool.start(_drain(prompts))
-            if not any(m.running for g in pool.groups for m in g.members):
-                time.sleep(POLL_SECONDS)  # nothing to generate: wait for prompts
-                counts["idle_seconds"] += POLL_SECONDS
-                continue
-            busy = time.perf_counter()
-            counts["generated_tokens"] += pool.round(engine, version, seed + rounds * ROUND_SEEDS)
-            counts["busy_seconds"] += time.perf_counter() - busy
-            rounds += 1
-            for group in pool.take_done(len(pool.groups)):
-                waiting = time.perf_counter()
-                while not stop:  # a full queue: wait, taking new weights meanwhile
-                    try:
-                        groups.put(("group", pool.group_state(group), dict(counts)), timeout=POLL_SECONDS)
-                        counts = Counter()
-                        break
-                    except queue.Full:
-                        version, stop = _take_control(engine, shared, control, loaded, version, parent)
-                        counts["idle_seconds"] += time.perf_counter() - waiting
-                        waiting = time.perf_counter()
+        weights = link.receive()  # the trainer's current weights (a resumed run's, not the directory's)
+        spec = setup.spec if model_dir is None else dataclasses.replace(setup.spec, model_dir=model_dir)
+        engine = build_engine(spec)
+        engine.load_weights(weights)
+        groups.put(("ready",))
+        _generate(engine, setup, store, link, groups, parent)
         engine.close()
-    except BaseException:  # noqa: BLE001 - every failure goes back to the trainer, which raises it
+    except dist.DistNetworkError:  # the trainer's store is gone, and with it the trainer
+        logger.info("rollout.mode async: the trainer at %s is gone; the engine process stops", address)
+    except BaseException:  # noqa: BLE001 - every other failure goes back to the trainer, which raises it
         groups.put(("error", traceback.format_exc()))
         raise
 
 
-def _take_control(engine, shared, control: mp.Queue, loaded, version: int, parent: int) -> tuple[int, bool]:
-    """Applies the trainer's messages: the newest announced weights (loaded from `shared`), or stop; stop too when
-    the trainer process is gone (killed: nothing else would end this process)."""
-    if os.getppid() != parent:
-        return version, True
-    newest = None
-    while True:
-        try:
-            message = control.get_nowait()
-        except queue.Empty:
-            break
-        if message[0] == "stop":
+def _generate(engine, setup: EngineSetup, store, link: WeightLink, groups: Channel, parent: int | None) -> None:
+    """The engine process's round loop, until the trainer says stop or is gone."""
+    sampling, prompts, control = setup.sampling, Channel(store, "prompts"), Channel(store, "control")
+    pool = PartialRollouts(
+        **setup.pool_kwargs, sampling=lambda max_tokens, s: dataclasses.replace(sampling, max_tokens=max_tokens, seed=s)
+    )
+
+    def take_control(version: int) -> tuple[int, bool]:
+        """Applies the trainer's messages: each announced version's weights, received and loaded, or stop; stop too
+        when the spawning trainer process is gone (killed: nothing else would end this process)."""
+        if parent is not None and os.getppid() != parent:
             return version, True
-        newest = message[1]
-    if newest is not None:
-        engine.load_weights(shared.items())
-        version = newest
-        loaded.value = newest
-    return version, False
+        for message in control.drain():
+            if message[0] == "stop":
+                return version, True
+            engine.load_weights(link.receive())
+            version = message[1]
+            store.set("loaded", str(version))
+        return version, False
 
-
-def _drain(prompts: mp.Queue) -> list[tuple[int, list[int]]]:
-    """The prompts waiting: (row, ids) each."""
-    out = []
-    while True:
-        try:
-            out.append(prompts.get_nowait())
-        except queue.Empty:
-            return out
+    version, rounds, stop = setup.version, 0, False
+    counts: Counter = Counter()  # since the last group sent, which carries them
+    while not stop:
+        version, stop = take_control(version)
+        pool.enforce_staleness(version, counts)
+        counts["started"] += pool.start(prompts.drain())
+        if not any(m.running for g in pool.groups for m in g.members):
+            time.sleep(POLL_SECONDS)  # nothing to generate: wait for prompts
+            counts["idle_seconds"] += POLL_SECONDS
+            continue
+        busy = time.perf_counter()
+        counts["generated_tokens"] += pool.round(engine, version, setup.seed + rounds * ROUND_SEEDS)
+        counts["busy_seconds"] += time.perf_counter() - busy
+        rounds += 1
+        for group in pool.take_done(len(pool.groups)):
+            waiting = time.perf_counter()
+            while not stop and groups.full():  # a full queue: wait, taking new weights meanwhile
+                time.sleep(POLL_SECONDS)
+                version, stop = take_control(version)
+            counts["idle_seconds"] += time.perf_counter() - waiting
+            if stop:
+                break
+            groups.put(("group", pool.group_state(group), dict(counts)))
+            counts = Counter()
 
 
 class AsyncRollouts:
@@ -189,7 +267,7 @@ class AsyncRollouts:
 
     pool_kwargs: PartialRollouts' options, num_generations, max_completion_length, max_staleness and stale;
     sampling: the run's SamplingSpec (n = 1); weights: the trainer's (name, tensor) pairs at version `version`,
-    copied into shared memory here; `start` starts the process."""
+    staged here; `start` starts the process (launch spawn) or waits for it (external)."""
 
     def __init__(
         self,
@@ -201,52 +279,76 @@ class AsyncRollouts:
         weights: Iterable[tuple[str, torch.Tensor]],
         version: int,
     ) -> None:
-        self.options, self.max_staleness = options, pool_kwargs["max_staleness"]
+        self.options, self.max_staleness, self.spec = options, pool_kwargs["max_staleness"], spec
         self.partial: PartialOptions = pool_kwargs["options"]
-        context = mp.get_context("spawn")
-        self.shared = {name: t.detach().to("cpu", copy=True).share_memory_() for name, t in weights}
-        self.prompts, self.control = context.Queue(), context.Queue()
-        self.groups = context.Queue(maxsize=options.queue_groups)
-        self.loaded = context.Value("q", version)
-        self.pushed = version
-        threads = options.threads or max(1, (os.cpu_count() or 2) // 2)
-        self._restore = None
-        cores = set()
-        if not torch.cuda.is_available():  # on CPU, separate cores: the engine takes the last `threads`
-            mine = sorted(os.sched_getaffinity(0))
-            if len(mine) > threads:
-                cores = set(mine[-threads:])
-                self._restore = (set(mine), torch.get_num_threads())
-                os.sched_setaffinity(0, set(mine[:-threads]))
-                torch.set_num_threads(len(mine) - threads)
-        self.process = context.Process(
-            target=_engine_main,
-            args=(
-                spec,
-                pool_kwargs,
-                sampling,
-                seed,
-                threads,
-                cores,
-                options.devices,
-                self.shared,
-                self.prompts,
-                self.groups,
-                self.control,
-                self.loaded,
-            ),
-            name="grpo_fast-engine",
-            daemon=True,
+        listen = options.listen_address()
+        self.store = host_store(listen, options.timeout_seconds)
+        self.address = f"{parse_address(listen, 'rollout.async_engine.address')[0]}:{self.store.port}"
+        engine_has_gpus = bool(options.devices) or options.launch == "external"
+        self.sender = WeightSender(
+            self.store, weights, options.weight_backend, engine_has_gpus, options.timeout_seconds, spec.weight_dtype()
         )
+        self.prompts, self.control = Channel(self.store, "prompts"), Channel(self.store, "control")
+        self.groups = Channel(self.store, "groups", options.queue_groups)
+        threads = options.threads or max(1, (os.cpu_count() or 2) // 2)
+        setup = EngineSetup(
+            spec,
+            pool_kwargs,
+            sampling,
+            seed,
+            threads,
+            options.devices,
+            options.queue_groups,
+            self.sender.manifest,
+            self.sender.backend,
+            version,
+            options.timeout_seconds,
+        )
+        self.store.set("setup", pickle.dumps(setup))
+        self.store.set("loaded", str(version))
+        self.pushed = version
+        self.ready = False
+        self.process = None
+        self._restore = None
+        if options.launch == "spawn":
+            self.process = mp.get_context("spawn").Process(
+                target=run_engine,
+                args=(self.address,),
+                kwargs=dict(parent=os.getpid(), cores=self._own_cores(threads)),
+                name="grpo_fast-engine",
+                daemon=True,
+            )
         self.sent = 0  # prompts sent, counted by the schedule (prompts_due)
-        self.spec = spec
+
+    def _own_cores(self, threads: int) -> set[int]:
+        """On CPU, the engine's cores: the last `threads` of the trainer's, which keeps the others (restored at
+        close); none on a GPU machine or with too few cores."""
+        mine = sorted(os.sched_getaffinity(0))
+        if torch.cuda.is_available() or len(mine) <= threads:
+            return set()
+        self._restore = (set(mine), torch.get_num_threads())
+        os.sched_setaffinity(0, set(mine[:-threads]))
+        torch.set_num_threads(len(mine) - threads)
+        return set(mine[-threads:])
 
     def start(self) -> None:
-        """Starts the engine process and waits until it holds the weights: its start-up is not a step's."""
-        self.process.start()
-        logger.info("rollout.mode async: engine process %d started (%s)", self.process.pid, self.spec)
+        """Starts the engine process (or waits for one started apart), sends it the weights, and waits until it
+        holds them: its start-up is not a step's."""
+        if self.process is not None:
+            self.process.start()
+            logger.info("rollout.mode async: engine process %d started (%s)", self.process.pid, self.spec)
+        else:
+            logger.warning(
+                "rollout.mode async: waiting %g s for the engine process; start it with `grpo-fast engine --connect "
+                "%s` on a host that reaches this one",
+                self.options.timeout_seconds,
+                self.address,
+            )
+        self.sender.send()
         if self._next()[0] != "ready":
             raise RuntimeError("rollout.mode async: the engine process did not report ready first")
+        self.ready = True
+        self.sender.finish()
 
     def prompts_due(self, step: int, prompts_per_step: int) -> int:
         """Prompts the schedule has sent by the start of `step`: groups_in_flight steps ahead of the trainer."""
@@ -282,7 +384,7 @@ class AsyncRollouts:
             try:
                 message = self.groups.get(timeout=POLL_SECONDS * 4)
             except queue.Empty:
-                if not self.process.is_alive():
+                if self.process is not None and not self.process.is_alive():
                     self._raise_if_failed(wait=1.0)
                     raise RuntimeError(
                         f"rollout.mode async: the engine process died (exit code {self.process.exitcode}); the run "
@@ -290,55 +392,52 @@ class AsyncRollouts:
                         "`if __name__ == '__main__':`, since the engine process is spawned and imports it"
                     ) from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"rollout.mode async: nothing from the engine process in "
-                        f"{self.options.timeout_seconds:g} s (rollout.async_engine.timeout_seconds); it is stuck"
-                    ) from None
+                    raise RuntimeError(self._silence()) from None
                 continue
             if message[0] == "error":
                 raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message[1]}")
             return message
+
+    def _silence(self) -> str:
+        seconds = f"{self.options.timeout_seconds:g} s (rollout.async_engine.timeout_seconds)"
+        if self.ready or self.process is not None:
+            return f"rollout.mode async: nothing from the engine process in {seconds}; it is stuck or gone"
+        return (
+            f"rollout.mode async: no engine process connected to {self.address} in {seconds}; start one with "
+            f"`grpo-fast engine --connect {self.address}` on a host that reaches this one"
+        )
 
     def push_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
         """`wait_for_engine`, then `write_weights`."""
         waited = self.wait_for_engine()
         return {**self.write_weights(weights, version), "sync/wait_engine": waited}
 
+    def loaded(self) -> int:
+        """The weight version the engine process holds."""
+        return int(self.store.get("loaded"))
+
     def wait_for_engine(self) -> float:
-        """Waits until the engine holds the last weights pushed (it may still be reading them); returns the seconds
-        waited. RuntimeError when the engine process failed or died meanwhile."""
+        """Waits until the engine holds the last weights pushed; returns the seconds waited. RuntimeError when the
+        engine process failed, died or stayed silent meanwhile."""
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.options.timeout_seconds
-        while self.loaded.value != self.pushed:
-            if not self.process.is_alive() or time.monotonic() > deadline:
+        while self.loaded() != self.pushed:
+            dead = self.process is not None and not self.process.is_alive()
+            if dead or time.monotonic() > deadline:
                 self._raise_if_failed()
-                raise RuntimeError(
-                    "rollout.mode async: the engine process did not take the last weights "
-                    f"(exit code {self.process.exitcode})"
-                )
+                exit_code = f" (exit code {self.process.exitcode})" if dead else ""
+                raise RuntimeError(f"rollout.mode async: the engine process did not take the last weights{exit_code}")
             time.sleep(POLL_SECONDS / 5)
+        self.sender.finish()
         return time.perf_counter() - t0
 
     def write_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
-        """Copies the trainer's weights into the shared tensors (the engine must hold the last ones:
-        `wait_for_engine`) and announces `version`. Every shared tensor must come once, under its name."""
+        """Stages the trainer's weights (the engine must hold the last ones: `wait_for_engine`), announces
+        `version` and sends them. Every staged tensor must come once, under its name."""
         t0 = time.perf_counter()
-        nbytes, names, unknown = 0, set(), []
-        with torch.no_grad():
-            for name, tensor in weights:  # to the end whatever comes: on several ranks each item is a collective
-                if name in self.shared:
-                    self.shared[name].copy_(tensor)
-                    nbytes += tensor.numel() * tensor.element_size()
-                    names.add(name)
-                else:
-                    unknown.append(name)
-        missing = sorted(set(self.shared) - names)
-        if unknown or missing:
-            raise RuntimeError(
-                f"rollout.mode async: the weight sync named {unknown[:5]}, which the engine process does not hold, "
-                f"and left out {missing[:5]}; the engine keeps the last weights"
-            )
+        nbytes = self.sender.stage(weights)
         self.control.put(("weights", version))
+        self.sender.send()
         self.pushed = version
         return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(nbytes)}
 
@@ -352,19 +451,14 @@ class AsyncRollouts:
             raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message[1]}")
 
     def close(self, grace_seconds: float = 30.0) -> None:
-        """Stops the engine process (it finishes its round), killing it if it has not stopped in `grace_seconds`."""
-        if self.process.is_alive():
-            self.control.put(("stop",))
-        deadline = time.monotonic() + grace_seconds
-        while self.process.is_alive() and time.monotonic() < deadline:
-            try:  # drain: a process blocked on a full queue cannot see the stop
-                self.groups.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                pass
-        if self.process.is_alive():
-            self.process.kill()
-        if self.process.pid is not None:  # started
-            self.process.join()
+        """Stops the engine process (it finishes its round), killing a spawned one that has not stopped in
+        `grace_seconds`; an external one stops at its next round, or when this store is gone."""
+        self.control.put(("stop",))
+        if self.process is not None and self.process.pid is not None:  # started
+            self.process.join(grace_seconds)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
         if self._restore is not None:  # the trainer's cores and threads as they were
             os.sched_setaffinity(0, self._restore[0])
             torch.set_num_threads(self._restore[1])

@@ -1,12 +1,14 @@
 """The engine process of asynchronous rollouts (grpo_fast.rollout.async_rollouts) with the real transformers
-engine in a spawned process: groups arrive whole with their versions, the weights the trainer pushes are the ones
-the engine samples with, the queue stays bounded, and a failing or dead engine process is an error, never a
-hang."""
+engine, spawned by the trainer or started apart with `grpo-fast engine --connect`: groups arrive whole with their
+versions, the weights the trainer pushes (over gloo) are the ones the engine samples with, the queue stays bounded,
+and a failing, dead or absent engine process is an error, never a hang."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -28,7 +30,9 @@ def model_dir(tmp_path_factory):
     return save_tiny(build_tiny_model(TOK, seed=5), TOK, tmp_path_factory.mktemp("async") / "model")
 
 
-def _remote(model_dir, model, *, queue_groups=8, timeout=60.0, max_staleness=4, spec=None) -> AsyncRollouts:
+def _remote(
+    model_dir, model, *, queue_groups=8, timeout=60.0, max_staleness=4, spec=None, launch="spawn", start=True
+) -> AsyncRollouts:
     pool = dict(
         options=PartialOptions(segment_tokens=4, groups_in_flight=2.0),
         num_generations=G,
@@ -37,7 +41,7 @@ def _remote(model_dir, model, *, queue_groups=8, timeout=60.0, max_staleness=4, 
         stale="restart",
     )
     remote = AsyncRollouts(
-        AsyncOptions(queue_groups=queue_groups, threads=1, timeout_seconds=timeout),
+        AsyncOptions(queue_groups=queue_groups, threads=1, timeout_seconds=timeout, launch=launch),
         spec or EngineSpec("hf", str(model_dir)),
         pool,
         SamplingSpec(n=1, temperature=1.0),
@@ -45,7 +49,8 @@ def _remote(model_dir, model, *, queue_groups=8, timeout=60.0, max_staleness=4, 
         trainer_weights(model),
         0,
     )
-    remote.start()
+    if start:
+        remote.start()
     return remote
 
 
@@ -54,18 +59,22 @@ def _prompts(n: int, start: int = 0) -> list[tuple[int, list[int]]]:
 
 
 def test_groups_arrive_whole_and_sampled_by_the_pushed_weights(model_dir):
-    """Version 0 is the model the process was started with; version 1 a different one pushed through shared
-    memory: every token's behaviour logprob is the logprob under the weights of its segment's version."""
+    """Version 0 is the model the process was started with; version 1 a different one pushed over the link: every
+    token's behaviour logprob is the logprob under the weights of its segment's version."""
     models = {0: build_tiny_model(TOK, seed=5), 1: build_tiny_model(TOK, seed=6)}
     remote = _remote(model_dir, models[0])
     try:
-        remote.send(_prompts(4))
-        first, _, _ = remote.collect(2, version=0)
-        remote.push_weights(trainer_weights(models[1]), 1)
-        remote.send(_prompts(6, start=4))
-        later, counts, _ = remote.collect(6, version=1)
+        _check_sampled_by_pushed_weights(remote, models)
     finally:
         remote.close()
+
+
+def _check_sampled_by_pushed_weights(remote: AsyncRollouts, models: dict) -> None:
+    remote.send(_prompts(4))
+    first, _, _ = remote.collect(2, version=0)
+    remote.push_weights(trainer_weights(models[1]), 1)
+    remote.send(_prompts(6, start=4))
+    later, counts, _ = remote.collect(6, version=1)
     groups = first + later
     assert all(len(g.members) == G and g.done for g in groups)
     assert counts["generated_tokens"] > 0
@@ -81,6 +90,39 @@ def test_groups_arrive_whole_and_sampled_by_the_pushed_weights(model_dir):
                 torch.testing.assert_close(torch.tensor(comp.logprobs[start:end]), lp, atol=2e-4, rtol=0)
                 seen.add(version)
     assert seen == {0, 1}, "the test must see tokens of both versions"
+
+
+def test_an_engine_started_apart_takes_its_weights_over_tcp(model_dir, tmp_path):
+    """launch external: `grpo-fast engine --connect` from another process, as on another host, with its own copy of
+    a different model (seed 7): it samples with the trainer's weights, versions 0 and 1, all received over the
+    link. Closed, the trainer's side stops it, and it exits cleanly."""
+    models = {0: build_tiny_model(TOK, seed=5), 1: build_tiny_model(TOK, seed=6)}
+    own_copy = save_tiny(build_tiny_model(TOK, seed=7), TOK, tmp_path / "engine_host_model")
+    remote = _remote(model_dir, models[0], launch="external", start=False)
+    command = [sys.executable, "-m", "grpo_fast.cli", "engine", "--connect", remote.address, "--threads", "1"]
+    engine = subprocess.Popen([*command, "--model-dir", str(own_copy)])
+    try:
+        remote.start()
+        _check_sampled_by_pushed_weights(remote, models)
+    finally:
+        remote.close()
+    try:
+        assert engine.wait(timeout=60) == 0
+    finally:
+        engine.kill()
+
+
+def test_no_engine_started_apart_is_an_error_naming_the_command(model_dir):
+    remote = _remote(model_dir, build_tiny_model(TOK, seed=5), launch="external", timeout=1.0, start=False)
+    try:
+        with pytest.raises(
+            RuntimeError,
+            match=r"no engine process connected to (\S+:\d+) in 1 s(.|\n)*"
+            r"grpo-fast engine --connect \1`",
+        ):
+            remote.start()
+    finally:
+        remote.close()
 
 
 def test_the_queue_is_bounded(model_dir):

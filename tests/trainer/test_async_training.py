@@ -1,8 +1,13 @@
-"""rollout.mode async in whole training runs (the transformers engine in its own process): every step trains
-prompts_per_step whole groups within max_staleness versions, and a run killed mid-way resumes without training
-any group twice (the groups under way at the kill are discarded, their prompts skipped)."""
+"""rollout.mode async in whole training runs (the transformers engine in its own process, spawned by the trainer or
+started apart): every step trains prompts_per_step whole groups within max_staleness versions, and a run killed
+mid-way resumes without training any group twice (the groups under way at the kill are discarded, their prompts
+skipped)."""
 
 from __future__ import annotations
+
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -57,12 +62,35 @@ def test_async_steps_train_whole_groups_within_the_staleness_bound(tmp_path):
     ledger = _Ledger()
     trainer = _trainer(tmp_path, callbacks=[ledger])
     _run(trainer)
+    _check_whole_groups(trainer, ledger)
+
+
+def _check_whole_groups(trainer, ledger) -> None:
     assert trainer.step == STEPS and not trainer.rollout.remote
     for m in ledger.metrics:
         assert m["rollout/trained_samples"] == 2 * 3
         assert m["rollout/staleness_max"] <= MAX_STALENESS
     assert max(m["rollout/staleness_max"] for m in ledger.metrics) >= 1, "generation must overlap training"
     assert len(ledger.rows) == len(set(ledger.rows)) == STEPS * 2
+
+
+def test_async_training_with_the_engine_started_apart(tmp_path):
+    """launch external at a fixed address: the engine process is `grpo-fast engine --connect`, started before the
+    trainer listens (it waits for it), and it exits cleanly when the run ends."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    command = [sys.executable, "-m", "grpo_fast.cli", "engine", "--connect", address, "--connect-seconds", "120"]
+    engine = subprocess.Popen(command)
+    try:
+        ledger = _Ledger()
+        launch = ["rollout.async_engine.launch=external", f"rollout.async_engine.address={address}"]
+        trainer = _trainer(tmp_path, *launch, callbacks=[ledger])
+        _run(trainer)
+        _check_whole_groups(trainer, ledger)
+        assert engine.wait(timeout=60) == 0
+    finally:
+        engine.kill()
 
 
 def test_a_killed_async_run_resumes_without_training_a_group_twice(tmp_path):
