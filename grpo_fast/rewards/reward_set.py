@@ -81,6 +81,17 @@ class ScoredBatch:
     seconds_pool: float
     call_seconds: list[float]
 
+    @staticmethod
+    def concat(batches: list[ScoredBatch]) -> ScoredBatch:
+        """The batches' completions in order, as one batch: rewards stacked, failures and seconds added up."""
+        return ScoredBatch(
+            torch.cat([b.per_func for b in batches]),
+            dict(sum((Counter(b.failures) for b in batches), Counter())),
+            sum(b.seconds_critical for b in batches),
+            sum(b.seconds_pool for b in batches),
+            [sum(column) for column in zip(*(b.call_seconds for b in batches), strict=True)],
+        )
+
 
 class PendingScores:
     """Scores being computed: the in-process functions' results now, the pooled ones (functions `pooled`) from a

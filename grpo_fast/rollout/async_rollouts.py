@@ -366,16 +366,33 @@ class AsyncRollouts:
         out, counts, waited = [], Counter(), 0.0
         while len(out) < needed:
             t0 = time.perf_counter()
-            kind, *payload = self._next()
+            message = self._next()
             waited += time.perf_counter() - t0
-            state, engine_counts = payload
-            counts.update(engine_counts)
-            group = PartialRollouts.group_from_state(state)
-            if version - group.oldest_version(version) > self.max_staleness:
-                counts["dropped_stale"] += 1
-                continue
-            out.append(group)
+            self._receive(message, version, out, counts)
         return out, counts, waited
+
+    def take_ready(self, limit: int, version: int) -> tuple[list[PartialGroup], Counter]:
+        """`collect` without waiting: at most `limit` of the groups already in the queue."""
+        out, counts = [], Counter()
+        while len(out) < limit:
+            try:
+                message = self.groups.get_nowait()
+            except queue.Empty:
+                break
+            if message[0] == "error":
+                raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message[1]}")
+            self._receive(message, version, out, counts)
+        return out, counts
+
+    def _receive(self, message: tuple, version: int, out: list[PartialGroup], counts: Counter) -> None:
+        """A group message into `out` (or counted as "dropped_stale"), its engine counts into `counts`."""
+        _, state, engine_counts = message
+        counts.update(engine_counts)
+        group = PartialRollouts.group_from_state(state)
+        if version - group.oldest_version(version) > self.max_staleness:
+            counts["dropped_stale"] += 1
+        else:
+            out.append(group)
 
     def _next(self) -> tuple:
         """The next message of the engine process; RuntimeError when it failed, died or is silent too long."""

@@ -12,6 +12,7 @@ grpo_fast.rewards.reward_set) came to at least OVERLAP_SHARE of its generation t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -22,7 +23,7 @@ import torch
 from grpo_fast.core.scoring import submit_completions
 from grpo_fast.distributed.context import Distributed
 from grpo_fast.rewards.length import soft_overlong_penalty
-from grpo_fast.rewards.reward_set import RewardSet, TrainerState
+from grpo_fast.rewards.reward_set import PendingScores, RewardSet, ScoredBatch, TrainerState
 from grpo_fast.rollout.async_rollouts import AsyncRollouts, EngineSpec
 from grpo_fast.rollout.base import Completion, RolloutEngine
 from grpo_fast.rollout.generation import Rollouts, SingleTurn
@@ -80,6 +81,17 @@ class RolloutBatch:
     on arrival."""
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """rollout.mode async: the groups taken for the next step while this one trains (`states`, every rank's, with
+    the engine's `counts` that came with them), and the scoring of this rank's first `mine` of them, under way."""
+
+    states: list[dict]
+    counts: dict
+    mine: int
+    pending: PendingScores | None
+
+
 class RolloutPhase:
     """Generates and scores one step's batch from the training rows (see module doc)."""
 
@@ -115,6 +127,7 @@ class RolloutPhase:
             self.partial = PartialRollouts(**self.pool_kwargs, sampling=sampling)
         self.remote: AsyncRollouts | None = None  # rollout.mode async: the engine process, rank 0's
         self.async_started = False
+        self.ahead: _Ahead | None = None  # rollout.mode async: the next step's first groups, taken ahead
 
     def start_async(self, spec: EngineSpec, weights, step: int) -> None:
         """rollout.mode async, every rank: rank 0 starts the engine process from `weights` (the trainer's, (name,
@@ -148,6 +161,7 @@ class RolloutPhase:
             self.remote.close()
             self.remote = None
         self.async_started = False
+        self.ahead = None
 
     def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
         """The step's batch at weight version `step` (the weights after `step` updates): rollout.mode partial
@@ -224,31 +238,80 @@ class RolloutPhase:
 
     def _collect_async(self, step: int) -> RolloutBatch:
         """run.prompts_per_step complete groups from the engine process, after sending the prompts the schedule
-        has due (rank 0), each rank taking its share in rank order; time_generate is the wait for them."""
+        has due (rank 0), each rank taking its share in rank order; time_generate is the wait for them. The groups
+        taken ahead during the last step come first, with their scores; before returning, the groups already
+        waiting are taken ahead for the next step and their scoring starts, to run while this step trains."""
         want = self.config.run.prompts_per_step
         share = want // self.dist.world_size
+        ahead, self.ahead = self.ahead or _Ahead([], {}, 0, None), None
 
         def fetch() -> tuple[list[dict], dict, float]:
             self.remote.send(self._draw(self.remote.prompts_due(step, want) - self.remote.sent))
-            groups, counts, waited = self.remote.collect(want, step)
+            groups, counts, waited = self.remote.collect(want - len(ahead.states), step)
             return [PartialRollouts.group_state(g) for g in groups], dict(counts), waited
 
         states, counts, waited = self.dist.run_on_main(fetch)
-        mine = states[self.dist.rank * share : (self.dist.rank + 1) * share]
-        return self._scored([PartialRollouts.group_from_state(s) for s in mine], step, Counter(counts), waited)
+        states = ahead.states + states
+        mine = [
+            PartialRollouts.group_from_state(s) for s in states[self.dist.rank * share : (self.dist.rank + 1) * share]
+        ]
+        counts = Counter(ahead.counts) + Counter(counts) + Counter(scored_ahead=ahead.mine)
+        take_seconds = self._take_ahead(step + 1, want, share)
+        return self._scored(mine, step, counts, waited, ahead, take_seconds)
+
+    def _take_ahead(self, step: int, want: int, share: int) -> float:
+        """rollout.mode async: the groups waiting now (up to a step's worth) become the start of `step`'s, and the
+        scoring of this rank's share of them starts; -> the seconds this took (the in-process rewards' share)."""
+        t0 = time.perf_counter()
+
+        def take() -> tuple[list[dict], dict]:
+            groups, counts = self.remote.take_ready(want, step)
+            return [PartialRollouts.group_state(g) for g in groups], dict(counts)
+
+        states, counts = self.dist.run_on_main(take)
+        mine = [
+            PartialRollouts.group_from_state(s) for s in states[self.dist.rank * share : (self.dist.rank + 1) * share]
+        ]
+        pending = self._submit(mine, step) if mine else None
+        self.ahead = _Ahead(states, counts, len(mine), pending)
+        return time.perf_counter() - t0
 
     def _draw(self, k: int) -> list[tuple[int, list[int]]]:
         """k prompts from the sampler: (row, prompt ids) each."""
         index = self.sampler.next(k) if k > 0 else []
         return list(zip(index, self.prompts.encode_rows(self.rows, index, cache=True), strict=True))
 
-    def _scored(self, groups: list[PartialGroup], step: int, counts: Counter, seconds: float) -> RolloutBatch:
-        """The batch of complete partial-rollout groups, scored; `seconds` of generation (or of waiting for it)."""
-        cfg, g = self.config, self.config.rollout.num_generations
+    def _submit(self, groups: list[PartialGroup], step: int) -> PendingScores:
+        """Starts scoring complete partial-rollout groups at weight version `step`."""
+        rows = [self.rows[grp.row] for grp in groups for _ in range(self.config.rollout.num_generations)]
+        completions = [m.completion() for grp in groups for m in grp.members]
+        state = TrainerState(global_step=step, max_steps=self.config.run.max_steps)
+        return submit_completions(self.rewards, rows, completions, state)
+
+    def _scored(
+        self,
+        groups: list[PartialGroup],
+        step: int,
+        counts: Counter,
+        seconds: float,
+        ahead: _Ahead | None = None,
+        seconds_ahead: float = 0.0,
+    ) -> RolloutBatch:
+        """The batch of complete partial-rollout groups, scored; `seconds` of generation (or of waiting for it).
+        The first `ahead.mine` groups were scored ahead (`ahead.pending`); `seconds_ahead`: the scoring started
+        ahead for the next step, counted in this step's scoring time."""
+        g = self.config.rollout.num_generations
+        parts = []
+        if ahead is not None and ahead.pending is not None:
+            t0 = time.perf_counter()
+            head = ahead.pending.result()  # its in-process share was counted in the step that started it
+            parts.append(dataclasses.replace(head, seconds_critical=time.perf_counter() - t0))
+        done = ahead.mine if ahead is not None else 0
+        if len(groups) > done:
+            parts.append(self._submit(groups[done:], step).result())
+        scored = ScoredBatch.concat(parts)
         completions = [m.completion() for grp in groups for m in grp.members]
         rows = [grp.row for grp in groups for _ in range(g)]
-        state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
-        scored = submit_completions(self.rewards, [self.rows[i] for i in rows], completions, state).result()
         rewards = self._combined(scored.per_func, completions)
         zero_var, stuck = self._flat_groups(rewards, rows)
         return RolloutBatch(
@@ -263,7 +326,7 @@ class RolloutPhase:
             frac_stuck_groups=stuck,
             resample_rounds=0,
             time_generate=seconds,
-            time_score=scored.seconds_critical,
+            time_score=scored.seconds_critical + seconds_ahead,
             time_score_pool=scored.seconds_pool,
             reward_failures=dict(scored.failures),
             version=step,

@@ -45,3 +45,9 @@ def misbehaving(prompts, completions, **_):
         if text == "raise":
             raise RuntimeError("verifier bug")
     return [1.0] * len(completions)
+
+
+def global_step_slowly(prompts, completions, trainer_state, **_):
+    """global_step after 0.1 s per completion: never cheap (is_cheap), so it stays in the pool."""
+    time.sleep(0.1 * len(completions))
+    return [float(trainer_state.global_step)] * len(completions)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from scoring_verifiers import global_step_slowly
 
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
@@ -24,7 +25,7 @@ def char_code_reward(prompts, completions, **_):
     return [sum(map(ord, completion_text(c))) % 7 / 6 for c in completions]
 
 
-def _trainer(out, *overrides, callbacks=()):
+def _trainer(out, *overrides, callbacks=(), rewards=(char_code_reward,)):
     tok = build_char_tokenizer()
     opts = ["rollout.mode=async", "rollout.engine=hf", "rollout.num_generations=3", "rollout.max_completion_length=8"]
     opts += ["rollout.partial.segment_tokens=2", f"rollout.max_staleness={MAX_STALENESS}", "rollout.stale=drop"]
@@ -34,7 +35,7 @@ def _trainer(out, *overrides, callbacks=()):
     opts += [f"run.output_dir={out}", *overrides]
     rows = modular_arithmetic_dataset(64, seed=0)  # more rows than the run draws: a row trained twice is a bug
     cfg = load_config(None, opts)
-    return GRPOTrainer(build_tiny_model(tok), [char_code_reward], rows, config=cfg, tokenizer=tok, callbacks=callbacks)
+    return GRPOTrainer(build_tiny_model(tok), list(rewards), rows, config=cfg, tokenizer=tok, callbacks=callbacks)
 
 
 class _Ledger:
@@ -72,6 +73,26 @@ def _check_whole_groups(trainer, ledger) -> None:
         assert m["rollout/staleness_max"] <= MAX_STALENESS
     assert max(m["rollout/staleness_max"] for m in ledger.metrics) >= 1, "generation must overlap training"
     assert len(ledger.rows) == len(set(ledger.rows)) == STEPS * 2
+
+
+def test_the_next_steps_groups_are_scored_while_this_step_trains(tmp_path):
+    """The groups waiting when a step's batch is complete are taken for the next step, and their scoring in the
+    reward pool (0.1 s a completion) runs while this step trains: those steps wait for the pool less than it
+    worked. Each group is scored at the step that trains it (the trainer_state it is given)."""
+    ledger, steps = _Ledger(), []
+    overrides = ["reward.workers=1", "health.preflight=false", "rollout.max_staleness=4", "rollout.stale=restart"]
+    overrides += ["rollout.partial.groups_in_flight=3"]
+    trainer = _trainer(tmp_path, *overrides, callbacks=[ledger], rewards=(char_code_reward, global_step_slowly))
+    trainer.callbacks.append(lambda t, rollout, m: steps.append((rollout.version, rollout.generated_rewards_per_func)))
+    _run(trainer)
+    assert [m["rollout/trained_samples"] for m in ledger.metrics] == [2 * 3] * STEPS
+    assert len(ledger.rows) == len(set(ledger.rows)) == STEPS * 2
+    for version, per_func in steps:
+        assert per_func[:, 1].eq(version).all(), f"step {version} trained groups scored at another step"
+    ahead = [m for m in ledger.metrics if m.get("rollout/scored_ahead", 0) > 0]
+    assert ahead, "no group was scored ahead"
+    waited, worked = sum(m["time/score"] for m in ahead), sum(m["time/score_pool"] for m in ahead)
+    assert waited < 0.8 * worked, (waited, worked)
 
 
 def test_async_training_with_the_engine_started_apart(tmp_path):
