@@ -58,7 +58,8 @@ def step_correction(config) -> Correction:
     on, is the decoupled correction with its own mode and bounds):
 
     decoupled  weights min(π_prox / π_behaviour, clip_max) per token, the ratio against π_prox (the trainer's weights
-               before the update): tokens of any age, each corrected once, at the cost of a forward pass;
+               before the update): tokens of any age, each corrected once; π_prox costs a forward pass only with
+               num_iterations > 1 or dropout (else the update's own forward gives it: loss_step `drops_out`);
     coupled    the ratio against π_behaviour: no extra forward, but a stale token's policy change is clipped as if
                the update had made it, so old tokens mostly fall outside the clip range and give no gradient;
     mask       tokens more than mask_staleness versions old give no loss: unbiased for the rest, their samples lost;

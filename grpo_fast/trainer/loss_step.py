@@ -87,7 +87,9 @@ def check_step_inputs(batch: SequenceBatch, advantages: torch.Tensor, vocab: int
 class _StepInputs:
     """What every update of one step reads: the batch [B, P+T] and its micro-batch plan, advantages [B], the
     completion mask [B, T], the old-policy, reference and engine logprobs [B, T] (None where unused), importance
-    weights ([B, T] or [B], or None), each token's staleness [B, T] (host), and the step's device metrics so far."""
+    weights ([B, T] or [B], or None) or what each micro-batch computes them from (`weights_from`: the engine's
+    logprobs [B, T] and the correction's (mode, clip_min, clip_max)), each token's staleness [B, T] (host), and the
+    step's device metrics so far."""
 
     batch: SequenceBatch
     plan: list
@@ -96,10 +98,19 @@ class _StepInputs:
     old_lp: torch.Tensor | None
     ref_lp: torch.Tensor | None
     is_weights: torch.Tensor | None
+    weights_from: tuple[torch.Tensor, tuple] | None
     measure_from: torch.Tensor | None
     staleness: torch.Tensor
     stats: dict[str, torch.Tensor]
     real_micro_batches: int
+
+
+def drops_out(model: torch.nn.Module) -> bool:
+    """Whether the model's training forward differs from its eval forward: a dropout module with p > 0, or an
+    attention dropout in its config."""
+    if getattr(getattr(model, "config", None), "attention_dropout", 0.0):
+        return True
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
 class LossStep:
@@ -368,7 +379,17 @@ class LossStep:
                 "logprobs (temperature > 0)"
             )
         correction = fix.weights  # (mode, clip_min, clip_max) or None
-        recompute = not from_rollout and (cfg.grpo.num_iterations > 1 or correction is not None)
+        # One update of a dropout-free model: the old policy is the one the update's forward runs, so token-level
+        # weights come from that forward's hidden states (the head again, without gradient), not a second pass.
+        inline = (
+            correction is not None
+            and correction[0].startswith("token")
+            and cfg.grpo.num_iterations == 1
+            and not from_rollout
+            and has_rollout_lp
+            and not drops_out(self.model)
+        )
+        recompute = not from_rollout and (cfg.grpo.num_iterations > 1 or (correction is not None and not inline))
         old_lp = rollout_lp if from_rollout else self.logprobs(self.model, batch, plan) if recompute else None
         ref_lp = self.reference_logprobs(batch, plan) if cfg.loss.beta > 0 else None
         self.model.train()
@@ -385,6 +406,7 @@ class LossStep:
             old_lp=old_lp if cfg.grpo.num_iterations > 1 or from_rollout else None,
             ref_lp=ref_lp,
             is_weights=is_weights,
+            weights_from=(rollout_lp, correction) if inline else None,
             # Otherwise the first update's forward runs the policy the engine sampled from: measure there.
             measure_from=rollout_lp if has_rollout_lp and not recompute else None,
             staleness=staleness,
@@ -401,7 +423,16 @@ class LossStep:
         control = self.entropy_control
         coef = None if control is None else control.applied_coef()
         entropy_sum, entropy_tokens = self.accumulate_gradients(
-            step.batch, step.advantages, step.old_lp, step.ref_lp, step.is_weights, agg, current, step.plan, coef
+            step.batch,
+            step.advantages,
+            step.old_lp,
+            step.ref_lp,
+            step.is_weights,
+            agg,
+            current,
+            step.plan,
+            coef,
+            step.weights_from,
         )
         if control is not None:  # TRL's update at the optimizer-step boundary (one read of the device)
             totals = torch.stack([entropy_sum.float(), torch.tensor(entropy_tokens, device=self.device).float()])
@@ -438,6 +469,7 @@ class LossStep:
         current_logprobs=None,
         plan=None,
         entropy_coef: float | None = None,
+        weights_from: tuple[torch.Tensor, tuple] | None = None,
     ) -> tuple[torch.Tensor, int]:
         """Backward of the loss of the whole `batch` as micro-batches (`plan`, default `micro_batches(batch)`),
         adding up to TRL 1.16's gradient (`GRPOTrainer._compute_loss` per micro-batch, summed). Per-token arguments
@@ -449,7 +481,9 @@ class LossStep:
         reductions and bnpo, whose token mean is the micro-batch's own as in TRL; 1 for the global ones, given the
         batch's token count). The entropy bonus is each micro-batch's own token mean weighted like a micro-batch
         (TRL: / gradient_accumulation_steps; here rows / B): its coefficient becomes coef (rows / B) / share.
-        `entropy_coef` overrides the loss config's (the adaptive controller's value). Returns (Σ entropy over this
+        `entropy_coef` overrides the loss config's (the adaptive controller's value). `weights_from` (engine logprobs
+        [B, T], (mode, clip_min, clip_max) of a token-level mode), instead of is_weights: each micro-batch's weights
+        against its current logprobs, from its own hidden states. Returns (Σ entropy over this
         rank's active tokens, a device tensor; their count): what the adaptive-entropy controller measures."""
         plan = self.micro_batches(batch) if plan is None else plan
         agg = defaultdict(list) if agg is None else agg
@@ -476,6 +510,12 @@ class LossStep:
                 mb_coef = coef * (rows / max(n_rows, 1)) / share if share else 0.0
                 config = dataclasses.replace(config, entropy_coef=mb_coef)
             per_token = [None if t is None else mb.tokens(t, device) for t in (old_lp, ref_lp, is_weights)]
+            if weights_from is not None:
+                with torch.no_grad():
+                    now = logprobs_with_config(hidden.detach(), weight.detach(), mb.completion_ids, config, bias)
+                engine_lp, correction = weights_from
+                mask = mb.completion_mask
+                per_token[2] = rollout_importance_weights(now.float(), mb.tokens(engine_lp, device), mask, *correction)
             lp = None if current_logprobs is None else hidden.new_empty(hidden.shape[:-1], dtype=torch.float32)
             loss, metrics = grpo_loss(
                 hidden,

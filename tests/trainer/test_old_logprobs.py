@@ -64,11 +64,15 @@ def _step(*overrides):
 def test_on_policy_runs_one_forward_per_micro_batch_and_still_measures_the_mismatch():
     on_policy, forwards, *_ = _step()
     assert forwards == 3  # 8 rows in micro-batches of 3: no old-logprob pass
-    # The same metrics from a separate old-logprob pass (forced by a token IS correction, cap never reached).
-    recomputed, forwards_recompute, *_ = _step("grpo.is_correction=token", "grpo.is_cap=1e9")
+    # A token-level IS correction takes its old logprobs from the update's own forward (one update, no dropout).
+    inline, forwards_inline, *_ = _step("grpo.is_correction=token", "grpo.is_cap=1e9")
+    assert forwards_inline == 3
+    # The same metrics from a separate old-logprob pass (forced by a sequence IS correction, cap never reached).
+    recomputed, forwards_recompute, *_ = _step("grpo.is_correction=sequence", "grpo.is_cap=1e9")
     assert forwards_recompute == 6
     for key in ("mismatch/abs_logprob_diff_mean", "mismatch/kl_rollout_trainer"):
         assert on_policy[key] == pytest.approx(recomputed[key], abs=1e-6)
+        assert inline[key] == pytest.approx(recomputed[key], abs=1e-6)
     assert on_policy["mismatch/abs_logprob_diff_mean"] > 0.01  # the injected noise is seen
 
 

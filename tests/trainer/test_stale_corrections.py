@@ -18,6 +18,7 @@ from grpo_fast.core.policy import build_sequence_batch, completion_hidden, compl
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.rollout.base import Completion
 from grpo_fast.testing.reference import naive_grpo_loss
+from grpo_fast.trainer import loss_step
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import load_config
 from grpo_fast.trainer.loss_step import LossStep
@@ -107,6 +108,12 @@ VARIANTS = {
     "coupled": [PARTIAL, "rollout.partial.correction=coupled"],
     "decoupled": [PARTIAL, "rollout.partial.correction=decoupled", "grpo.vllm_importance_sampling_clip_max=1.02"],
     "mask": [PARTIAL, "rollout.partial.correction=mask", "rollout.partial.mask_staleness=0"],
+    # The decoupled weights from a second forward pass (as for a model with dropout), not the update's own.
+    "decoupled_two_passes": [
+        PARTIAL,
+        "rollout.partial.correction=decoupled",
+        "grpo.vllm_importance_sampling_clip_max=1.02",
+    ],
     # The same corrections through the grpo options, outside partial mode.
     "coupled_grpo": ["grpo.old_logprobs=rollout"],
     "decoupled_grpo": [
@@ -118,11 +125,16 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_correction_matches_the_fp64_reference_step(variant):
+def test_correction_matches_the_fp64_reference_step(variant, monkeypatch):
     model = build_tiny_model(TOK, seed=0)
     rollout, behaviour = _stale_rollout(model)
     before = copy.deepcopy(model).double()
+    passes = []  # the policy's extra forward passes before the update
+    monkeypatch.setattr(LossStep, "logprobs", _counted(LossStep.logprobs, passes))
+    if variant == "decoupled_two_passes":
+        monkeypatch.setattr(loss_step, "drops_out", lambda model: True)
     stats = _trainer_step(model, rollout, VARIANTS[variant])
+    assert len(passes) == (variant == "decoupled_two_passes")  # the one update's forward gives π_prox otherwise
 
     batch = build_sequence_batch(rollout.prompt_ids, [c.token_ids for c in rollout.completions], TOK.pad_token_id)
     mask = batch.completion_mask.clone()
@@ -159,6 +171,14 @@ def test_correction_matches_the_fp64_reference_step(variant):
     else:  # the older the weights that sampled a token, the further the trainer is from its behaviour logprob
         assert stats["mismatch/abs_logprob_diff_staleness_2"] > stats["mismatch/abs_logprob_diff_staleness_1"] > 0
         assert stats["mismatch/abs_logprob_diff_staleness_0"] < 1e-5
+
+
+def _counted(method, calls: list):
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return method(self, *args, **kwargs)
+
+    return counted
 
 
 def test_completions_without_segments_count_as_current():
