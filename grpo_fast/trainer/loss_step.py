@@ -511,11 +511,7 @@ class LossStep:
                 config = dataclasses.replace(config, entropy_coef=mb_coef)
             per_token = [None if t is None else mb.tokens(t, device) for t in (old_lp, ref_lp, is_weights)]
             if weights_from is not None:
-                with torch.no_grad():
-                    now = logprobs_with_config(hidden.detach(), weight.detach(), mb.completion_ids, config, bias)
-                engine_lp, correction = weights_from
-                mask = mb.completion_mask
-                per_token[2] = rollout_importance_weights(now.float(), mb.tokens(engine_lp, device), mask, *correction)
+                per_token[2] = self._inline_weights(mb, hidden, weight, bias, *weights_from)
             lp = None if current_logprobs is None else hidden.new_empty(hidden.shape[:-1], dtype=torch.float32)
             loss, metrics = grpo_loss(
                 hidden,
@@ -542,3 +538,12 @@ class LossStep:
             for k, v in metrics.items():
                 agg[k].append(v)
         return entropy_sum, sum(row_tokens)
+
+    def _inline_weights(self, mb, hidden, weight, bias, engine_lp, correction) -> torch.Tensor:
+        """A micro-batch's token-level importance weights against the current policy's logprobs, from its hidden
+        states (the head without gradient): π_prox when the step makes one update."""
+        with torch.no_grad():
+            now = logprobs_with_config(hidden.detach(), weight.detach(), mb.completion_ids, self.loss_config, bias)
+        return rollout_importance_weights(
+            now.float(), mb.tokens(engine_lp, self.device), mb.completion_mask, *correction
+        )
