@@ -252,9 +252,7 @@ class RolloutPhase:
 
         states, counts, waited = self.dist.run_on_main(fetch)
         states = ahead.states + states
-        mine = [
-            PartialRollouts.group_from_state(s) for s in states[self.dist.rank * share : (self.dist.rank + 1) * share]
-        ]
+        mine = self._my_share(states, share)
         counts = Counter(ahead.counts) + Counter(counts) + Counter(scored_ahead=ahead.mine)
         take_seconds = self._take_ahead(step + 1, want, share)
         return self._scored(mine, step, counts, waited, ahead, take_seconds)
@@ -269,12 +267,16 @@ class RolloutPhase:
             return [PartialRollouts.group_state(g) for g in groups], dict(counts)
 
         states, counts = self.dist.run_on_main(take)
-        mine = [
-            PartialRollouts.group_from_state(s) for s in states[self.dist.rank * share : (self.dist.rank + 1) * share]
-        ]
+        mine = self._my_share(states, share)
         pending = self._submit(mine, step) if mine else None
         self.ahead = _Ahead(states, counts, len(mine), pending)
         return time.perf_counter() - t0
+
+    def _my_share(self, states: list[dict], share: int) -> list[PartialGroup]:
+        """This rank's slice (rank order, `share` each) of the groups in `states`."""
+        return [
+            PartialRollouts.group_from_state(s) for s in states[self.dist.rank * share : (self.dist.rank + 1) * share]
+        ]
 
     def _draw(self, k: int) -> list[tuple[int, list[int]]]:
         """k prompts from the sampler: (row, prompt ids) each."""
