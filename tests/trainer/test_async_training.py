@@ -95,6 +95,7 @@ def test_the_next_steps_groups_are_scored_while_this_step_trains(tmp_path):
     assert waited < 0.8 * worked, (waited, worked)
 
 
+@pytest.mark.slow  # ~20 s; the engine started apart is in CI through tests/rollout/test_async_rollouts.py
 def test_async_training_with_the_engine_started_apart(tmp_path):
     """launch external at a fixed address: the engine process is `grpo-fast engine --connect`, started before the
     trainer listens (it waits for it), and it exits cleanly when the run ends."""
