@@ -100,12 +100,11 @@ class AsyncOptions(ConfigSection):
         choices=BACKENDS,
     )
 
-    def listen_address(self) -> str:
-        """HOST:PORT of the trainer's store (port 0: a free one), the host being what the engine connects to."""
+    def listen_address(self) -> tuple[str, int]:
+        """(host, port) of the trainer's store (port 0: a free one), the host being what the engine connects to."""
         if self.address:
-            parse_address(self.address, "rollout.async_engine.address")
-            return self.address
-        return f"{'127.0.0.1' if self.launch == 'spawn' else socket.gethostname()}:0"
+            return parse_address(self.address, "rollout.async_engine.address")
+        return ("127.0.0.1" if self.launch == "spawn" else socket.gethostname()), 0
 
 
 @dataclass(frozen=True)
@@ -281,9 +280,9 @@ class AsyncRollouts:
     ) -> None:
         self.options, self.max_staleness, self.spec = options, pool_kwargs["max_staleness"], spec
         self.partial: PartialOptions = pool_kwargs["options"]
-        listen = options.listen_address()
-        self.store = host_store(listen, options.timeout_seconds)
-        self.address = f"{parse_address(listen, 'rollout.async_engine.address')[0]}:{self.store.port}"
+        host, port = options.listen_address()
+        self.store = host_store(port, options.timeout_seconds)
+        self.address = f"{host}:{self.store.port}"
         engine_has_gpus = bool(options.devices) or options.launch == "external"
         self.sender = WeightSender(
             self.store, weights, options.weight_backend, engine_has_gpus, options.timeout_seconds, spec.weight_dtype()

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from grpo_fast.rollout.weight_check import WeightNameCheck
+
 POLL_SECONDS = 0.01
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -32,9 +34,8 @@ def parse_address(address: str, argument: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def host_store(address: str, timeout_seconds: float) -> dist.TCPStore:
-    """The trainer's store, listening on every interface at `address`'s port (port 0: a free one)."""
-    _, port = parse_address(address, "rollout.async_engine.address")
+def host_store(port: int, timeout_seconds: float) -> dist.TCPStore:
+    """The trainer's store, listening on every interface at `port` (0: a free one)."""
     timeout = datetime.timedelta(seconds=timeout_seconds)
     return dist.TCPStore("0.0.0.0", port, None, True, timeout=timeout, wait_for_workers=False)
 
@@ -143,9 +144,9 @@ class WeightLink:
 
 class WeightSender:
     """The trainer's side of the link: `stage` copies the weights (one copy, at `dtype` when given: on the trainer's
-    GPU for NCCL, in host memory for gloo) and `send`
-    broadcasts the copy from a thread, so that the trainer does not wait for the engine to reach the end of its
-    round. The next `stage` waits for that thread; a failed transfer is raised there."""
+    GPU for NCCL, in host memory for gloo) and `send` broadcasts the copy from a thread, so that the trainer does not
+    wait for the engine to reach the end of its round. The next `stage` waits for that thread; a failed transfer is
+    raised there."""
 
     def __init__(
         self,
@@ -172,23 +173,16 @@ class WeightSender:
 
     def stage(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copies `weights` into the staged tensors; -> bytes copied. Every staged tensor must come once, under its
-        name (RuntimeError naming those that did not; the engine keeps the last weights)."""
+        name (`WeightNameCheck`: the whole stream is consumed, as a sharded trainer's gathers need, then
+        RuntimeError naming what was not; nothing is announced, so the engine keeps the last weights)."""
         self.finish()
-        nbytes, names, unknown = 0, set(), []
+        check = WeightNameCheck(self.staged, "the engine process's weights")
+        nbytes = 0
         with torch.no_grad():
-            for name, tensor in weights:  # to the end whatever comes: on several ranks each item is a collective
-                if name in self.staged:
-                    self.staged[name].copy_(tensor)
-                    nbytes += tensor.numel() * tensor.element_size()
-                    names.add(name)
-                else:
-                    unknown.append(name)
-        missing = sorted(set(self.staged) - names)
-        if unknown or missing:
-            raise RuntimeError(
-                f"rollout.mode async: the weight sync named {unknown[:5]}, which the engine process does not hold, "
-                f"and left out {missing[:5]}; the engine keeps the last weights"
-            )
+            for name, tensor in check.stream(weights):
+                self.staged[name].copy_(tensor)
+                nbytes += tensor.numel() * tensor.element_size()
+        check.raise_if_incomplete()
         return nbytes
 
     def send(self) -> None:

@@ -173,3 +173,23 @@ def test_a_silent_engine_process_times_out(model_dir):
             remote.collect(1, version=0)
     finally:
         remote.close()
+
+
+def test_a_push_with_a_weight_missing_renamed_or_repeated_is_refused():
+    """The staged copy takes a push only when it names every weight once (WeightNameCheck); a refused push announces
+    nothing, so the engine keeps the last weights."""
+    from grpo_fast.rollout.engine_link import WeightSender, host_store
+
+    weights = list(trainer_weights(build_tiny_model(TOK, seed=5)))
+    sender = WeightSender(host_store(0, 5.0), weights, "gloo", False, 5.0)
+    before = {name: t.clone() for name, t in sender.staged.items()}
+    (first, tensor), rest = weights[0], weights[1:]
+    for push, problem in (
+        (rest, "were not pushed"),
+        ([("base_model." + first, tensor), *rest], "unknown to it"),
+        ([*weights, (first, tensor)], "more than once"),
+    ):
+        with pytest.raises(RuntimeError, match=f"incomplete weight sync: .*{problem}"):
+            sender.stage(push)
+    assert sender.stage(weights) == sum(t.numel() * t.element_size() for _, t in weights)
+    assert all(torch.equal(sender.staged[name], before[name]) for name in before)
