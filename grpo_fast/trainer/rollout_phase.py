@@ -92,6 +92,11 @@ class _Ahead:
     pending: PendingScores | None
 
 
+def _completions(groups: list[PartialGroup]) -> list[Completion]:
+    """The completions of complete partial-rollout groups, group by group."""
+    return [m.completion() for grp in groups for m in grp.members]
+
+
 class RolloutPhase:
     """Generates and scores one step's batch from the training rows (see module doc)."""
 
@@ -268,7 +273,7 @@ class RolloutPhase:
 
         states, counts = self.dist.run_on_main(take)
         mine = self._my_share(states, share)
-        pending = self._submit(mine, step) if mine else None
+        pending = self._submit(mine, _completions(mine), step) if mine else None
         self.ahead = _Ahead(states, counts, len(mine), pending)
         return time.perf_counter() - t0
 
@@ -283,10 +288,9 @@ class RolloutPhase:
         index = self.sampler.next(k) if k > 0 else []
         return list(zip(index, self.prompts.encode_rows(self.rows, index, cache=True), strict=True))
 
-    def _submit(self, groups: list[PartialGroup], step: int) -> PendingScores:
-        """Starts scoring complete partial-rollout groups at weight version `step`."""
+    def _submit(self, groups: list[PartialGroup], completions: list[Completion], step: int) -> PendingScores:
+        """Starts scoring complete partial-rollout groups (their `completions`) at weight version `step`."""
         rows = [self.rows[grp.row] for grp in groups for _ in range(self.config.rollout.num_generations)]
-        completions = [m.completion() for grp in groups for m in grp.members]
         state = TrainerState(global_step=step, max_steps=self.config.run.max_steps)
         return submit_completions(self.rewards, rows, completions, state)
 
@@ -303,6 +307,7 @@ class RolloutPhase:
         The first `ahead.mine` groups were scored ahead (`ahead.pending`); `seconds_ahead`: the scoring started
         ahead for the next step, counted in this step's scoring time."""
         g = self.config.rollout.num_generations
+        completions = _completions(groups)
         parts = []
         if ahead is not None and ahead.pending is not None:
             t0 = time.perf_counter()
@@ -310,9 +315,8 @@ class RolloutPhase:
             parts.append(dataclasses.replace(head, seconds_critical=time.perf_counter() - t0))
         done = ahead.mine if ahead is not None else 0
         if len(groups) > done:
-            parts.append(self._submit(groups[done:], step).result())
+            parts.append(self._submit(groups[done:], completions[done * g :], step).result())
         scored = ScoredBatch.concat(parts)
-        completions = [m.completion() for grp in groups for m in grp.members]
         rows = [grp.row for grp in groups for _ in range(g)]
         rewards = self._combined(scored.per_func, completions)
         zero_var, stuck = self._flat_groups(rewards, rows)
