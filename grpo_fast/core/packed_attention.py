@@ -6,11 +6,13 @@ can run three ways, its "attention path":
 - "varlen": the model's own attention is variable-length: transformers' flash_attention_* implementations read
   the restarting position ids as sequence boundaries and run flash-attn's varlen kernel. Work: Σ L_i² scores.
 - "per_sequence": grpo_fast's attention function (registered with transformers as PER_SEQUENCE): the row's
-  queries, keys and values gathered into a [n, L_max] batch (each sequence right-padded), one causal
-  `scaled_dot_product_attention` over it, the outputs gathered back into the row. Right padding under a
-  causal mask never reaches a real query, so no mask is built. Work: n · L_max² scores, never more than the
-  padded micro-batch of the same sequences. Exact for causal attention without sliding windows or logit
-  soft-capping (it refuses those).
+  sequences split into length buckets (`length_buckets`: lengths in (2^(k-1), 2^k] share bucket k), each
+  bucket's queries, keys and values gathered into a [n_b, W_b] batch (each sequence right-padded to the
+  bucket's longest, W_b), one causal `scaled_dot_product_attention` per bucket, the outputs gathered back into
+  the row. Right padding under a causal mask never reaches a real query, so no mask is built. Work: Σ_b n_b ·
+  W_b² scores, under 4 Σ L_i² (W_b < 2 L_i within a bucket) and never more than the padded micro-batch of the
+  same sequences: one long completion among short ones no longer pads every short one to its length. Exact for
+  causal attention without sliding windows or logit soft-capping (it refuses those).
 - "block_mask": the model's own attention (sdpa, eager) over the whole row with transformers' block-diagonal
   mask. Work: L_row² scores: with 64 sequences of ~160 tokens in a row, ~64x the per-sequence work, and a
   [L_row, L_row] mask built for every forward.
@@ -36,26 +38,54 @@ PATHS = ("varlen", "per_sequence", "block_mask")
 _SPLITTABLE = ("sdpa", "eager")  # implementations whose math the per-sequence path reproduces exactly
 
 
+def length_buckets(lengths: list[int]) -> list[list[int]]:
+    """The indices of `lengths` (each > 0) grouped by ceil(log2(length)), shortest bucket first, each in order:
+    within a bucket the longest is under twice the shortest."""
+    buckets: dict[int, list[int]] = {}
+    for i, length in enumerate(lengths):
+        buckets.setdefault((length - 1).bit_length(), []).append(i)
+    return [buckets[k] for k in sorted(buckets)]
+
+
+def bucketed_scores(lengths: list[int]) -> int:
+    """Attention scores of the per-sequence path over sequences of `lengths`: Σ_b n_b · W_b²."""
+    return sum(len(b) * max(lengths[i] for i in b) ** 2 for b in length_buckets(lengths))
+
+
 @dataclass(frozen=True)
-class PackedLayout:
-    """Where a packed row's n sequences lie, for the per-sequence path: gather [n * L_max] (the row position of
-    each slot of the [n, L_max] batch; padding slots point at position 0), scatter [L] (the slot of each row
-    position), n, L_max."""
+class LengthBucket:
+    """One bucket of a packed row's sequences: gather [n * width], the row position of each slot of its
+    [n, width] batch (padding slots point at position 0)."""
 
     gather: torch.Tensor
-    scatter: torch.Tensor
     n: int
-    max_length: int
+    width: int
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where a packed row's sequences lie, for the per-sequence path: `buckets` (see `length_buckets`), and
+    scatter [L], the slot of each row position in the buckets' outputs laid end to end."""
+
+    buckets: tuple[LengthBucket, ...]
+    scatter: torch.Tensor
 
     @classmethod
     def from_lengths(cls, lengths: list[int], device=None) -> PackedLayout:
         """The layout of sequences of `lengths` tokens (each > 0), in row order."""
         sizes = torch.tensor(lengths, dtype=torch.long)
-        width = max(lengths, default=0)
         owner, within, starts = segments(sizes)
-        slot = torch.arange(width)
-        gather = torch.where(slot[None] < sizes[:, None], starts[:, None] + slot[None], 0).reshape(-1)
-        return cls(gather.to(device), (owner * width + within).to(device), len(lengths), width)
+        slot_of = torch.zeros(len(lengths), dtype=torch.long)  # each sequence's first slot in the buckets' outputs
+        buckets, offset = [], 0
+        for members in length_buckets(lengths):
+            index = torch.tensor(members, dtype=torch.long)
+            width = int(sizes[index].max())
+            slot = torch.arange(width)
+            gather = torch.where(slot[None] < sizes[index, None], starts[index, None] + slot[None], 0)
+            buckets.append(LengthBucket(gather.reshape(-1).to(device), len(members), width))
+            slot_of[index] = offset + torch.arange(len(members)) * width
+            offset += len(members) * width
+        return cls(tuple(buckets), (slot_of[owner] + within).to(device))
 
 
 def per_sequence_attention(
@@ -76,16 +106,20 @@ def per_sequence_attention(
         raise RuntimeError(f"{PER_SEQUENCE} attention takes one packed row without an attention mask")
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise RuntimeError(f"{PER_SEQUENCE} attention does not reproduce sliding windows or logit soft-capping")
-    n, width = packed_layout.n, packed_layout.max_length
-
-    def split(x: torch.Tensor) -> torch.Tensor:  # [1, h, L, d] -> [n, h, L_max, d]
-        heads, dim = x.shape[1], x.shape[3]
-        return x[0].index_select(1, packed_layout.gather).view(heads, n, width, dim).transpose(0, 1)
-
     kwargs["is_causal"] = True
-    out, _ = sdpa_attention_forward(module, split(query), split(key), split(value), None, **kwargs)
-    heads, dim = out.shape[2], out.shape[3]  # out [n, L_max, heads, d]
-    return out.reshape(n * width, heads, dim).index_select(0, packed_layout.scatter)[None], None
+    outs = []
+    for bucket in packed_layout.buckets:
+        out, _ = sdpa_attention_forward(
+            module, _split(query, bucket), _split(key, bucket), _split(value, bucket), None, **kwargs
+        )
+        outs.append(out.reshape(-1, out.shape[2], out.shape[3]))  # out [n, W, heads, d]
+    return torch.cat(outs).index_select(0, packed_layout.scatter)[None], None
+
+
+def _split(x: torch.Tensor, bucket: LengthBucket) -> torch.Tensor:
+    """A packed row's [1, heads, L, d] -> the bucket's [n, heads, W, d] (each sequence right-padded)."""
+    heads, dim = x.shape[1], x.shape[3]
+    return x[0].index_select(1, bucket.gather).view(heads, bucket.n, bucket.width, dim).transpose(0, 1)
 
 
 AttentionInterface.register(PER_SEQUENCE, per_sequence_attention)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo_fast.core.packed_attention import PackedLayout, packed_hidden
+from grpo_fast.core.packed_attention import PackedLayout, bucketed_scores, packed_hidden
 from grpo_fast.core.packing import ModelFlops, Row, pack
 from grpo_fast.core.policy import SequenceBatch, completion_hidden, segments
 
@@ -211,7 +211,7 @@ class Packing:
             if attention == "varlen":
                 scores += sum(n * n for n in lengths)
             elif attention == "per_sequence":
-                scores += len(lengths) * max(lengths, default=0) ** 2
+                scores += bucketed_scores(lengths)
             else:  # block_mask: the whole row
                 scores += sum(lengths) ** 2
         return Work(tokens, scores, sum(self.completion_lens))

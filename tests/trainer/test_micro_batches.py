@@ -66,6 +66,34 @@ def test_packed_micro_batches_are_padding_free_within_budget_and_exact(attention
             assert torch.equal(mb.tokens(logprobs, "cpu"), mb.completion_ids.float())
 
 
+def test_one_long_sequence_among_short_ones_pads_only_its_own_length_bucket():
+    """The per-sequence path over a row of 15 short sequences and one 8x longer: the work is that of the sequences'
+    own length buckets (each under twice its shortest), not every sequence padded to the longest, and the row's
+    hidden states and the model's gradient equal the padded layout's (fp32 tolerance)."""
+    g = torch.Generator().manual_seed(3)
+    prompt_lens, completion_lens = [3] * 16, [3, 5, 4, 6, 2, 4, 5, 3, 6, 4, 3, 5, 2, 4, 6, 61]
+    prompts = [torch.randint(3, len(TOK), (n,), generator=g).tolist() for n in prompt_lens]
+    completions = [torch.randint(3, len(TOK), (n,), generator=g).tolist() for n in completion_lens]
+    batch = build_sequence_batch(prompts, completions, TOK.pad_token_id)
+    packing = Packing.of(batch, 1024)
+    (mb,) = packed_micro_batches(batch, packing, torch.device("cpu"), "per_sequence")
+    lengths = [p + c for p, c in zip(prompt_lens, completion_lens, strict=True)]
+    assert packing.work("per_sequence").scores < 4 * sum(n * n for n in lengths) < len(lengths) * max(lengths) ** 2
+    assert len(mb.layout.buckets) == 3  # lengths 5-6, 7-9 and 64
+
+    model = build_tiny_model(TOK, seed=0)
+    weights = torch.randn(sum(completion_lens), model.config.hidden_size, generator=g)
+    (mb.hidden(model) * weights).sum().backward()  # hidden [N, H], mb.rows' completion tokens in turn
+    packed_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert len(packed_grads) > 10  # every backbone weight (the lm_head is not in the hidden states)
+    model.zero_grad(set_to_none=True)
+    padded = completion_hidden(model, batch)
+    (torch.cat([padded[i, : completion_lens[i]] for i in mb.rows]) * weights).sum().backward()
+    for name, grad in packed_grads.items():  # fp32 sums in another order: atol relative to the largest entry
+        atol = 1e-5 * float(grad.abs().max())
+        torch.testing.assert_close(grad, model.get_parameter(name).grad, rtol=1e-4, atol=atol, msg=name)
+
+
 def test_auto_packing_falls_back_to_padding_with_a_reason(monkeypatch, caplog):
     monkeypatch.setattr(loss_step_module, "packing_error", lambda model, path: "packed sequences see each other")
     step = _loss_step()
