@@ -41,11 +41,15 @@ class Distributed:
 
     def all_gather_ints(self, value: int) -> list[int]:
         """Every rank's `value`, in rank order."""
+        return [int(v) for v in self.all_gather(int(value))]
+
+    def all_gather(self, value: T) -> list[T]:
+        """Every rank's `value` (any picklable object), in rank order."""
         if not self.enabled:
             return [value]
-        out: list[int | None] = [None] * self.world_size
-        dist.all_gather_object(out, int(value))
-        return [int(v) for v in out]
+        out: list = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return out
 
     def all_gather_equal(self, tensor: torch.Tensor) -> torch.Tensor:
         """The ranks' `tensor`s (same shape on every rank) concatenated along dim 0, in rank order, on the

@@ -15,17 +15,24 @@ done: group-relative advantages need the whole group.
 
 In-flight state is plain data (`state_dict`): a checkpoint keeps it, so a resumed run continues the same
 completions.
+
+With several ranks (torchrun) every rank holds the same pool: each round's requests are split into contiguous
+shares, each rank generates its share with its own engine (request i seeded as in one process), and every rank
+receives every output, so the pools stay equal, the ranks agree on when a step has its groups, and the
+checkpoint is the one process's. The trainer then gives each rank its share of the step's groups.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from grpo_fast.config_fields import ConfigSection, option
+from grpo_fast.distributed.context import Distributed
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 
 ROUND_SEEDS = 1_000_003
@@ -107,7 +114,8 @@ class PartialRollouts:
     """The groups under way between steps, and the round loop that advances them (see module doc).
 
     sampling(max_tokens, seed) -> the SamplingSpec of one round's requests (n = 1 each); max_completion_length:
-    tokens per completion at most; max_staleness, stale ("restart" | "drop"): the bound and what happens beyond it.
+    tokens per completion at most; max_staleness, stale ("restart" | "drop"): the bound and what happens beyond it;
+    dist: the ranks that generate each round together (see module doc).
     """
 
     def __init__(
@@ -118,11 +126,13 @@ class PartialRollouts:
         max_staleness: int,
         stale: str,
         sampling: Callable[[int, int], SamplingSpec],
+        dist: Distributed | None = None,
     ) -> None:
         if stale not in ("restart", "drop"):
             raise ValueError(f"rollout.stale: expected 'restart' or 'drop', got {stale!r}")
         self.options, self.g, self.max_len = options, num_generations, max_completion_length
         self.max_staleness, self.stale, self.sampling = max_staleness, stale, sampling
+        self.dist = dist or Distributed()
         self.groups: list[PartialGroup] = []  # oldest first: complete groups are handed out in this order
         # Rounds per step at least, so that a completion started in a step can reach the length limit within
         # max_staleness steps: without them a step that finds its groups in one round starves the long
@@ -139,7 +149,7 @@ class PartialRollouts:
     ) -> tuple[list[PartialGroup], Counter]:
         """Runs rounds at weight `version` until `needed` groups are complete and `min_rounds` rounds have run (or
         options.max_rounds rounds; then what is complete, drawing on rounds past the limit until at least one group
-        is) and hands out the oldest complete ones.
+        a rank is) and hands out the oldest complete ones, a multiple of the ranks' number of them.
 
         draw(k) -> k new (row, prompt ids) to start; seed: the step's base seed (round r's requests: seed +
         r * ROUND_SEEDS + i). Returns (groups, counts): counts "rounds", "restarted", "dropped", "started",
@@ -147,15 +157,17 @@ class PartialRollouts:
         counts: Counter = Counter()
         self.enforce_staleness(version, counts)
         target = max(needed, math.ceil(self.options.groups_in_flight * needed))
+        ranks = self.dist.world_size
         rounds = 0
         while rounds < self.min_rounds or sum(g.done for g in self.groups) < needed:
-            if rounds >= self.options.max_rounds and any(g.done for g in self.groups):
+            if rounds >= self.options.max_rounds and sum(g.done for g in self.groups) >= ranks:
                 break
             counts["started"] += self.start(draw(max(0, target - len(self.groups))))
             counts["generated_tokens"] += self.round(engine, version, seed + rounds * ROUND_SEEDS)
             rounds += 1
         counts["rounds"] = rounds
-        return self.take_done(needed), counts
+        done = min(needed, sum(g.done for g in self.groups))
+        return self.take_done(done - done % ranks), counts
 
     def start(self, drawn: list[tuple[int, list[int]]]) -> int:
         """Starts a group of G completions for each drawn (row, prompt ids); returns how many."""
@@ -199,9 +211,9 @@ class PartialRollouts:
         generated, offset = 0, 0
         for budget, members in sorted(by_budget.items()):  # one call per budget: a few near the limit
             prompts = [running[i][0].prompt_ids + running[i][1].token_ids for i in members]
-            outputs = engine.generate(prompts, self.sampling(budget, seed + offset))
+            outputs = self.generate(engine, prompts, budget, seed + offset)
             offset += len(members)
-            for i, (out,) in zip(members, outputs, strict=True):
+            for i, out in zip(members, outputs, strict=True):
                 m = running[i][1]
                 if out.token_ids and (not m.segments or m.segments[-1][1] != version):
                     m.segments.append((len(m.token_ids), version))
@@ -214,6 +226,20 @@ class PartialRollouts:
                 elif len(m.token_ids) >= self.max_len:
                     m.finish_reason = "length"
         return generated
+
+    def generate(self, engine: RolloutEngine, prompts: list[list[int]], max_tokens: int, seed: int) -> list[Completion]:
+        """One completion of at most `max_tokens` for each of `prompts` (request i seeded seed + i): each rank
+        generates its contiguous share and every rank receives them all, in order."""
+        lo, hi = (len(prompts) * r // self.dist.world_size for r in (self.dist.rank, self.dist.rank + 1))
+        mine = []
+        if hi > lo or engine.lockstep:  # a lockstep engine's generate is a collective of its ranks
+            mine = [c for (c,) in engine.generate(prompts[lo:hi], self.sampling(max_tokens, seed + lo))]
+        return [c for share in self.dist.all_gather(mine) for c in share]
+
+    def digest(self) -> int:
+        """A checksum of the pool's rows and completions' lengths, ends and last tokens: equal on every rank."""
+        ends = [[(g.row, len(m.token_ids), m.token_ids[-1:], m.finish_reason) for m in g.members] for g in self.groups]
+        return zlib.crc32(repr(ends).encode())
 
     def state_dict(self) -> dict:
         """The groups under way, as plain data (for a checkpoint)."""

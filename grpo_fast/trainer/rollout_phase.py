@@ -124,12 +124,10 @@ class RolloutPhase:
             max_staleness=r.max_staleness,
             stale=r.stale,
         )
-        if r.mode == "partial" and self.dist.world_size > 1:
-            raise ValueError("rollout.mode: partial runs in one process for now (torchrun: use sync or async)")
         self.partial = None
-        if r.mode == "partial":
+        if r.mode == "partial":  # with several ranks, every rank holds the same pool (grpo_fast.rollout.partial)
             sampling = lambda max_tokens, seed: training_sampling(r, stop_ids, 1, seed, max_tokens)  # noqa: E731
-            self.partial = PartialRollouts(**self.pool_kwargs, sampling=sampling)
+            self.partial = PartialRollouts(**self.pool_kwargs, sampling=sampling, dist=self.dist)
         self.remote: AsyncRollouts | None = None  # rollout.mode async: the engine process, rank 0's
         self.async_started = False
         self.ahead: _Ahead | None = None  # rollout.mode async: the next step's first groups, taken ahead
@@ -234,12 +232,17 @@ class RolloutPhase:
 
     def _collect_partial(self, engine: RolloutEngine, step: int) -> RolloutBatch:
         """run.prompts_per_step complete groups from the partial rollouts under way (grpo_fast.rollout.partial),
-        scored once complete."""
+        this rank's share of them (rank order) scored once complete. The ranks' pools must be equal: a difference
+        is an error here, not a collective that waits forever later."""
         cfg = self.config
         seed = (cfg.run.seed * 1_000_003 + step * 10_007) * 1000
         t0 = time.perf_counter()
         groups, counts = self.partial.collect(engine, step, cfg.run.prompts_per_step, self._draw, seed)
-        return self._scored(groups, step, counts, time.perf_counter() - t0)
+        if self.dist.enabled and len(set(self.dist.all_gather_ints(self.partial.digest()))) > 1:
+            raise RuntimeError(f"rollout.mode partial: the ranks' partial rollouts differ after step {step}'s rounds")
+        share = len(groups) // self.dist.world_size
+        mine = groups[self.dist.rank * share : (self.dist.rank + 1) * share]
+        return self._scored(mine, step, counts, time.perf_counter() - t0)
 
     def _collect_async(self, step: int) -> RolloutBatch:
         """run.prompts_per_step complete groups from the engine process, after sending the prompts the schedule

@@ -230,3 +230,28 @@ def test_two_ranks_train_from_one_engine_process(tmp_path, tiny_dir):
         assert m["rollout/staleness_max"] <= 4
         assert m["sync/bytes"] > 0
     assert max(m["rollout/staleness_max"] for m in metrics.values()) >= 1
+
+
+def test_two_ranks_share_one_partial_rollout_pool_and_resume_it(tmp_path, tiny_dir):
+    """rollout.mode partial under torchrun: each round's requests are split over the ranks' engines and every rank
+    keeps the same pool (checked every step: a difference stops the run), each rank trains its share of every
+    step's groups, completions continue over steps, and a two-rank checkpoint brings the pool back: step 3
+    resumed from step 2's checkpoint trains what the uninterrupted run's step 3 trained."""
+    cfg = yaml.safe_load(_config(tmp_path / "config.yaml", tiny_dir).read_text())
+    cfg["rollout"] |= {"mode": "partial", "partial": {"segment_tokens": 2}}
+    cfg["grpo"] = {}
+    config = tmp_path / "partial.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    _train(config, tmp_path / "two", 2)
+    metrics = _metrics(tmp_path / "two")
+    assert sorted(metrics) == [1, 2, 3]
+    for m in metrics.values():
+        assert m["rollout/trained_samples"] == 4 * 4  # summed over the ranks: the whole step
+        assert m["rollout/staleness_max"] <= 4
+    assert max(m["rollout/staleness_max"] for m in metrics.values()) >= 1  # completions continued over steps
+
+    resumed = _resume_step_two(config, tmp_path, "two", ranks=2)
+    _assert_close_weights(_weights(resumed, 3), _weights(tmp_path / "two", 3))
+    again = _metrics(resumed)[3]
+    for key in ("completion/length_mean", "reward/mean", "rollout/staleness_mean", "train_tokens"):
+        assert again[key] == pytest.approx(metrics[3][key], rel=1e-6), key
