@@ -157,11 +157,11 @@ def summarize(history: list[dict], variant: str, seed: int, wall: float) -> dict
 
 
 def engine_idle_share(steps: list[dict], total: float) -> float:
-    """Colocated, the engine waits while the trainer trains and syncs; the engine process of async rollouts
-    reports its own time generating and waiting (evaluation pauses included, which the steps' clock leaves out)."""
+    """The share of the steps' clock (`total`) the engine did not generate. Colocated, it waits while the trainer
+    trains and syncs; the engine process of async rollouts reports its own time generating, set against the same
+    clock (its waits are not: they include the evaluation pauses, which the steps' clock leaves out)."""
     if any(s.get("engine_busy") is not None for s in steps):
-        idle = sum(s["engine_idle"] or 0.0 for s in steps)
-        return idle / max(idle + sum(s["engine_busy"] or 0.0 for s in steps), 1e-9)
+        return max(0.0, 1.0 - sum(s["engine_busy"] or 0.0 for s in steps) / max(total, 1e-9))
     return sum(s["train"] + s["sync"] for s in steps) / max(total, 1e-9)
 
 

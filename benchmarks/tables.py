@@ -235,9 +235,11 @@ def render_headline(results: Path) -> str:
         steps = {v: _mean_step(rollouts["runs"], v) for v in ("sync", "partial", "async")}
         for variant in ("partial", "async"):
             if steps[variant] is not None and steps["sync"] is not None:
+                ratios = _seed_ratios(rollouts["runs"], variant)
                 lines.append([
                     f"GRPO step, long-tail task, rollout.mode {variant} (seed mean)", f"{steps[variant]:.2f} s",
-                    f"rollout.mode sync: {steps['sync']:.2f} s", f"{steps[variant] / steps['sync']:.2f}x time",
+                    f"rollout.mode sync: {steps['sync']:.2f} s",
+                    f"{steps[variant] / steps['sync']:.2f}x time (per seed: median {statistics.median(ratios):.2f}x)",
                     "async_cpu.json",
                 ])  # fmt: skip
     if (results / "tools_trl_cpu.json").exists():
@@ -253,6 +255,12 @@ def render_headline(results: Path) -> str:
                 f"{step['grpo_fast'] / step['trl']:.2f}x time", "tools_trl_cpu.json",
             ])  # fmt: skip
     return table(lines)
+
+
+def _seed_ratios(runs: list[dict], variant: str) -> list[float]:
+    """A variant's mean step time over the sync run's of the same seed, for each seed both ran."""
+    sync = {r["seed"]: r["step_seconds_mean"] for r in runs if r["variant"] == "sync"}
+    return [r["step_seconds_mean"] / sync[r["seed"]] for r in runs if r["variant"] == variant and r["seed"] in sync]
 
 
 def _mean_step(runs: list[dict], variant: str) -> float | None:
@@ -395,7 +403,8 @@ def _reached(ratios: list[float], seeds: int) -> str:
 
 
 def render_async_rollouts(payload: dict) -> str:
-    """One row per variant, over its seeds: mean step time and its ratio to sync's, trained completion tokens per
+    """One row per variant, over its seeds: mean step time and its ratio to sync's (and the per-seed ratios' median
+    and range: one seed's drift into long completions moves the mean), trained completion tokens per
     second, the engine's and the trainer's idle shares, the trained tokens' staleness, held-out accuracy before and
     after (mean, [min, max] over seeds), and the steps' time to reach the sync run's final accuracy of the same
     seed against the sync run's whole time (how many seeds got there)."""
@@ -420,8 +429,9 @@ def render_async_rollouts(payload: dict) -> str:
                 whole = sum(s["seconds"] for s in sync[r["seed"]]["steps"])
                 reach.append(None if t is None else t / whole)
         got = [x for x in reach if x is not None]
+        versus = "" if base is None else f"{step / base:.2f}x" + _ratio_spread(runs, variant)
         lines.append([
-            variant, str(len(rs)), f"{step:.2f}", "" if base is None else f"{step / base:.2f}x",
+            variant, str(len(rs)), f"{step:.2f}", versus,
             f"{mean([r['trained_tokens_per_second'] for r in rs]):.0f}",
             f"{mean([r['engine_idle_share'] for r in rs]):.0%}", f"{mean([r['trainer_idle_share'] for r in rs]):.0%}",
             " ".join(f"{k}: {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: int(kv[0]))),
@@ -438,6 +448,14 @@ def render_async_rollouts(payload: dict) -> str:
         )
         + "."
     )
+
+
+def _ratio_spread(runs: list[dict], variant: str) -> str:
+    """' (per seed: median M, range lo-hi)' of a variant's step time over sync's, '' for sync itself or one seed."""
+    ratios = _seed_ratios(runs, variant)
+    if variant == "sync" or len(ratios) < 2:
+        return ""
+    return f" (per seed: median {statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x)"
 
 
 def render_tools_trl(payload: dict) -> str:
