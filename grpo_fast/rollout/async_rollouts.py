@@ -13,6 +13,11 @@ The trainer starts the engine process itself (`launch: spawn`), or waits for one
 reaches its `address` (`launch: external`, `grpo-fast engine --connect HOST:PORT`): messages and weights travel
 over TCP, nothing is shared but the address.
 
+With `engines` > 1 several engine processes generate side by side (data parallel): each takes the next index as it
+connects, gets every `engines`-th prompt the trainer sends and seeds of its own, and receives every weight version
+(one broadcast to all); their groups share the queue. The trainer's next weights wait for every engine to hold
+the last ones.
+
 Staleness is bounded twice: the engine restarts (or drops the group of) completions older than max_staleness
 versions before each round, and the trainer drops any group that arrives older than that (counted, never
 trained). The queue holds at most `queue_groups` groups, and the prompts sent ahead follow a fixed schedule,
@@ -69,8 +74,17 @@ class AsyncOptions(ConfigSection):
 
     key = "rollout.async_engine"
     queue_groups: int = option(32, "complete groups waiting for the trainer at most (the engine waits beyond)", low=1)
+    engines: int = option(
+        1,
+        "engine processes generating side by side, each sent every engines-th prompt, each taking every weight "
+        "version (launch external: start as many)",
+        low=1,
+    )
     threads: int = option(
-        0, "CPU threads of the engine process (0: half the cores); on CPU it gets as many cores of its own", low=0
+        0,
+        "CPU threads of each engine process (0: half the cores over the engines); on CPU it gets as many cores of "
+        "its own",
+        low=0,
     )
     devices: str = option(
         "", "the engine process's GPUs (its CUDA_VISIBLE_DEVICES, e.g. \"1\"; empty: as the trainer's process)"
@@ -126,9 +140,9 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class EngineSetup:
-    """What the trainer leaves in its store for the engine process: the engine, the partial-rollout pool's keyword
+    """What the trainer leaves in its store for the engine processes: the engine, the partial-rollout pool's keyword
     arguments, the sampling and seed, threads and GPUs, the queue bound, the weights' manifest and transport, the
-    weight version it starts from, and the timeout of every wait."""
+    weight version it starts from, the timeout of every wait, and how many engine processes there are."""
 
     spec: EngineSpec
     pool_kwargs: dict
@@ -141,6 +155,7 @@ class EngineSetup:
     backend: str
     version: int
     timeout_seconds: float
+    engines: int = 1
 
 
 def build_engine(spec: EngineSpec):
@@ -185,6 +200,12 @@ def run_engine(
             f"rollout.mode async: no trainer answered at {address} in {connect_seconds:g} s ({first_line})"
         ) from None
     setup: EngineSetup = pickle.loads(store.get("setup"))
+    index = store.add("engine_index", 1) - 1  # in the order the engine processes connect
+    if index >= setup.engines:
+        raise RuntimeError(
+            f"rollout.mode async: the trainer at {address} has its {setup.engines} engine process(es) "
+            "(rollout.async_engine.engines); this one is not needed"
+        )
     groups = Channel(store, "groups", setup.queue_groups)
     try:
         devices = setup.devices if devices is None else devices
@@ -195,7 +216,8 @@ def run_engine(
         torch.set_num_threads(max(1, threads or (len(cores) if cores else setup.threads)))
         link = WeightLink(
             store,
-            1,
+            index + 1,
+            setup.engines + 1,
             setup.manifest,
             setup.backend,
             "cuda" if setup.backend == "nccl" else "cpu",
@@ -206,7 +228,7 @@ def run_engine(
         engine = build_engine(spec)
         engine.load_weights(weights)
         groups.put(("ready",))
-        _generate(engine, setup, store, link, groups, parent)
+        _generate(engine, setup, store, link, groups, parent, index)
         engine.close()
     except dist.DistNetworkError:  # the trainer's store is gone, and with it the trainer
         logger.info("rollout.mode async: the trainer at %s is gone; the engine process stops", address)
@@ -215,9 +237,11 @@ def run_engine(
         raise
 
 
-def _generate(engine, setup: EngineSetup, store, link: WeightLink, groups: Channel, parent: int | None) -> None:
-    """The engine process's round loop, until the trainer says stop or is gone."""
-    sampling, prompts, control = setup.sampling, Channel(store, "prompts"), Channel(store, "control")
+def _generate(
+    engine, setup: EngineSetup, store, link: WeightLink, groups: Channel, parent: int | None, index: int
+) -> None:
+    """The round loop of engine process `index`, until the trainer says stop or is gone."""
+    sampling, prompts, control = setup.sampling, Channel(store, f"prompts/{index}"), Channel(store, f"control/{index}")
     pool = PartialRollouts(
         **setup.pool_kwargs, sampling=lambda max_tokens, s: dataclasses.replace(sampling, max_tokens=max_tokens, seed=s)
     )
@@ -232,7 +256,7 @@ def _generate(engine, setup: EngineSetup, store, link: WeightLink, groups: Chann
                 return version, True
             engine.load_weights(link.receive())
             version = message[1]
-            store.set("loaded", str(version))
+            store.set(f"loaded/{index}", str(version))
         return version, False
 
     version, rounds, stop = setup.version, 0, False
@@ -246,7 +270,8 @@ def _generate(engine, setup: EngineSetup, store, link: WeightLink, groups: Chann
             counts["idle_seconds"] += POLL_SECONDS
             continue
         busy = time.perf_counter()
-        counts["generated_tokens"] += pool.round(engine, version, setup.seed + rounds * ROUND_SEEDS)
+        round_seed = setup.seed + (rounds * setup.engines + index) * ROUND_SEEDS  # no two engines share a seed
+        counts["generated_tokens"] += pool.round(engine, version, round_seed)
         counts["busy_seconds"] += time.perf_counter() - busy
         rounds += 1
         for group in pool.take_done(len(pool.groups)):
@@ -257,16 +282,18 @@ def _generate(engine, setup: EngineSetup, store, link: WeightLink, groups: Chann
             counts["idle_seconds"] += time.perf_counter() - waiting
             if stop:
                 break
+            if setup.engines > 1:
+                counts[f"groups_engine_{index}"] += 1
             groups.put(("group", pool.group_state(group), dict(counts)))
             counts = Counter()
 
 
 class AsyncRollouts:
-    """The trainer's side of the engine process (see module doc).
+    """The trainer's side of the engine processes (see module doc).
 
     pool_kwargs: PartialRollouts' options, num_generations, max_completion_length, max_staleness and stale;
     sampling: the run's SamplingSpec (n = 1); weights: the trainer's (name, tensor) pairs at version `version`,
-    staged here; `start` starts the process (launch spawn) or waits for it (external)."""
+    staged here; `start` starts the processes (launch spawn) or waits for them (external)."""
 
     def __init__(
         self,
@@ -285,11 +312,19 @@ class AsyncRollouts:
         self.address = f"{host}:{self.store.port}"
         engine_has_gpus = bool(options.devices) or options.launch == "external"
         self.sender = WeightSender(
-            self.store, weights, options.weight_backend, engine_has_gpus, options.timeout_seconds, spec.weight_dtype()
+            self.store,
+            weights,
+            options.weight_backend,
+            engine_has_gpus,
+            options.timeout_seconds,
+            spec.weight_dtype(),
+            options.engines,
         )
-        self.prompts, self.control = Channel(self.store, "prompts"), Channel(self.store, "control")
+        engines = range(options.engines)
+        self.prompts = [Channel(self.store, f"prompts/{k}") for k in engines]
+        self.control = [Channel(self.store, f"control/{k}") for k in engines]
         self.groups = Channel(self.store, "groups", options.queue_groups)
-        threads = options.threads or max(1, (os.cpu_count() or 2) // 2)
+        threads = options.threads or max(1, (os.cpu_count() or 2) // (2 * options.engines))
         setup = EngineSetup(
             spec,
             pool_kwargs,
@@ -302,25 +337,31 @@ class AsyncRollouts:
             self.sender.backend,
             version,
             options.timeout_seconds,
+            options.engines,
         )
         self.store.set("setup", pickle.dumps(setup))
-        self.store.set("loaded", str(version))
+        for k in engines:
+            self.store.set(f"loaded/{k}", str(version))
         self.pushed = version
         self.ready = False
-        self.process = None
+        self.processes: list[mp.Process] = []
         self._restore = None
         if options.launch == "spawn":
-            self.process = mp.get_context("spawn").Process(
-                target=run_engine,
-                args=(self.address,),
-                kwargs=dict(parent=os.getpid(), cores=self._own_cores(threads)),
-                name="grpo_fast-engine",
-                daemon=True,
-            )
+            cores = sorted(self._own_cores(threads * options.engines))
+            self.processes = [
+                mp.get_context("spawn").Process(
+                    target=run_engine,
+                    args=(self.address,),
+                    kwargs=dict(parent=os.getpid(), cores=set(cores[k * threads : (k + 1) * threads])),
+                    name=f"grpo_fast-engine-{k}",
+                    daemon=True,
+                )
+                for k in engines
+            ]
         self.sent = 0  # prompts sent, counted by the schedule (prompts_due)
 
     def _own_cores(self, threads: int) -> set[int]:
-        """On CPU, the engine's cores: the last `threads` of the trainer's, which keeps the others (restored at
+        """On CPU, the engines' cores: the last `threads` of the trainer's, which keeps the others (restored at
         close); none on a GPU machine or with too few cores."""
         mine = sorted(os.sched_getaffinity(0))
         if torch.cuda.is_available() or len(mine) <= threads:
@@ -331,21 +372,23 @@ class AsyncRollouts:
         return set(mine[-threads:])
 
     def start(self) -> None:
-        """Starts the engine process (or waits for one started apart), sends it the weights, and waits until it
-        holds them: its start-up is not a step's."""
-        if self.process is not None:
-            self.process.start()
-            logger.info("rollout.mode async: engine process %d started (%s)", self.process.pid, self.spec)
-        else:
+        """Starts the engine processes (or waits for those started apart), sends them the weights, and waits until
+        they hold them: their start-up is not a step's."""
+        for process in self.processes:
+            process.start()
+            logger.info("rollout.mode async: engine process %d started (%s)", process.pid, self.spec)
+        if not self.processes:
             logger.warning(
-                "rollout.mode async: waiting %g s for the engine process; start it with `grpo-fast engine --connect "
-                "%s` on a host that reaches this one",
+                "rollout.mode async: waiting %g s for %d engine process(es); start each with `grpo-fast engine "
+                "--connect %s` on a host that reaches this one",
                 self.options.timeout_seconds,
+                self.options.engines,
                 self.address,
             )
         self.sender.send()
-        if self._next()[0] != "ready":
-            raise RuntimeError("rollout.mode async: the engine process did not report ready first")
+        for _ in range(self.options.engines):
+            if self._next()[0] != "ready":
+                raise RuntimeError("rollout.mode async: an engine process did not report ready first")
         self.ready = True
         self.sender.finish()
 
@@ -354,8 +397,9 @@ class AsyncRollouts:
         return math.ceil((step + self.partial.groups_in_flight) * prompts_per_step)
 
     def send(self, drawn: list[tuple[int, list[int]]]) -> None:
-        for item in drawn:
-            self.prompts.put(item)
+        """Sends (row, prompt ids) pairs, the schedule's i-th to engine i mod engines."""
+        for i, item in enumerate(drawn, start=self.sent):
+            self.prompts[i % self.options.engines].put(item)
         self.sent += len(drawn)
 
     def collect(self, needed: int, version: int) -> tuple[list[PartialGroup], Counter, float]:
@@ -400,10 +444,11 @@ class AsyncRollouts:
             try:
                 message = self.groups.get(timeout=POLL_SECONDS * 4)
             except queue.Empty:
-                if self.process is not None and not self.process.is_alive():
+                dead = self._dead()
+                if dead is not None:
                     self._raise_if_failed(wait=1.0)
                     raise RuntimeError(
-                        f"rollout.mode async: the engine process died (exit code {self.process.exitcode}); the run "
+                        f"rollout.mode async: the engine process died (exit code {dead.exitcode}); the run "
                         "stops here (resume from the last checkpoint). A script that trains must start under "
                         "`if __name__ == '__main__':`, since the engine process is spawned and imports it"
                     ) from None
@@ -414,9 +459,13 @@ class AsyncRollouts:
                 raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message[1]}")
             return message
 
+    def _dead(self) -> mp.Process | None:
+        """A spawned engine process that is no longer alive, if any."""
+        return next((p for p in self.processes if not p.is_alive()), None)
+
     def _silence(self) -> str:
         seconds = f"{self.options.timeout_seconds:g} s (rollout.async_engine.timeout_seconds)"
-        if self.ready or self.process is not None:
+        if self.ready or self.processes:
             return f"rollout.mode async: nothing from the engine process in {seconds}; it is stuck or gone"
         return (
             f"rollout.mode async: no engine process connected to {self.address} in {seconds}; start one with "
@@ -429,19 +478,19 @@ class AsyncRollouts:
         return {**self.write_weights(weights, version), "sync/wait_engine": waited}
 
     def loaded(self) -> int:
-        """The weight version the engine process holds."""
-        return int(self.store.get("loaded"))
+        """The oldest weight version an engine process holds."""
+        return min(int(self.store.get(f"loaded/{k}")) for k in range(self.options.engines))
 
     def wait_for_engine(self) -> float:
-        """Waits until the engine holds the last weights pushed; returns the seconds waited. RuntimeError when the
+        """Waits until every engine holds the last weights pushed; returns the seconds waited. RuntimeError when an
         engine process failed, died or stayed silent meanwhile."""
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.options.timeout_seconds
         while self.loaded() != self.pushed:
-            dead = self.process is not None and not self.process.is_alive()
-            if dead or time.monotonic() > deadline:
+            dead = self._dead()
+            if dead is not None or time.monotonic() > deadline:
                 self._raise_if_failed()
-                exit_code = f" (exit code {self.process.exitcode})" if dead else ""
+                exit_code = f" (exit code {dead.exitcode})" if dead is not None else ""
                 raise RuntimeError(f"rollout.mode async: the engine process did not take the last weights{exit_code}")
             time.sleep(POLL_SECONDS / 5)
         self.sender.finish()
@@ -452,7 +501,8 @@ class AsyncRollouts:
         `version` and sends them. Every staged tensor must come once, under its name."""
         t0 = time.perf_counter()
         nbytes = self.sender.stage(weights)
-        self.control.put(("weights", version))
+        for control in self.control:
+            control.put(("weights", version))
         self.sender.send()
         self.pushed = version
         return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(nbytes)}
@@ -467,14 +517,17 @@ class AsyncRollouts:
             raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message[1]}")
 
     def close(self, grace_seconds: float = 30.0) -> None:
-        """Stops the engine process (it finishes its round), killing a spawned one that has not stopped in
+        """Stops the engine processes (each finishes its round), killing a spawned one that has not stopped in
         `grace_seconds`; an external one stops at its next round, or when this store is gone."""
-        self.control.put(("stop",))
-        if self.process is not None and self.process.pid is not None:  # started
-            self.process.join(grace_seconds)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join()
+        for control in self.control:
+            control.put(("stop",))
+        for process in self.processes:
+            if process.pid is None:  # never started
+                continue
+            process.join(grace_seconds)
+            if process.is_alive():
+                process.kill()
+                process.join()
         if self._restore is not None:  # the trainer's cores and threads as they were
             os.sched_setaffinity(0, self._restore[0])
             torch.set_num_threads(self._restore[1])

@@ -2,8 +2,8 @@
 
 The trainer's main process hosts a torch.distributed TCPStore. Messages travel through it as pickled objects in
 first-in first-out queues (`Channel`), and the store's keys hold what both sides read: the run's settings and the
-weight version the engine holds. The weights travel through a two-rank process group over the same store
-(`WeightLink`): gloo between CPU tensors, NCCL between GPUs, rank 0 the trainer, rank 1 the engine process.
+weight versions the engines hold. The weights travel through a process group over the same store (`WeightLink`):
+gloo between CPU tensors, NCCL between GPUs, rank 0 the trainer, rank k the k-th engine process.
 
 Nothing here needs the two processes to share a host, memory or a file system.
 """
@@ -102,15 +102,22 @@ def choose_backend(requested: str, device: torch.device, engine_has_gpus: bool) 
 
 
 class WeightLink:
-    """The weights of a run, from the trainer (rank 0) to the engine process (rank 1), one broadcast per tensor in
-    the order of `manifest` [(name, shape, dtype)]. The process group is created on first use; its creation waits
-    for the other side, as does every transfer, up to `timeout_seconds`. `device`: where the engine's receive
-    buffers live (a GPU for NCCL)."""
+    """The weights of a run, from the trainer (rank 0) to its engine processes (ranks 1 .. size - 1), one broadcast
+    per tensor in the order of `manifest` [(name, shape, dtype)]. The process group is created on first use; its
+    creation waits for every side, as does every transfer, up to `timeout_seconds`. `device`: where an engine's
+    receive buffers live (a GPU for NCCL)."""
 
     def __init__(
-        self, store: dist.Store, rank: int, manifest: Manifest, backend: str, device: str, timeout_seconds: float
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        manifest: Manifest,
+        backend: str,
+        device: str,
+        timeout_seconds: float,
     ) -> None:
-        self.store, self.rank, self.manifest, self.backend = store, rank, manifest, backend
+        self.store, self.rank, self.size, self.manifest, self.backend = store, rank, size, manifest, backend
         self.device, self.timeout = torch.device(device), datetime.timedelta(seconds=timeout_seconds)
         self._group = None
         self._buffers: list[torch.Tensor] | None = None
@@ -121,9 +128,9 @@ class WeightLink:
             if self.backend == "nccl":
                 options = dist.ProcessGroupNCCL.Options()
                 options._timeout = self.timeout
-                self._group = dist.ProcessGroupNCCL(store, self.rank, 2, options)
+                self._group = dist.ProcessGroupNCCL(store, self.rank, self.size, options)
             else:
-                self._group = dist.ProcessGroupGloo(store, self.rank, 2, self.timeout)
+                self._group = dist.ProcessGroupGloo(store, self.rank, self.size, self.timeout)
         return self._group
 
     def send(self, tensors: list[torch.Tensor]) -> None:
@@ -133,7 +140,8 @@ class WeightLink:
             group.broadcast(tensor, 0).wait()
 
     def receive(self) -> list[tuple[str, torch.Tensor]]:
-        """Rank 1: the next weights as (name, tensor) pairs, in buffers reused from one transfer to the next."""
+        """An engine's rank: the next weights as (name, tensor) pairs, in buffers reused from one transfer to the
+        next."""
         if self._buffers is None:
             self._buffers = [torch.empty(shape, dtype=dtype, device=self.device) for _, shape, dtype in self.manifest]
         group = self.group()
@@ -143,10 +151,10 @@ class WeightLink:
 
 
 class WeightSender:
-    """The trainer's side of the link: `stage` copies the weights (one copy, at `dtype` when given: on the trainer's
-    GPU for NCCL, in host memory for gloo) and `send` broadcasts the copy from a thread, so that the trainer does not
-    wait for the engine to reach the end of its round. The next `stage` waits for that thread; a failed transfer is
-    raised there."""
+    """The trainer's side of the link to `engines` engine processes: `stage` copies the weights (one copy, at `dtype`
+    when given: on the trainer's GPU for NCCL, in host memory for gloo) and `send` broadcasts the copy from a thread,
+    so that the trainer does not wait for the engines to reach the end of their rounds. The next `stage` waits for
+    that thread; a failed transfer is raised there."""
 
     def __init__(
         self,
@@ -156,6 +164,7 @@ class WeightSender:
         engine_has_gpus: bool,
         timeout_seconds: float,
         dtype: torch.dtype | None = None,
+        engines: int = 1,
     ) -> None:
         weights = [(name, t.detach()) for name, t in weights]
         device = weights[0][1].device if weights else torch.device("cpu")
@@ -166,7 +175,7 @@ class WeightSender:
             for name, t in weights
         }
         self.manifest: Manifest = [(name, tuple(t.shape), t.dtype) for name, t in self.staged.items()]
-        self.link = WeightLink(store, 0, self.manifest, self.backend, str(stage_on), timeout_seconds)
+        self.link = WeightLink(store, 0, engines + 1, self.manifest, self.backend, str(stage_on), timeout_seconds)
         self.timeout_seconds = timeout_seconds
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

@@ -10,13 +10,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 import torch
 
 from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, save_tiny
-from grpo_fast.rollout.async_rollouts import AsyncOptions, AsyncRollouts, EngineSpec
+from grpo_fast.rollout.async_rollouts import AsyncOptions, AsyncRollouts, EngineSpec, run_engine
 from grpo_fast.rollout.base import SamplingSpec
 from grpo_fast.rollout.partial import PartialOptions
 from grpo_fast.rollout.weight_sync import trainer_weights
@@ -31,7 +32,16 @@ def model_dir(tmp_path_factory):
 
 
 def _remote(
-    model_dir, model, *, queue_groups=8, timeout=60.0, max_staleness=4, spec=None, launch="spawn", start=True
+    model_dir,
+    model,
+    *,
+    queue_groups=8,
+    timeout=60.0,
+    max_staleness=4,
+    spec=None,
+    launch="spawn",
+    start=True,
+    engines=1,
 ) -> AsyncRollouts:
     pool = dict(
         options=PartialOptions(segment_tokens=4, groups_in_flight=2.0),
@@ -41,7 +51,7 @@ def _remote(
         stale="restart",
     )
     remote = AsyncRollouts(
-        AsyncOptions(queue_groups=queue_groups, threads=1, timeout_seconds=timeout, launch=launch),
+        AsyncOptions(queue_groups=queue_groups, threads=1, timeout_seconds=timeout, launch=launch, engines=engines),
         spec or EngineSpec("hf", str(model_dir)),
         pool,
         SamplingSpec(n=1, temperature=1.0),
@@ -69,12 +79,40 @@ def test_groups_arrive_whole_and_sampled_by_the_pushed_weights(model_dir):
         remote.close()
 
 
-def _check_sampled_by_pushed_weights(remote: AsyncRollouts, models: dict) -> None:
+def test_two_engine_processes_share_the_prompts_and_take_every_weight_version(model_dir):
+    """engines: 2: the prompts go to the engines in turn, both engines' groups reach the queue, and after the push
+    every token of both is sampled by the weights of its segment's version."""
+    models = {0: build_tiny_model(TOK, seed=5), 1: build_tiny_model(TOK, seed=6)}
+    remote = _remote(model_dir, models[0], engines=2)
+    try:
+        counts = _check_sampled_by_pushed_weights(remote, models)
+    finally:
+        remote.close()
+    assert counts["groups_engine_0"] > 0 and counts["groups_engine_1"] > 0
+    assert not any(p.is_alive() for p in remote.processes)
+
+
+def test_an_engine_process_beyond_the_configured_number_is_turned_away(model_dir):
+    """A trainer with its one engine process: another that connects is told so and stops, and the run goes on."""
+    remote = _remote(model_dir, build_tiny_model(TOK, seed=5))
+    try:
+        with pytest.raises(RuntimeError, match=r"has its 1 engine process\(es\) .*this one is not needed"):
+            run_engine(remote.address, connect_seconds=10.0)
+        remote.send(_prompts(2))
+        groups, _, _ = remote.collect(2, version=0)
+        assert len(groups) == 2
+    finally:
+        remote.close()
+
+
+def _check_sampled_by_pushed_weights(remote: AsyncRollouts, models: dict) -> Counter:
+    """-> the engines' counts over the groups collected."""
     remote.send(_prompts(4))
-    first, _, _ = remote.collect(2, version=0)
+    first, counts, _ = remote.collect(2, version=0)
     remote.push_weights(trainer_weights(models[1]), 1)
     remote.send(_prompts(6, start=4))
-    later, counts, _ = remote.collect(6, version=1)
+    later, counts_later, _ = remote.collect(6, version=1)
+    counts.update(counts_later)
     groups = first + later
     assert all(len(g.members) == G and g.done for g in groups)
     assert counts["generated_tokens"] > 0
@@ -90,6 +128,7 @@ def _check_sampled_by_pushed_weights(remote: AsyncRollouts, models: dict) -> Non
                 torch.testing.assert_close(torch.tensor(comp.logprobs[start:end]), lp, atol=2e-4, rtol=0)
                 seen.add(version)
     assert seen == {0, 1}, "the test must see tokens of both versions"
+    return counts
 
 
 def test_an_engine_started_apart_takes_its_weights_over_tcp(model_dir, tmp_path):
@@ -135,12 +174,12 @@ def test_the_queue_is_bounded(model_dir):
             time.sleep(0.05)
         time.sleep(1.0)  # the engine has had time to finish more groups than the queue holds
         assert remote.groups.qsize() == 2
-        assert remote.process.is_alive()  # it waits, it does not fail
+        assert remote.processes[0].is_alive()  # it waits, it does not fail
         groups, _, _ = remote.collect(6, version=0)
         assert len(groups) == 6
     finally:
         remote.close()
-    assert not remote.process.is_alive()
+    assert not remote.processes[0].is_alive()
 
 
 def test_a_failing_engine_process_raises_its_error(model_dir, tmp_path):
@@ -153,7 +192,7 @@ def test_a_killed_engine_process_stops_the_run_without_a_hang(model_dir):
     try:
         remote.send(_prompts(2))
         remote.collect(1, version=0)
-        os.kill(remote.process.pid, signal.SIGKILL)
+        os.kill(remote.processes[0].pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(RuntimeError, match="engine process died"):
             remote.collect(50, version=0)

@@ -59,11 +59,15 @@ def _run(trainer):
         trainer.close()
 
 
-def test_async_steps_train_whole_groups_within_the_staleness_bound(tmp_path):
+@pytest.mark.parametrize("engines", [1, 2])
+def test_async_steps_train_whole_groups_within_the_staleness_bound(tmp_path, engines):
+    """With one engine process or two sharing the prompts: whole groups, each row once, within the bound."""
     ledger = _Ledger()
-    trainer = _trainer(tmp_path, callbacks=[ledger])
+    trainer = _trainer(tmp_path, f"rollout.async_engine.engines={engines}", callbacks=[ledger])
     _run(trainer)
     _check_whole_groups(trainer, ledger)
+    if engines == 2:
+        assert all(sum(m.get(f"rollout/groups_engine_{k}", 0) for m in ledger.metrics) > 0 for k in (0, 1))
 
 
 def _check_whole_groups(trainer, ledger) -> None:
