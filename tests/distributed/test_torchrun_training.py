@@ -217,30 +217,17 @@ def test_two_rank_checkpoint_resumes_on_two_ranks(runs):
 def test_two_ranks_train_from_one_engine_process(tmp_path, tiny_dir):
     """rollout.mode async under torchrun: rank 0's engine process generates for both ranks, each trains its share
     of every step's groups, and the weights of every step reach the engine from the sharded model."""
-    cfg = yaml.safe_load(_config(tmp_path / "config.yaml", tiny_dir).read_text())
-    cfg["rollout"] |= {"mode": "async", "partial": {"segment_tokens": 2}, "async_engine": {"threads": 1}}
-    cfg["grpo"] = {}
-    config = tmp_path / "async.yaml"
-    config.write_text(yaml.safe_dump(cfg))
-    _train(config, tmp_path / "two", 2)
-    metrics = _metrics(tmp_path / "two")
-    assert sorted(metrics) == [1, 2, 3]
-    for m in metrics.values():
-        assert m["rollout/trained_samples"] == 4 * 4  # summed over the ranks: the whole step
-        assert m["rollout/staleness_max"] <= 4
-        assert m["sync/bytes"] > 0
-    assert max(m["rollout/staleness_max"] for m in metrics.values()) >= 1
+    _, metrics = _two_ranks_with_stale_groups(tmp_path, tiny_dir, mode="async", async_engine={"threads": 1})
+    assert all(m["sync/bytes"] > 0 for m in metrics.values())
 
 
-def test_two_ranks_share_one_partial_rollout_pool_and_resume_it(tmp_path, tiny_dir):
-    """rollout.mode partial under torchrun: each round's requests are split over the ranks' engines and every rank
-    keeps the same pool (checked every step: a difference stops the run), each rank trains its share of every
-    step's groups, completions continue over steps, and a two-rank checkpoint brings the pool back: step 3
-    resumed from step 2's checkpoint trains what the uninterrupted run's step 3 trained."""
+def _two_ranks_with_stale_groups(tmp_path: Path, tiny_dir, **rollout) -> tuple[Path, dict[int, dict]]:
+    """Three steps on two ranks with `rollout` settings (rounds of 2 tokens): every step trains the whole step's
+    groups, within the staleness bound, and some groups span weight versions. -> (config, metrics by step)."""
     cfg = yaml.safe_load(_config(tmp_path / "config.yaml", tiny_dir).read_text())
-    cfg["rollout"] |= {"mode": "partial", "partial": {"segment_tokens": 2}}
+    cfg["rollout"] |= {"partial": {"segment_tokens": 2}, **rollout}
     cfg["grpo"] = {}
-    config = tmp_path / "partial.yaml"
+    config = tmp_path / f"{rollout['mode']}.yaml"
     config.write_text(yaml.safe_dump(cfg))
     _train(config, tmp_path / "two", 2)
     metrics = _metrics(tmp_path / "two")
@@ -249,7 +236,15 @@ def test_two_ranks_share_one_partial_rollout_pool_and_resume_it(tmp_path, tiny_d
         assert m["rollout/trained_samples"] == 4 * 4  # summed over the ranks: the whole step
         assert m["rollout/staleness_max"] <= 4
     assert max(m["rollout/staleness_max"] for m in metrics.values()) >= 1  # completions continued over steps
+    return config, metrics
 
+
+def test_two_ranks_share_one_partial_rollout_pool_and_resume_it(tmp_path, tiny_dir):
+    """rollout.mode partial under torchrun: each round's requests are split over the ranks' engines and every rank
+    keeps the same pool (checked every step: a difference stops the run), each rank trains its share of every
+    step's groups, completions continue over steps, and a two-rank checkpoint brings the pool back: step 3
+    resumed from step 2's checkpoint trains what the uninterrupted run's step 3 trained."""
+    config, metrics = _two_ranks_with_stale_groups(tmp_path, tiny_dir, mode="partial")
     resumed = _resume_step_two(config, tmp_path, "two", ranks=2)
     _assert_close_weights(_weights(resumed, 3), _weights(tmp_path / "two", 3))
     again = _metrics(resumed)[3]
