@@ -93,28 +93,49 @@ class Distributed:
             raise error
         return result
 
-    def reduce_metrics(self, metrics: dict, sums: tuple[str, ...] = (), maxes: tuple[str, ...] = ()) -> dict:
+    def reduce_metrics(
+        self,
+        metrics: dict,
+        sums: tuple[str, ...] = (),
+        maxes: tuple[str, ...] = (),
+        zero_filled: tuple[str, ...] = (),
+        present_only: tuple[str, ...] = (),
+    ) -> dict:
         """The step's metrics over ranks: a number whose key matches a pattern of `sums` (fnmatch) is summed,
         of `maxes` the maximum, any other averaged (each rank's batch is an equal share of the step; a
         per-batch std is thus the mean of the ranks' stds). Values that are not numbers stay this rank's.
-        Every rank gets the same numbers, so decisions taken from them (alarms, stops) agree."""
+        Every rank gets the same numbers, so decisions taken from them (alarms, stops) agree.
+
+        Every rank must log the same keys, except those matching `zero_filled` (a rank without one counts 0, as in
+        a histogram's bins) or `present_only` (reduced over the ranks that logged it, as a mean over a subset
+        that may be empty on a rank); any other difference is a RuntimeError naming the keys."""
         if not self.enabled:
             return metrics
-        keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         gathered: list[dict | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, {k: float(metrics[k]) for k in keys})
-        if any(sorted(g) != keys for g in gathered):
-            raise RuntimeError("the ranks logged different metrics this step")
+        dist.all_gather_object(gathered, numbers)
+        keys = sorted(set().union(*gathered))
+        sparse = [k for k in keys if any(k not in g for g in gathered)]
+        unmatched = [k for k in sparse if not _matches(k, zero_filled + present_only)]
+        if unmatched:
+            raise RuntimeError(f"the ranks logged different metrics this step: {unmatched} on some ranks only")
         out = dict(metrics)
         for k in keys:
-            values = [g[k] for g in gathered]
-            if any(fnmatch.fnmatchcase(k, p) for p in sums):
+            if _matches(k, zero_filled):
+                values = [g.get(k, 0.0) for g in gathered]
+            else:
+                values = [g[k] for g in gathered if k in g]
+            if _matches(k, sums):
                 out[k] = sum(values)
-            elif any(fnmatch.fnmatchcase(k, p) for p in maxes):
+            elif _matches(k, maxes):
                 out[k] = max(values)
             else:
                 out[k] = sum(values) / len(values)
         return out
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(key, p) for p in patterns)
 
 
 def _collective_device() -> torch.device:

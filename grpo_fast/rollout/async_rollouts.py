@@ -359,6 +359,7 @@ class AsyncRollouts:
                 for k in engines
             ]
         self.sent = 0  # prompts sent, counted by the schedule (prompts_due)
+        self.dealt = 0  # prompts sent in all
 
     def _own_cores(self, threads: int) -> set[int]:
         """On CPU, the engines' cores: the last `threads` of the trainer's, which keeps the others (restored at
@@ -396,11 +397,13 @@ class AsyncRollouts:
         """Prompts the schedule has sent by the start of `step`: groups_in_flight steps ahead of the trainer."""
         return math.ceil((step + self.partial.groups_in_flight) * prompts_per_step)
 
-    def send(self, drawn: list[tuple[int, list[int]]]) -> None:
-        """Sends (row, prompt ids) pairs, the schedule's i-th to engine i mod engines."""
-        for i, item in enumerate(drawn, start=self.sent):
+    def send(self, drawn: list[tuple[int, list[int]]], scheduled: bool = True) -> None:
+        """Sends (row, prompt ids) pairs, the i-th sent to engine i mod engines; `scheduled`: counted by the
+        schedule (prompts_due), else extra (grpo.dynamic_sampling's replacements)."""
+        for i, item in enumerate(drawn, start=self.dealt):
             self.prompts[i % self.options.engines].put(item)
-        self.sent += len(drawn)
+        self.dealt += len(drawn)
+        self.sent += len(drawn) if scheduled else 0
 
     def collect(self, needed: int, version: int) -> tuple[list[PartialGroup], Counter, float]:
         """`needed` complete groups no older than version - max_staleness, in arrival order; (groups, counts,

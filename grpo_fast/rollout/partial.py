@@ -146,28 +146,31 @@ class PartialRollouts:
         needed: int,
         draw: Callable[[int], list[tuple[int, list[int]]]],
         seed: int,
+        first_round: int = 0,
+        multiple_of: int | None = None,
     ) -> tuple[list[PartialGroup], Counter]:
         """Runs rounds at weight `version` until `needed` groups are complete and `min_rounds` rounds have run (or
-        options.max_rounds rounds; then what is complete, drawing on rounds past the limit until at least one group
-        a rank is) and hands out the oldest complete ones, a multiple of the ranks' number of them.
+        options.max_rounds rounds; then what is complete, drawing on rounds past the limit until at least
+        `multiple_of` groups are) and hands out the oldest complete ones, a multiple of `multiple_of` (default: the
+        ranks' number) of them.
 
         draw(k) -> k new (row, prompt ids) to start; seed: the step's base seed (round r's requests: seed +
-        r * ROUND_SEEDS + i). Returns (groups, counts): counts "rounds", "restarted", "dropped", "started",
-        "generated_tokens"."""
+        (first_round + r) * ROUND_SEEDS + i; a step's later call counts on from its earlier calls' rounds).
+        Returns (groups, counts): counts "rounds", "restarted", "dropped", "started", "generated_tokens"."""
         counts: Counter = Counter()
         self.enforce_staleness(version, counts)
         target = max(needed, math.ceil(self.options.groups_in_flight * needed))
-        ranks = self.dist.world_size
+        multiple = multiple_of or self.dist.world_size
         rounds = 0
         while rounds < self.min_rounds or sum(g.done for g in self.groups) < needed:
-            if rounds >= self.options.max_rounds and sum(g.done for g in self.groups) >= ranks:
+            if rounds >= self.options.max_rounds and sum(g.done for g in self.groups) >= multiple:
                 break
             counts["started"] += self.start(draw(max(0, target - len(self.groups))))
-            counts["generated_tokens"] += self.round(engine, version, seed + rounds * ROUND_SEEDS)
+            counts["generated_tokens"] += self.round(engine, version, seed + (first_round + rounds) * ROUND_SEEDS)
             rounds += 1
         counts["rounds"] = rounds
         done = min(needed, sum(g.done for g in self.groups))
-        return self.take_done(done - done % ranks), counts
+        return self.take_done(done - done % multiple), counts
 
     def start(self, drawn: list[tuple[int, list[int]]]) -> int:
         """Starts a group of G completions for each drawn (row, prompt ids); returns how many."""

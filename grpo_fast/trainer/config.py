@@ -391,8 +391,6 @@ def validate(cfg: TrainConfig) -> None:
         )
     if multi_turn and r.rollout_func:
         raise ValueError("rollout.rollout_func: a custom rollout function replaces the tool loop; set tools or it")
-    if r.mode != "sync" and g.dynamic_sampling:
-        raise ValueError(f"grpo.dynamic_sampling: not available with rollout.mode {r.mode} yet (set one of them off)")
     if r.mode == "async" and r.engine not in ("auto", "hf", "vllm"):
         raise ValueError(f"rollout.engine: rollout.mode async runs hf or vllm in its engine process, got {r.engine!r}")
     if g.entropy_coef_min > g.entropy_coef_max:

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -90,6 +91,29 @@ class _Ahead:
     counts: dict
     mine: int
     pending: PendingScores | None
+
+
+@dataclass
+class _Drawn:
+    """Every completion a partial / async step scored (the batch's and, with grpo.dynamic_sampling, the
+    replacements'), in order: their dataset rows, scores and combined rewards, for the step's metrics."""
+
+    completions: list[Completion]
+    rows: list[int]
+    scored: list[ScoredBatch]
+    rewards: list[torch.Tensor]
+
+    def add(self, completions: list[Completion], rows: list[int], scored: ScoredBatch, rewards: torch.Tensor) -> None:
+        self.completions += completions
+        self.rows += rows
+        self.scored.append(scored)
+        self.rewards.append(rewards)
+
+
+def _slice(items: list, needed: list[int], rank: int) -> list:
+    """Rank `rank`'s items of `items` handed out in rank order, needed[r] to rank r (fewer at the end when short)."""
+    start = sum(needed[:rank])
+    return items[start : start + needed[rank]]
 
 
 def _completions(groups: list[PartialGroup]) -> list[Completion]:
@@ -238,11 +262,24 @@ class RolloutPhase:
         seed = (cfg.run.seed * 1_000_003 + step * 10_007) * 1000
         t0 = time.perf_counter()
         groups, counts = self.partial.collect(engine, step, cfg.run.prompts_per_step, self._draw, seed)
-        if self.dist.enabled and len(set(self.dist.all_gather_ints(self.partial.digest()))) > 1:
-            raise RuntimeError(f"rollout.mode partial: the ranks' partial rollouts differ after step {step}'s rounds")
+        self._check_pools(step)
         share = len(groups) // self.dist.world_size
         mine = groups[self.dist.rank * share : (self.dist.rank + 1) * share]
-        return self._scored(mine, step, counts, time.perf_counter() - t0)
+
+        def more(needed: list[int]) -> list[PartialGroup]:
+            extra, extra_counts = self.partial.collect(
+                engine, step, sum(needed), self._draw, seed, first_round=counts["rounds"], multiple_of=1
+            )
+            counts.update(extra_counts)
+            self._check_pools(step)
+            return _slice(extra, needed, self.dist.rank)
+
+        return self._scored(mine, step, counts, time.perf_counter() - t0, more=more)
+
+    def _check_pools(self, step: int) -> None:
+        """With several ranks: RuntimeError unless every rank's partial-rollout pool is the same."""
+        if self.dist.enabled and len(set(self.dist.all_gather_ints(self.partial.digest()))) > 1:
+            raise RuntimeError(f"rollout.mode partial: the ranks' partial rollouts differ after step {step}'s rounds")
 
     def _collect_async(self, step: int) -> RolloutBatch:
         """run.prompts_per_step complete groups from the engine process, after sending the prompts the schedule
@@ -258,12 +295,22 @@ class RolloutPhase:
             groups, counts, waited = self.remote.collect(want - len(ahead.states), step)
             return [PartialRollouts.group_state(g) for g in groups], dict(counts), waited
 
+        def fetch_more(needed: list[int]) -> tuple[list[dict], dict]:
+            self.remote.send(self._draw(sum(needed)), scheduled=False)  # the schedule's prompts stay ahead
+            groups, extra_counts, _ = self.remote.collect(sum(needed), step)
+            return [PartialRollouts.group_state(g) for g in groups], dict(extra_counts)
+
+        def more(needed: list[int]) -> list[PartialGroup]:
+            extra, extra_counts = self.dist.run_on_main(lambda: fetch_more(needed))
+            counts.update(extra_counts)
+            return [PartialRollouts.group_from_state(s) for s in _slice(extra, needed, self.dist.rank)]
+
         states, counts, waited = self.dist.run_on_main(fetch)
         states = ahead.states + states
         mine = self._my_share(states, share)
         counts = Counter(ahead.counts) + Counter(counts) + Counter(scored_ahead=ahead.mine)
         take_seconds = self._take_ahead(step + 1, want, share)
-        return self._scored(mine, step, counts, waited, ahead, take_seconds)
+        return self._scored(mine, step, counts, waited, ahead, take_seconds, more=more)
 
     def _take_ahead(self, step: int, want: int, share: int) -> float:
         """rollout.mode async: the groups waiting now (up to a step's worth) become the start of `step`'s, and the
@@ -305,10 +352,12 @@ class RolloutPhase:
         seconds: float,
         ahead: _Ahead | None = None,
         seconds_ahead: float = 0.0,
+        more: Callable[[list[int]], list[PartialGroup]] | None = None,
     ) -> RolloutBatch:
         """The batch of complete partial-rollout groups, scored; `seconds` of generation (or of waiting for it).
         The first `ahead.mine` groups were scored ahead (`ahead.pending`); `seconds_ahead`: the scoring started
-        ahead for the next step, counted in this step's scoring time."""
+        ahead for the next step, counted in this step's scoring time. With grpo.dynamic_sampling, `more` replaces
+        the zero-variance groups (`_resample`)."""
         g = self.config.rollout.num_generations
         completions = _completions(groups)
         parts = []
@@ -320,27 +369,76 @@ class RolloutPhase:
         if len(groups) > done:
             parts.append(self._submit(groups[done:], completions[done * g :], step).result())
         scored = ScoredBatch.concat(parts)
-        rows = [grp.row for grp in groups for _ in range(g)]
         rewards = self._combined(scored.per_func, completions)
-        zero_var, stuck = self._flat_groups(rewards, rows)
+        drawn = _Drawn([], [], [], [])
+        drawn.add(completions, [grp.row for grp in groups for _ in range(g)], scored, rewards)
+        rounds, seconds_more = 0, 0.0
+        if self.config.grpo.dynamic_sampling and more is not None:
+            groups, rewards, rounds, seconds_more = self._resample(groups, rewards, more, step, drawn)
+        every = ScoredBatch.concat(drawn.scored)
+        generated_rewards = torch.cat(drawn.rewards)
+        zero_var, stuck = self._flat_groups(generated_rewards, drawn.rows)
         return RolloutBatch(
             prompt_ids=[grp.prompt_ids for grp in groups for _ in range(g)],
-            completions=completions,
+            completions=_completions(groups),
             rewards=rewards,
-            generated=completions,
-            generated_rows=rows,
-            generated_rewards=rewards,
-            generated_rewards_per_func=scored.per_func,
+            generated=drawn.completions,
+            generated_rows=drawn.rows,
+            generated_rewards=generated_rewards,
+            generated_rewards_per_func=every.per_func,
             frac_zero_var_groups=zero_var,
             frac_stuck_groups=stuck,
-            resample_rounds=0,
-            time_generate=seconds,
-            time_score=scored.seconds_critical + seconds_ahead,
-            time_score_pool=scored.seconds_pool,
-            reward_failures=dict(scored.failures),
+            resample_rounds=rounds,
+            time_generate=seconds + seconds_more,
+            time_score=every.seconds_critical + seconds_ahead,
+            time_score_pool=every.seconds_pool,
+            reward_failures=dict(every.failures),
             version=step,
             partial_counts=dict(counts),
         )
+
+    def _resample(
+        self,
+        groups: list[PartialGroup],
+        rewards: torch.Tensor,
+        more: Callable[[list[int]], list[PartialGroup]],
+        step: int,
+        drawn: _Drawn,
+    ) -> tuple[list[PartialGroup], torch.Tensor, int, float]:
+        """grpo.dynamic_sampling (DAPO) over complete groups: this rank's groups whose rewards [len(groups) * G]
+        are all equal make way for more, `more(needed)` (every rank's count of groups missing -> this rank's new
+        ones: a collective), scored as they come (recorded in `drawn`), for up to grpo.max_resample_rounds rounds;
+        out of rounds, zero-variance groups fill the batch, as in sync mode. -> (groups, their rewards, rounds,
+        seconds spent getting more)."""
+        g, want = self.config.rollout.num_generations, len(groups)
+        kept, spare = self._split_flat(groups, rewards)
+        rounds, seconds = 0, 0.0
+        while rounds < self.config.grpo.max_resample_rounds:
+            needed = self.dist.all_gather_ints(want - len(kept))
+            if not sum(needed):
+                break
+            t0 = time.perf_counter()
+            new = more(needed)
+            seconds += time.perf_counter() - t0
+            rounds += 1
+            if new:
+                completions = _completions(new)
+                scored = self._submit(new, completions, step).result()
+                new_rewards = self._combined(scored.per_func, completions)
+                drawn.add(completions, [grp.row for grp in new for _ in range(g)], scored, new_rewards)
+                new_kept, new_spare = self._split_flat(new, new_rewards)
+                kept, spare = kept + new_kept, spare + new_spare
+        chosen = (kept + spare)[:want]
+        return [grp for grp, _ in chosen], torch.cat([r for _, r in chosen]), rounds, seconds
+
+    def _split_flat(
+        self, groups: list[PartialGroup], rewards: torch.Tensor
+    ) -> tuple[list[tuple[PartialGroup, torch.Tensor]], list[tuple[PartialGroup, torch.Tensor]]]:
+        """(group, its G rewards) pairs of `groups`, those whose rewards vary and those whose rewards are all equal."""
+        g = self.config.rollout.num_generations
+        flat = group_advantages(rewards, g, "none")[1].tolist()
+        pairs = list(zip(groups, rewards.view(-1, g), flat, strict=True))
+        return [(grp, r) for grp, r, f in pairs if not f], [(grp, r) for grp, r, f in pairs if f]
 
     def _flat_groups(self, rewards: torch.Tensor, rows: list[int]) -> tuple[float, float]:
         """The shares of the groups in `rewards` [groups * G] (of dataset rows `rows`) whose rewards are all equal,

@@ -647,7 +647,13 @@ class GRPOTrainer:
         out["tokens_per_second/train"] = stats["train_tokens"] / max(t_train, 1e-9)
         if self.preflight_report is not None:  # what the verifiers' start-up checks found (the sandbox backend)
             out.update(self.preflight_report.startup_metrics)
-        out = self.dist.reduce_metrics(out, sums=SUMMED_METRICS, maxes=("time/*", "mem/*"))
+        out = self.dist.reduce_metrics(
+            out,
+            sums=SUMMED_METRICS,
+            maxes=("time/*", "mem/*", "rollout/staleness_max"),
+            zero_filled=("rollout/token_share_staleness_*",),  # each rank logs the ages its own tokens have
+            present_only=("mismatch/abs_logprob_diff_staleness_*",),
+        )
         for callback in self.callbacks:
             callback(self, rollout, out)
         return out

@@ -221,12 +221,16 @@ def test_two_ranks_train_from_one_engine_process(tmp_path, tiny_dir):
     assert all(m["sync/bytes"] > 0 for m in metrics.values())
 
 
-def _two_ranks_with_stale_groups(tmp_path: Path, tiny_dir, **rollout) -> tuple[Path, dict[int, dict]]:
-    """Three steps on two ranks with `rollout` settings (rounds of 2 tokens): every step trains the whole step's
-    groups, within the staleness bound, and some groups span weight versions. -> (config, metrics by step)."""
+def _two_ranks_with_stale_groups(
+    tmp_path: Path, tiny_dir, grpo: dict | None = None, reward: str | None = None, **rollout
+) -> tuple[Path, dict[int, dict]]:
+    """Three steps on two ranks with `rollout` and `grpo` settings (rounds of 2 tokens): every step trains the whole
+    step's groups, within the staleness bound, and some groups span weight versions. -> (config, metrics by step)."""
     cfg = yaml.safe_load(_config(tmp_path / "config.yaml", tiny_dir).read_text())
     cfg["rollout"] |= {"partial": {"segment_tokens": 2}, **rollout}
-    cfg["grpo"] = {}
+    cfg["grpo"] = grpo or {}
+    if reward:
+        cfg["reward"]["funcs"] = [reward]
     config = tmp_path / f"{rollout['mode']}.yaml"
     config.write_text(yaml.safe_dump(cfg))
     _train(config, tmp_path / "two", 2)
@@ -250,3 +254,17 @@ def test_two_ranks_share_one_partial_rollout_pool_and_resume_it(tmp_path, tiny_d
     again = _metrics(resumed)[3]
     for key in ("completion/length_mean", "reward/mean", "rollout/staleness_mean", "train_tokens"):
         assert again[key] == pytest.approx(metrics[3][key], rel=1e-6), key
+
+
+@pytest.mark.parametrize("mode", ["partial", "async"])
+def test_two_ranks_replace_zero_variance_groups(tmp_path, tiny_dir, mode):
+    """grpo.dynamic_sampling on two ranks: each rank's groups whose rewards are all equal (even operands) make way
+    for more from the shared pool (partial) or the engine process (async), split by what each rank misses, and
+    every step still trains the whole step's groups."""
+    engine = {"async_engine": {"threads": 1}} if mode == "async" else {}
+    grpo = {"dynamic_sampling": True, "max_resample_rounds": 8}
+    _, metrics = _two_ranks_with_stale_groups(
+        tmp_path, tiny_dir, grpo=grpo, reward="scoring_verifiers:flat_on_even_operands", mode=mode, **engine
+    )
+    assert sum(m["resample_rounds"] for m in metrics.values()) >= 1
+    assert sum(m["frac_zero_var_groups"] for m in metrics.values()) > 0

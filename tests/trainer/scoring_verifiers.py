@@ -4,7 +4,10 @@ Each returns a value that shows what it was given."""
 from __future__ import annotations
 
 import os
+import re
 import time
+
+from grpo_fast.rewards.text import completion_text
 
 
 def completion_length(prompts, completions, completion_ids, **_):
@@ -51,3 +54,14 @@ def global_step_slowly(prompts, completions, trainer_state, **_):
     """global_step after 0.1 s per completion: never cheap (is_cheap), so it stays in the pool."""
     time.sleep(0.1 * len(completions))
     return [float(trainer_state.global_step)] * len(completions)
+
+
+def flat_on_even_operands(prompts, completions, **_):
+    """1.0 for every completion of a prompt "(a?b)%10=" with an even a (a zero-variance group), else a value that
+    varies with the completion's characters."""
+    varied = [sum(map(ord, completion_text(c))) % 7 / 6 for c in completions]
+    return [1.0 if even_operand(p) else r for p, r in zip(prompts, varied, strict=True)]
+
+
+def even_operand(prompt: str) -> bool:
+    return int(re.match(r"\((\d+)", prompt).group(1)) % 2 == 0

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from scoring_verifiers import global_step_slowly
+from scoring_verifiers import even_operand, flat_on_even_operands, global_step_slowly
 
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.data.tasks import modular_arithmetic_dataset
@@ -77,6 +77,20 @@ def _check_whole_groups(trainer, ledger) -> None:
         assert m["rollout/staleness_max"] <= MAX_STALENESS
     assert max(m["rollout/staleness_max"] for m in ledger.metrics) >= 1, "generation must overlap training"
     assert len(ledger.rows) == len(set(ledger.rows)) == STEPS * 2
+
+
+def test_async_dynamic_sampling_trains_groups_with_a_signal(tmp_path):
+    """grpo.dynamic_sampling in async mode: the groups whose rewards are all equal are replaced by groups from
+    extra prompts sent to the engine, so no trained group of an even operand remains (the rounds suffice here),
+    and each group is still trained once."""
+    ledger = _Ledger()
+    overrides = ["grpo.dynamic_sampling=true", "grpo.max_resample_rounds=8"]
+    trainer = _trainer(tmp_path, *overrides, callbacks=[ledger], rewards=(flat_on_even_operands,))
+    _run(trainer)
+    _check_whole_groups(trainer, ledger)
+    assert sum(m["resample_rounds"] for m in ledger.metrics) >= 1
+    assert sum(m["frac_zero_var_groups"] for m in ledger.metrics) > 0
+    assert not any(even_operand(trainer.train_rows[row]["prompt"]) for row in ledger.rows)
 
 
 def test_the_next_steps_groups_are_scored_while_this_step_trains(tmp_path):

@@ -33,10 +33,11 @@ def slow_flat_on_even_prompts(prompts, completions, **_):
     return flat_on_even_prompts(prompts, completions)
 
 
-def _phase(dynamic: bool, rounds: int = 3, reward=flat_on_even_prompts):
+def _phase(dynamic: bool, rounds: int = 3, reward=flat_on_even_prompts, mode: str = "sync"):
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, seed=1)
     overrides = [f"rollout.num_generations={G}", "rollout.max_completion_length=6", "run.prompts_per_step=3"]
+    overrides += [f"rollout.mode={mode}", "rollout.partial.segment_tokens=2"]
     overrides += [f"grpo.dynamic_sampling={str(dynamic).lower()}", f"grpo.max_resample_rounds={rounds}"]
     cfg = load_config(None, overrides)
     rows = [{"prompt": str(i)} for i in range(10)]
@@ -70,8 +71,11 @@ def test_batch_is_groups_of_g_with_their_prompts_and_rewards():
     assert batch.generated_rewards_per_func.shape == (3 * G, 1)
 
 
-def test_dynamic_sampling_replaces_zero_variance_groups():
-    phase, engine = _phase(dynamic=True)
+@pytest.mark.parametrize("mode", ["sync", "partial"])
+def test_dynamic_sampling_replaces_zero_variance_groups(mode):
+    """Sync mode draws new prompts; partial mode takes more complete groups from the rollouts under way (rounds
+    run on until they complete)."""
+    phase, engine = _phase(dynamic=True, mode=mode)
     batch = phase.collect(engine, step=0)
     kept = _groups(batch.rewards)
     flat = [bool((g == g[0]).all()) for g in kept]
