@@ -244,3 +244,20 @@ def add(a, b):
 """
     tests = ["assert add(1, 2) == 7", "assert add(2, 2) == 8", "assert add(0, 0) == 9"]
     assert _contained(program, tests) == 0.0
+
+
+def test_a_sandbox_set_up_ahead_and_used_after_its_deadline_still_scores(monkeypatch):
+    """open_program sets the next sandbox up ahead; used long after (a demo's summary minutes after training), its
+    launcher's set-up and call-runner answers wait in the pipe past their deadlines. They are read, not taken
+    for a launcher that never answered (an InfrastructureError that stopped the run)."""
+    import grpo_fast.rewards.code.programs as programs
+    import grpo_fast.rewards.code.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "_SETUP_S", 0.2)
+    monkeypatch.setattr(programs, "_START_S", 0.2)
+    limits = {"wall_s": 0.5, "completion_s": 0.5}
+    tests = [["assert add(1, 2) == 3"]]
+    assert code_tests(["p"], [ADD], tests, limits=limits) == [1.0]  # sets the next sandbox up ahead
+    time.sleep(2.0)  # past the spare's set-up (0.7 s) and runner-start (0.7 s) deadlines
+    assert code_tests(["p"], [ADD], tests, limits=limits) == [1.0]
+    close_idle()

@@ -209,8 +209,10 @@ class Session:
     def _read_line(self, deadline: float) -> bytes | None:
         fd, limit = self.proc.stdout.fileno(), 8 * self.limits.output_bytes + (1 << 20)
         while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or len(self.buffer) > limit or not select.select([fd], [], [], left)[0]:
+            # Past the deadline what is already in the pipe is still read: an answer written in time but collected
+            # late (a session set up ahead and used minutes later) is not a launcher that failed to answer.
+            left = max(deadline - time.monotonic(), 0.0)
+            if len(self.buffer) > limit or not select.select([fd], [], [], left)[0]:
                 return None
             chunk = os.read(fd, 1 << 16)
             if not chunk:
