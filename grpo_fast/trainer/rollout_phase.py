@@ -374,13 +374,15 @@ class RolloutPhase:
         drawn.add(completions, [grp.row for grp in groups for _ in range(g)], scored, rewards)
         rounds, seconds_more = 0, 0.0
         if self.config.grpo.dynamic_sampling and more is not None:
-            groups, rewards, rounds, seconds_more = self._resample(groups, rewards, more, step, drawn)
+            groups, completions, rewards, rounds, seconds_more = self._resample(
+                groups, completions, rewards, more, step, drawn
+            )
         every = ScoredBatch.concat(drawn.scored)
         generated_rewards = torch.cat(drawn.rewards)
         zero_var, stuck = self._flat_groups(generated_rewards, drawn.rows)
         return RolloutBatch(
             prompt_ids=[grp.prompt_ids for grp in groups for _ in range(g)],
-            completions=_completions(groups),
+            completions=completions,
             rewards=rewards,
             generated=drawn.completions,
             generated_rows=drawn.rows,
@@ -400,18 +402,19 @@ class RolloutPhase:
     def _resample(
         self,
         groups: list[PartialGroup],
+        completions: list[Completion],
         rewards: torch.Tensor,
         more: Callable[[list[int]], list[PartialGroup]],
         step: int,
         drawn: _Drawn,
-    ) -> tuple[list[PartialGroup], torch.Tensor, int, float]:
+    ) -> tuple[list[PartialGroup], list[Completion], torch.Tensor, int, float]:
         """grpo.dynamic_sampling (DAPO) over complete groups: this rank's groups whose rewards [len(groups) * G]
         are all equal make way for more, `more(needed)` (every rank's count of groups missing -> this rank's new
         ones: a collective), scored as they come (recorded in `drawn`), for up to grpo.max_resample_rounds rounds;
-        out of rounds, zero-variance groups fill the batch, as in sync mode. -> (groups, their rewards, rounds,
-        seconds spent getting more)."""
+        out of rounds, zero-variance groups fill the batch, as in sync mode. -> (groups, their completions and
+        rewards, rounds, seconds spent getting more)."""
         g, want = self.config.rollout.num_generations, len(groups)
-        kept, spare = self._split_flat(groups, rewards)
+        kept, spare = self._split_flat(groups, completions, rewards)
         rounds, seconds = 0, 0.0
         while rounds < self.config.grpo.max_resample_rounds:
             needed = self.dist.all_gather_ints(want - len(kept))
@@ -426,19 +429,26 @@ class RolloutPhase:
                 scored = self._submit(new, completions, step).result()
                 new_rewards = self._combined(scored.per_func, completions)
                 drawn.add(completions, [grp.row for grp in new for _ in range(g)], scored, new_rewards)
-                new_kept, new_spare = self._split_flat(new, new_rewards)
+                new_kept, new_spare = self._split_flat(new, completions, new_rewards)
                 kept, spare = kept + new_kept, spare + new_spare
         chosen = (kept + spare)[:want]
-        return [grp for grp, _ in chosen], torch.cat([r for _, r in chosen]), rounds, seconds
+        return (
+            [grp for grp, _, _ in chosen],
+            [c for _, cs, _ in chosen for c in cs],
+            torch.cat([r for _, _, r in chosen]),
+            rounds,
+            seconds,
+        )
 
-    def _split_flat(
-        self, groups: list[PartialGroup], rewards: torch.Tensor
-    ) -> tuple[list[tuple[PartialGroup, torch.Tensor]], list[tuple[PartialGroup, torch.Tensor]]]:
-        """(group, its G rewards) pairs of `groups`, those whose rewards vary and those whose rewards are all equal."""
+    def _split_flat(self, groups: list[PartialGroup], completions: list[Completion], rewards: torch.Tensor) -> tuple:
+        """(group, its G completions, its G rewards) of each of `groups`: those whose rewards vary, and those whose
+        rewards are all equal."""
         g = self.config.rollout.num_generations
         flat = group_advantages(rewards, g, "none")[1].tolist()
-        pairs = list(zip(groups, rewards.view(-1, g), flat, strict=True))
-        return [(grp, r) for grp, r, f in pairs if not f], [(grp, r) for grp, r, f in pairs if f]
+        split = [completions[i * g : (i + 1) * g] for i in range(len(groups))]
+        triples = list(zip(groups, split, rewards.view(-1, g), strict=True))
+        varied = [t for t, f in zip(triples, flat, strict=True) if not f]
+        return varied, [t for t, f in zip(triples, flat, strict=True) if f]
 
     def _flat_groups(self, rewards: torch.Tensor, rows: list[int]) -> tuple[float, float]:
         """The shares of the groups in `rewards` [groups * G] (of dataset rows `rows`) whose rewards are all equal,
