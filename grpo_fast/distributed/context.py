@@ -112,8 +112,7 @@ class Distributed:
         if not self.enabled:
             return metrics
         numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        gathered: list[dict | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, numbers)
+        gathered = self.all_gather(numbers)
         keys = sorted(set().union(*gathered))
         sparse = [k for k in keys if any(k not in g for g in gathered)]
         unmatched = [k for k in sparse if not _matches(k, zero_filled + present_only)]
