@@ -384,6 +384,12 @@ def validate(cfg: TrainConfig) -> None:
             "rollout.partial.correction: 'coupled' takes the behaviour logprobs as the old policy; with "
             "grpo.vllm_importance_sampling_correction (the decoupled correction) set one of them to none / false"
         )
+    if r.mode != "sync" and g.old_logprobs == "rollout" and r.partial.correction in ("decoupled", "none"):
+        raise ValueError(
+            f"grpo.old_logprobs: 'rollout' makes the behaviour logprobs the old policy, which is the coupled "
+            f"correction, not rollout.partial.correction {r.partial.correction!r} (rollout.mode {r.mode}); set "
+            "rollout.partial.correction: coupled (or mask), or grpo.old_logprobs: recompute"
+        )
     multi_turn = bool(r.tools or r.environment_factory)
     if (multi_turn or r.rollout_func) and r.mode != "sync":
         raise ValueError(

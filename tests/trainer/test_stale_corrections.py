@@ -21,6 +21,7 @@ from grpo_fast.testing.reference import naive_grpo_loss
 from grpo_fast.trainer import loss_step
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import load_config
+from grpo_fast.trainer.importance import step_correction
 from grpo_fast.trainer.loss_step import LossStep
 from grpo_fast.trainer.rollout_phase import RolloutBatch
 from grpo_fast.trainer.staleness import token_staleness
@@ -189,3 +190,15 @@ def test_completions_without_segments_count_as_current():
     assert token_staleness(comps, 2, 4).tolist() == [[0, 0, 0, 0], [1, 0, 0, 0]]
     metrics = staleness_metrics(comps, 2)
     assert metrics["rollout/token_share_staleness_0"] == 0.75 and metrics["rollout/staleness_max"] == 1
+
+
+@pytest.mark.parametrize("mode", ["partial", "async"])
+@pytest.mark.parametrize("correction", ["decoupled", "none"])
+def test_old_logprobs_from_the_rollout_is_refused_where_it_would_replace_the_correction(mode, correction):
+    """grpo.old_logprobs 'rollout' takes the behaviour logprobs as the old policy: the coupled correction. With the
+    decoupled correction (the default) or none it would silently train coupled; the config names both keys."""
+    overrides = [f"rollout.mode={mode}", f"rollout.partial.correction={correction}", "grpo.old_logprobs=rollout"]
+    with pytest.raises(ValueError, match="grpo.old_logprobs.*rollout.partial.correction"):
+        load_config(None, overrides)
+    coupled = load_config(None, [f"rollout.mode={mode}", "rollout.partial.correction=coupled", overrides[-1]])
+    assert step_correction(coupled).old_from_rollout
