@@ -138,7 +138,7 @@ PROFILE_PARTS = {
     "of_which_logprobs": ("vllm/v1/engine/logprobs.py", "_update_sample_logprobs"),
     "of_which_logprob_token_decode": ("vllm/tokenizers/detokenizer_utils.py", "convert_ids_list_to_tokens"),
     "of_which_incremental_detokenizer": ("vllm/v1/engine/detokenizer.py", "update"),
-    "batch_decode_here": ("grpo_fast/rollout/vllm_engine.py", "decode_completions"),
+    "batch_decode_here": ("grpo_fast/rollout/texts.py", "decode_completions"),
 }
 
 

@@ -2,11 +2,10 @@
 from a seed: the one builder of the demo, the tests, the benchmarks and the pipeline's tiny_models stage.
 
 Nothing is downloaded: the tokenizers are `tokenizers` WordLevel models (single characters, or the words w3 ...
-w{V-1}) wrapped in `PreTrainedTokenizerFast`, and the models are `Qwen2ForCausalLM` (or a one-label
-`Qwen2ForSequenceClassification`, a reward model; `TinyModelSpec.family` picks Llama's) with random
-initialisation. `save_tiny` writes a model and its
-tokenizer as a regular Hugging Face directory (config.json, model.safetensors, tokenizer files) that vLLM and
-`from_pretrained` load.
+w{V-1}) or a byte-level BPE trained here, wrapped in `PreTrainedTokenizerFast`, and the models are
+`Qwen2ForCausalLM` (or a one-label `Qwen2ForSequenceClassification`, a reward model; `TinyModelSpec.family` picks
+Llama's) with random initialisation. `save_tiny` writes a model and its tokenizer as a regular Hugging Face
+directory (config.json, model.safetensors, tokenizer files) that vLLM and `from_pretrained` load.
 """
 
 from __future__ import annotations
@@ -162,6 +161,41 @@ def build_word_tokenizer(vocab: int):
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD)
     fast.padding_side = "left"
+    return fast
+
+
+BPE_CORPUS = (
+    "the quick brown fox jumps over the lazy dog",
+    "café au lait, crème brûlée, naïve façade, jalapeño",
+    "héllo wörld, ünïcödé straße, smörgåsbord",
+    "日本語のテキストと emoji 🙂🚀 mixed in",
+    "12+7=19 3*9=27 40-6=34 (a*7)%10=",
+    "multiply 1234 by 5678 and answer",
+)
+"""What `build_byte_bpe_tokenizer` learns its merges from: ASCII words and digits next to two-, three- and four-byte
+characters, so that merges span characters and many characters are two or more tokens."""
+
+
+def build_byte_bpe_tokenizer(vocab_size: int = 400, chat: bool = False):
+    """A byte-level BPE `PreTrainedTokenizerFast` trained here on BPE_CORPUS (GPT-2's scheme: every byte a token,
+    merges on top; ids 0..2 pad/bos/eos): a character of several bytes may be split over several tokens, and a
+    token may join characters, which exposes code that decodes pieces of a sequence alone and joins the texts.
+    `chat`: with build_chat_tokenizer's template, chat markers and tool-call parsing."""
+    from tokenizers import trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[PAD, BOS, EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(list(BPE_CORPUS) * 4, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD)
+    fast.padding_side = "left"
+    if chat:
+        fast.add_special_tokens({"eos_token": "<|end|>", "additional_special_tokens": list(CHAT_TOKENS)})
+        fast.chat_template = CHAT_TEMPLATE
+        fast.response_template = RESPONSE_TEMPLATE
     return fast
 
 

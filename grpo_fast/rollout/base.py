@@ -72,6 +72,12 @@ class ToolEpisode:
     environment: object = None
     """The rollout's environment instance (TRL passes them to reward functions as `environments`)."""
 
+    @property
+    def answer(self) -> str:
+        """The content of its last assistant turn: the completion's text, which rewards score."""
+        last = next((m for m in reversed(self.messages) if m["role"] == "assistant"), None)
+        return last.get("content", "") if last else ""
+
 
 @dataclass(frozen=True)
 class EngineSelection:

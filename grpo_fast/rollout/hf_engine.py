@@ -18,6 +18,7 @@ import torch
 from grpo_fast.config_fields import ConfigSection, option
 from grpo_fast.distributed.fsdp import is_sharded
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.rollout.texts import CompletionTexts
 from grpo_fast.rollout.weight_check import WeightNameCheck
 from grpo_fast.rollout.weight_sync import trainer_weights
 
@@ -40,6 +41,7 @@ class HFEngine(RolloutEngine):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.shares_trainer_model = not owns_model
+        self.texts = CompletionTexts(tokenizer)  # in the prompt's context, as vLLM's detokenizer writes them
 
     @classmethod
     def from_config(cls, config, *, options: HFOptions, model, tokenizer, export_model: Callable[[], str]) -> HFEngine:
@@ -97,7 +99,6 @@ class HFEngine(RolloutEngine):
                     ],
                     dim=1,
                 ).tolist()
-            kept = []
             for i, row in enumerate(gen.tolist()):
                 ids, reason = [], "length"
                 for tok in row:
@@ -107,9 +108,7 @@ class HFEngine(RolloutEngine):
                         break
                 lps = [0.0] * len(ids) if step_lps is None else step_lps[i][: len(ids)]
                 flat.append(Completion(ids, lps, "", reason))
-                kept.append([t for t in ids if t not in eos])
-            for c, text in zip(flat[start:], self.tokenizer.batch_decode(kept, skip_special_tokens=True), strict=True):
-                c.text = text
+        self.texts(rows, flat)
         if was_training:
             self.model.train()
         return [flat[i * sampling.n : (i + 1) * sampling.n] for i in range(len(prompt_token_ids))]

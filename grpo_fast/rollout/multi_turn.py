@@ -59,9 +59,9 @@ class _Rollout:
         return [t.schema for t in self.tools.values()]
 
     def completion(self) -> Completion:
-        last = next((m for m in reversed(self.episode.messages) if m["role"] == "assistant"), None)
-        text = last.get("content", "") if last else ""
-        return Completion(self.ids, self.logprobs, text, self.finish, sampled=self.sampled, episode=self.episode)
+        return Completion(
+            self.ids, self.logprobs, self.episode.answer, self.finish, sampled=self.sampled, episode=self.episode
+        )
 
 
 class MultiTurn:

@@ -69,7 +69,6 @@ class PartialCompletion:
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    text: str = ""
     segments: list[tuple[int, int]] = field(default_factory=list)
     finish_reason: str | None = None
 
@@ -82,15 +81,13 @@ class PartialCompletion:
 
     def restart(self) -> None:
         """Back to the prompt: every token will come from the current weights."""
-        self.token_ids, self.logprobs, self.text, self.segments, self.finish_reason = [], [], "", [], None
+        self.token_ids, self.logprobs, self.segments, self.finish_reason = [], [], [], None
 
     def completion(self) -> Completion:
+        """The completion so far, without its text: rewards score the decode of its whole ids in its prompt's
+        context (grpo_fast.rollout.texts), never the rounds' texts joined."""
         return Completion(
-            list(self.token_ids),
-            list(self.logprobs),
-            self.text,
-            self.finish_reason or "length",
-            segments=list(self.segments),
+            list(self.token_ids), list(self.logprobs), "", self.finish_reason or "length", segments=list(self.segments)
         )
 
 
@@ -222,7 +219,6 @@ class PartialRollouts:
                     m.segments.append((len(m.token_ids), version))
                 m.token_ids += out.token_ids
                 m.logprobs += out.logprobs if len(out.logprobs) == len(out.token_ids) else [0.0] * len(out.token_ids)
-                m.text += out.text
                 generated += len(out.token_ids)
                 if out.finish_reason == "stop":
                     m.finish_reason = "stop"
@@ -261,7 +257,6 @@ class PartialRollouts:
                 {
                     "token_ids": m.token_ids,
                     "logprobs": m.logprobs,
-                    "text": m.text,
                     "segments": [list(s) for s in m.segments],
                     "finish_reason": m.finish_reason,
                 }
@@ -275,7 +270,6 @@ class PartialRollouts:
             PartialCompletion(
                 list(m["token_ids"]),
                 list(m["logprobs"]),
-                m["text"],
                 [tuple(s) for s in m["segments"]],
                 m["finish_reason"],
             )

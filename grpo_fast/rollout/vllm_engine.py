@@ -14,7 +14,7 @@ Generation asks vLLM for token ids and sampling logprobs only (`detokenize=False
 per-token incremental detokenizer and the decoded string it attaches to every logprob were a tenth to a
 fifth of a step's host time on small models (benchmarks/bench_engines.py --profile). The completion texts
 the rewards need are decoded here in one batch per call, in the prompt's context as vLLM's detokenizer
-does (`decode_completions`).
+does (grpo_fast.rollout.texts.decode_completions).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch
 from grpo_fast.config_fields import ConfigSection, option
 from grpo_fast.distributed.context import consecutive_group
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.rollout.texts import decode_completions, rust_tokenizer
 from grpo_fast.rollout.weight_check import WeightNameCheck, checkpoint_weight_names, synced_names
 from grpo_fast.rollout.weight_sync import iter_weight_buckets
 
@@ -173,7 +174,7 @@ class VLLMEngine(RolloutEngine):
         self.llm = vllm.LLM(**kwargs)
         self.startup_seconds = time.perf_counter() - t0
         self.model_dtype = self.llm.llm_engine.model_config.dtype
-        self._decoder = _rust_tokenizer(self.llm.get_tokenizer())
+        self._decoder = rust_tokenizer(self.llm.get_tokenizer())
         self.sync_bucket_bytes = sync_bucket_bytes
         if weight_names is None:
             self.weight_names_source = f"the checkpoint the engine started from ({model_path})"
@@ -355,47 +356,3 @@ def _sampled_logprobs(ids: list[int], logprobs) -> list[float]:
     if flat_ids is not None and list(flat_ids) == ids and len(logprobs) == len(ids):
         return list(logprobs.logprobs)  # one entry per position, the sampled token's
     return [step[tok].logprob for tok, step in zip(ids, logprobs, strict=False)]
-
-
-DECODE_CONTEXT_TOKENS = 4
-"""Prompt tokens decoded ahead of a completion (then cut off): vLLM's detokenizer decodes a completion in its
-prompt's context, which decides e.g. the leading space a SentencePiece ("Metaspace") decoder gives the first
-token; a few tokens settle it, as they do in vLLM's own incremental detokenizer."""
-
-
-def _rust_tokenizer(tokenizer):
-    """The `tokenizers.Tokenizer` behind vLLM's tokenizer (what vLLM's fast detokenizer decodes with), or
-    None for a slow tokenizer: vLLM then detokenizes itself."""
-    try:
-        import tokenizers
-    except ImportError:  # pragma: no cover - transformers requires it
-        return None
-    inner = getattr(tokenizer, "_tokenizer", None)
-    return inner if isinstance(inner, tokenizers.Tokenizer) else None
-
-
-def decode_completions(tokenizer, items: list[tuple[list[int], list[int]]]) -> list[str]:
-    """Texts of (prompt ids, completion ids) pairs, special tokens skipped, as vLLM's incremental
-    detokenizer (`tokenizers`' DecodeStream primed with the prompt) writes them: the completion decoded after
-    the prompt's last DECODE_CONTEXT_TOKENS tokens, minus those tokens' own text. Like the stream, a text
-    never ends in an incomplete character (U+FFFD): the tokens since the last complete one are left out.
-    Where the context's text is not a prefix of the whole (a character split between prompt and
-    completion), the completion decoded alone. tokenizer: a `tokenizers.Tokenizer`."""
-    if not items:
-        return []
-    contexts = [prompt[-DECODE_CONTEXT_TOKENS:] for prompt, _ in items]
-    whole = tokenizer.decode_batch(
-        [c + ids for c, (_, ids) in zip(contexts, items, strict=True)], skip_special_tokens=True
-    )
-    heads = tokenizer.decode_batch(contexts, skip_special_tokens=True)
-    texts = []
-    for context, (_, ids), full, head in zip(contexts, items, whole, heads, strict=True):
-        if not full.startswith(head):
-            context, head = [], ""
-            full = tokenizer.decode(ids, skip_special_tokens=True)
-        cut = len(ids)
-        while full.endswith("\ufffd") and cut > 0:  # rare: a truncated multi-byte character
-            cut -= 1
-            full = tokenizer.decode(context + ids[:cut], skip_special_tokens=True)
-        texts.append(full[len(head) :] if full.startswith(head) else "")
-    return texts

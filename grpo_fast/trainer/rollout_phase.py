@@ -30,6 +30,7 @@ from grpo_fast.rollout.base import Completion, RolloutEngine
 from grpo_fast.rollout.generation import Rollouts, SingleTurn
 from grpo_fast.rollout.partial import PartialGroup, PartialRollouts
 from grpo_fast.rollout.prompts import PromptEncoder, training_sampling
+from grpo_fast.rollout.texts import CompletionTexts
 from grpo_fast.trainer.advantages import group_advantages
 from grpo_fast.trainer.config import TrainConfig
 from grpo_fast.trainer.data_sampler import PromptSampler
@@ -116,11 +117,6 @@ def _slice(items: list, needed: list[int], rank: int) -> list:
     return items[start : start + needed[rank]]
 
 
-def _completions(groups: list[PartialGroup]) -> list[Completion]:
-    """The completions of complete partial-rollout groups, group by group."""
-    return [m.completion() for grp in groups for m in grp.members]
-
-
 class RolloutPhase:
     """Generates and scores one step's batch from the training rows (see module doc)."""
 
@@ -138,6 +134,7 @@ class RolloutPhase:
         self.config, self.rows, self.prompts, self.rewards, self.sampler = config, rows, prompts, rewards, sampler
         self.rollouts = rollouts or SingleTurn(prompts)  # how a sync step's completions are produced
         self.stop_ids = stop_ids
+        self.texts = CompletionTexts(prompts.tokenizer)
         self.dist = dist or Distributed()
         self.auto_chunks = 1  # reward.overlap_chunks auto: the chunks of the next round
         r = config.rollout
@@ -323,9 +320,16 @@ class RolloutPhase:
 
         states, counts = self.dist.run_on_main(take)
         mine = self._my_share(states, share)
-        pending = self._submit(mine, _completions(mine), step) if mine else None
+        pending = self._submit(mine, self._completions(mine), step) if mine else None
         self.ahead = _Ahead(states, counts, len(mine), pending)
         return time.perf_counter() - t0
+
+    def _completions(self, groups: list[PartialGroup]) -> list[Completion]:
+        """The completions of complete partial-rollout groups, group by group, each with the text of its whole ids
+        decoded in its prompt's context (grpo_fast.rollout.texts: the rounds' pieces are never joined as text)."""
+        completions = [m.completion() for grp in groups for m in grp.members]
+        self.texts([grp.prompt_ids for grp in groups for _ in grp.members], completions)
+        return completions
 
     def _my_share(self, states: list[dict], share: int) -> list[PartialGroup]:
         """This rank's slice (rank order, `share` each) of the groups in `states`."""
@@ -359,7 +363,7 @@ class RolloutPhase:
         ahead for the next step, counted in this step's scoring time. With grpo.dynamic_sampling, `more` replaces
         the zero-variance groups (`_resample`)."""
         g = self.config.rollout.num_generations
-        completions = _completions(groups)
+        completions = self._completions(groups)
         parts = []
         if ahead is not None and ahead.pending is not None:
             t0 = time.perf_counter()
@@ -425,7 +429,7 @@ class RolloutPhase:
             seconds += time.perf_counter() - t0
             rounds += 1
             if new:
-                completions = _completions(new)
+                completions = self._completions(new)
                 scored = self._submit(new, completions, step).result()
                 new_rewards = self._combined(scored.per_func, completions)
                 drawn.add(completions, [grp.row for grp in new for _ in range(g)], scored, new_rewards)

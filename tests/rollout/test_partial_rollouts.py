@@ -74,7 +74,6 @@ def _continued_equals_whole(engine, length: int, segment: int) -> None:
         assert got.token_ids == expected.token_ids
         torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(expected.logprobs), atol=1e-4, rtol=0)
         assert got.finish_reason == expected.finish_reason
-        assert got.text == expected.text
 
 
 def test_hf_continuation_equals_one_generation(model):

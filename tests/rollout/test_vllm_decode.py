@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tokenizers.decoders import DecodeStream
 
 from grpo_fast.rollout.base import SamplingSpec
-from grpo_fast.rollout.vllm_engine import decode_completions
+from grpo_fast.rollout.texts import decode_completions
 
 TEXT = [
     "the quick brown fox jumps over the lazy dog",
