@@ -56,9 +56,11 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
             "time/train": times["train"],
             "time/sync": times["sync"],
             "time/step": times["step"],
-            "tokens_per_second/generate": float(lengths.sum()) / max(rollout.time_generate, 1e-9),
         }
     )
+    tokens = float(lengths.sum()) if rollout.tokens_generated is None else rollout.tokens_generated
+    seconds = rollout.time_generate if rollout.seconds_generating is None else rollout.seconds_generating
+    out["tokens_per_second/generate"] = tokens / max(seconds, 1e-9)
     out["rollout/trained_samples"] = float(len(rollout.completions))
     out["rollout/trained_tokens"] = float(sum(c.num_sampled for c in rollout.completions))
     out.update(tool_metrics(rollout.generated, rollout.time_tools))

@@ -81,6 +81,12 @@ class RolloutBatch:
     staleness, groups "started", "generated_tokens" (grpo_fast.rollout.partial.PartialRollouts.collect); async:
     the engine process's since the last step, its "busy_seconds" and "idle_seconds", and the groups "dropped_stale"
     on arrival."""
+    tokens_generated: float | None = None
+    """Tokens the engine sampled in `seconds_generating` (this rank's share; None: those of `generated`, in
+    time_generate). Partial and async steps hand out completions sampled over several steps and generate tokens of
+    completions they do not hand out: the rate counts what was generated, not what was handed out."""
+    seconds_generating: float | None = None
+    """The seconds the engine generated `tokens_generated` in: async, the engine process's own time generating."""
 
 
 @dataclass(frozen=True)
@@ -401,6 +407,8 @@ class RolloutPhase:
             reward_failures=dict(every.failures),
             version=step,
             partial_counts=dict(counts),
+            tokens_generated=counts["generated_tokens"] / self.dist.world_size,  # every rank counts every round's
+            seconds_generating=counts["busy_seconds"] if self.async_started else seconds + seconds_more,
         )
 
     def _resample(

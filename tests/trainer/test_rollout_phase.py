@@ -16,6 +16,7 @@ from grpo_fast.rollout.hf_engine import HFEngine
 from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
 from grpo_fast.trainer import load_config
 from grpo_fast.trainer.data_sampler import PromptSampler
+from grpo_fast.trainer.metrics import step_metrics
 from grpo_fast.trainer.rollout_phase import RolloutPhase
 
 G = 4
@@ -33,7 +34,7 @@ def slow_flat_on_even_prompts(prompts, completions, **_):
     return flat_on_even_prompts(prompts, completions)
 
 
-def _phase(dynamic: bool, rounds: int = 3, reward=flat_on_even_prompts, mode: str = "sync"):
+def _phase(dynamic: bool, rounds: int = 3, reward=flat_on_even_prompts, mode: str = "sync", workers: int = 2):
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, seed=1)
     overrides = [f"rollout.num_generations={G}", "rollout.max_completion_length=6", "run.prompts_per_step=3"]
@@ -45,7 +46,7 @@ def _phase(dynamic: bool, rounds: int = 3, reward=flat_on_even_prompts, mode: st
         cfg,
         rows,
         PromptEncoder(tok, cfg.data),
-        RewardSet([reward]),
+        RewardSet([reward], workers=workers),
         PromptSampler(len(rows), seed=0),
         stop_token_ids(tok, []),
     )
@@ -115,3 +116,24 @@ def test_overlap_chunks_auto_splits_generation_only_for_rewards_worth_hiding(rew
         phase.rewards.close()
     assert made == calls
     assert ("2 generation call(s) per round from now on" in caplog.text) == (calls[-1] == 2)
+
+
+def test_partial_generation_rate_counts_the_tokens_generated_this_step():
+    """rollout.mode partial generates tokens of more groups than it hands out (groups_in_flight 2), and hands out
+    tokens generated in earlier steps: tokens_per_second/generate is the tokens the engine returned during the
+    step's generation time, counted here at the engine."""
+    phase, engine = _phase(dynamic=False, mode="partial", workers=0)
+    returned, generate = [], engine.generate
+
+    def counted(prompt_ids, sampling):
+        groups = generate(prompt_ids, sampling)
+        returned.append(sum(len(c.token_ids) for group in groups for c in group))
+        return groups
+
+    engine.generate = counted
+    for step in range(2):
+        returned.clear()
+        batch = phase.collect(engine, step=step)
+        metrics = step_metrics(batch, phase.rewards.names, {"train": 0.0, "sync": 0.0, "step": 1.0})
+        assert sum(returned) != sum(len(c.token_ids) for c in batch.completions)
+        assert metrics["tokens_per_second/generate"] == pytest.approx(sum(returned) / batch.time_generate)
