@@ -3,11 +3,15 @@ or another, while the trainer trains; complete groups reach the trainer through 
 
 The engine process runs the partial-rollout round loop (grpo_fast.rollout.partial) without end: it starts
 groups from the prompts the trainer sends, runs a round, and puts every complete group on the group queue
-(waiting while the queue is full). Between rounds it takes new weights: the trainer copies its weights into a
-staging copy, announces the version and broadcasts the copy (grpo_fast.rollout.engine_link: gloo between CPUs,
-NCCL between GPUs); the engine receives and loads them (the weight sync's completeness check applies:
-`RolloutEngine.load_weights`) and publishes the version it holds. Generation pauses only for the transfer and the
-load. The trainer stages version v + 1 only after the engine has loaded v.
+(waiting while the queue is full). It builds the run's engine (any registered one: its `from_config` with this
+process's model and tokenizer, loaded from the model directory) and the run's rollout kind from plain data
+(`EngineSpec`): multi-turn rollouts run their tools and keep their environments here, so a tool call's latency
+overlaps the trainer's steps; a group carries its conversations, never an environment instance. Between rounds it
+takes new weights: the trainer copies its weights into a staging copy, announces the version and broadcasts the
+copy (grpo_fast.rollout.engine_link: gloo between CPUs, NCCL between GPUs); the engine receives and loads them (the
+weight sync's completeness check applies: `RolloutEngine.load_weights`) and publishes the version it holds.
+Generation pauses only for the transfer and the load. The trainer stages version v + 1 only after the engine has
+loaded v.
 
 The trainer starts the engine process itself (`launch: spawn`), or waits for one started apart, on any host that
 reaches its `address` (`launch: external`, `grpo-fast engine --connect HOST:PORT`): messages and weights travel
@@ -42,14 +46,15 @@ import socket
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
 
-from grpo_fast.config_fields import ConfigSection, option
-from grpo_fast.rollout.base import SamplingSpec
+from grpo_fast.config_fields import ConfigSection, build, option
+from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
 from grpo_fast.rollout.engine_link import (
     BACKENDS,
     Channel,
@@ -61,6 +66,9 @@ from grpo_fast.rollout.engine_link import (
     parse_address,
 )
 from grpo_fast.rollout.partial import ROUND_SEEDS, PartialGroup, PartialOptions, PartialRollouts
+from grpo_fast.rollout.registry import ROLLOUT_ENGINES
+from grpo_fast.rollout.rollouts import rollouts_from_recipe
+from grpo_fast.rollout.weight_check import WeightNameCheck
 
 logger = logging.getLogger(__name__)
 
@@ -123,18 +131,23 @@ class AsyncOptions(ConfigSection):
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """How the engine process builds its engine: `kind` "hf" or "vllm", the model directory, and the vLLM
-    engine's keyword arguments."""
+    """How the engine process builds its engine and rollouts, as plain data: `engine`, a registered engine name or
+    "package.module:Class"; the model directory; the engine's `options` section; `config`, what its from_config
+    reads of the run config (the rollout section and run.seed); `rollouts`, the rollout kind's recipe
+    (grpo_fast.rollout.rollouts.rollouts_from_recipe)."""
 
-    kind: str
+    engine: str
     model_dir: str
-    vllm_kwargs: dict = dataclasses.field(default_factory=dict)
+    options: dict = dataclasses.field(default_factory=dict)
+    config: dict = dataclasses.field(default_factory=dict)
+    rollouts: dict = dataclasses.field(default_factory=lambda: {"kind": "single_turn"})
 
     def weight_dtype(self) -> torch.dtype | None:
-        """The dtype the engine holds its weights in, when the spec fixes it (None: the trainer's)."""
-        if self.kind == "hf":
+        """The dtype the engine holds its weights in, when the spec fixes it (None: the trainer's): an engine that
+        generates with the model it is given holds this process's fp32 copy; another its options' dtype."""
+        if ROLLOUT_ENGINES.get(self.engine).shares_trainer_model:
             return torch.float32
-        name = self.vllm_kwargs.get("dtype", "auto")
+        name = self.options.get("dtype", "auto")
         return None if name == "auto" else getattr(torch, name)
 
 
@@ -158,20 +171,46 @@ class EngineSetup:
     engines: int = 1
 
 
-def build_engine(spec: EngineSpec):
-    """The engine of the engine process (grpo_fast.rollout.hf_engine / vllm_engine), from the model directory."""
-    if spec.kind == "vllm":
-        from grpo_fast.rollout.vllm_engine import VLLMEngine
+def build_engine(spec: EngineSpec) -> tuple[RolloutEngine, Callable[[Iterable], object], object]:
+    """The engine process's engine, built by its class's from_config with this process's tokenizer (and model, for
+    an engine that generates with the model it is given) from the model directory; -> (engine, load, tokenizer),
+    load(weights) putting the trainer's weights where the engine generates from."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        return VLLMEngine(spec.model_dir, **spec.vllm_kwargs)
-    if spec.kind == "hf":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from grpo_fast.rollout.hf_engine import HFEngine
-
+    os.environ["WORLD_SIZE"] = "1"  # one process of its own, whatever launched the trainer (no torchrun executor)
+    engine_cls = ROLLOUT_ENGINES.get(spec.engine)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+    model = None
+    if engine_cls.shares_trainer_model:
         model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=torch.float32).eval().requires_grad_(False)
-        return HFEngine(model, AutoTokenizer.from_pretrained(spec.model_dir), owns_model=True)
-    raise ValueError(f"rollout.mode async: engine {spec.kind!r} cannot run in the engine process (hf or vllm)")
+    options = build(engine_cls.options, spec.options, f"rollout.engine {spec.engine}") if engine_cls.options else None
+    engine = engine_cls.from_config(
+        _config_view(spec.config),
+        options=options,
+        model=model,
+        tokenizer=tokenizer,
+        export_model=lambda: spec.model_dir,
+    )
+    if engine.shares_trainer_model:  # its load_weights is a no-op: the weights go into the model it was given
+        return engine, lambda weights: _load_into(model, weights), tokenizer
+    return engine, engine.load_weights, tokenizer
+
+
+def _load_into(model, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copies the trainer's weights into this process's model; every parameter must come once, under its name."""
+    params = dict(model.named_parameters())
+    check = WeightNameCheck(params, "the engine process's model")
+    for name, tensor in check.stream(weights):
+        params[name].data.copy_(tensor)
+    check.raise_if_incomplete()
+
+
+def _config_view(data: dict) -> SimpleNamespace:
+    """Attribute access to the plain-data run config of an EngineSpec (config.rollout.max_model_len, config.run.seed,
+    ...) for from_config; `plugins` stays a mapping."""
+    return SimpleNamespace(
+        **{k: v if not isinstance(v, dict) or k == "plugins" else _config_view(v) for k, v in data.items()}
+    )
 
 
 def run_engine(
@@ -225,11 +264,15 @@ def run_engine(
         )
         weights = link.receive()  # the trainer's current weights (a resumed run's, not the directory's)
         spec = setup.spec if model_dir is None else dataclasses.replace(setup.spec, model_dir=model_dir)
-        engine = build_engine(spec)
-        engine.load_weights(weights)
+        engine, load, tokenizer = build_engine(spec)
+        load(weights)
+        kind = rollouts_from_recipe(spec.rollouts, tokenizer)
         groups.put(("ready",))
-        _generate(engine, setup, store, link, groups, parent, index)
-        engine.close()
+        try:
+            _generate(engine, load, kind, setup, store, link, groups, parent, index)
+        finally:
+            kind.close()
+            engine.close()
     except dist.DistNetworkError:  # the trainer's store is gone, and with it the trainer
         logger.info("rollout.mode async: the trainer at %s is gone; the engine process stops", address)
     except BaseException:  # noqa: BLE001 - every other failure goes back to the trainer, which raises it
@@ -238,12 +281,15 @@ def run_engine(
 
 
 def _generate(
-    engine, setup: EngineSetup, store, link: WeightLink, groups: Channel, parent: int | None, index: int
+    engine, load, kind, setup: EngineSetup, store, link: WeightLink, groups: Channel, parent: int | None, index: int
 ) -> None:
-    """The round loop of engine process `index`, until the trainer says stop or is gone."""
+    """The round loop of engine process `index` (its `engine`, `load` for the weights, the rollout `kind`), until the
+    trainer says stop or is gone."""
     sampling, prompts, control = setup.sampling, Channel(store, f"prompts/{index}"), Channel(store, f"control/{index}")
     pool = PartialRollouts(
-        **setup.pool_kwargs, sampling=lambda max_tokens, s: dataclasses.replace(sampling, max_tokens=max_tokens, seed=s)
+        **setup.pool_kwargs,
+        sampling=lambda max_tokens, s: dataclasses.replace(sampling, max_tokens=max_tokens, seed=s),
+        kind=kind,
     )
 
     def take_control(version: int) -> tuple[int, bool]:
@@ -254,7 +300,7 @@ def _generate(
         for message in control.drain():
             if message[0] == "stop":
                 return version, True
-            engine.load_weights(link.receive())
+            load(link.receive())
             version = message[1]
             store.set(f"loaded/{index}", str(version))
         return version, False
@@ -271,10 +317,10 @@ def _generate(
             continue
         busy = time.perf_counter()
         round_seed = setup.seed + (rounds * setup.engines + index) * ROUND_SEEDS  # no two engines share a seed
-        counts["generated_tokens"] += pool.round(engine, version, round_seed)
+        pool.round(engine, version, round_seed, counts)
         counts["busy_seconds"] += time.perf_counter() - busy
         rounds += 1
-        for group in pool.take_done(len(pool.groups)):
+        for group in pool.take_done(len(pool.groups), version):  # every complete group, as soon as it is
             waiting = time.perf_counter()
             while not stop and groups.full():  # a full queue: wait, taking new weights meanwhile
                 time.sleep(POLL_SECONDS)

@@ -117,6 +117,11 @@ class RolloutEngine(abc.ABC):
     lockstep: bool = False
     """Whether `generate` is a collective of several ranks (a vLLM engine spanning them with tensor
     parallelism): every one of them then calls it equally often, with its own prompts (possibly none)."""
+    runs_in_engine_process: ClassVar[bool] = True
+    """Whether it can be built in an engine process of its own (rollout.mode async, grpo_fast.rollout.contract): there
+    `from_config` gets that process's tokenizer and, when `shares_trainer_model`, its own model, both loaded from the
+    model directory that export_model() returns, and `config` holds the rollout section and run.seed as plain data
+    with attribute access. An engine that needs the trainer's objects sets it False."""
 
     @classmethod
     @abc.abstractmethod

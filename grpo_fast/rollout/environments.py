@@ -9,7 +9,8 @@ reward, weight 1). A `{name: factory}` mapping lets one run mix environments: ea
 `environment` column, and its prompt shows only that environment's tools.
 
 Instances are pooled per environment and reused from step to step (constructed once, reset every rollout), as
-TRL does; the pool grows to the most rollouts of one environment a step has had.
+TRL does: a rollout holds its instance from `acquire` until `release`, and the pool grows to the most instances of
+one environment held at once.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Environments:
 
     def __post_init__(self) -> None:
         self._pool: dict[str | None, list[object]] = {}
+        self._held: set[int] = set()  # ids of the instances rollouts hold
 
     @property
     def routed(self) -> bool:
@@ -70,17 +72,22 @@ class Environments:
         return name
 
     def acquire(self, names: list[str | None]) -> list[object]:
-        """One distinct instance per rollout of environments `names` (pooled instances first, new ones made as
-        needed). The caller resets them."""
-        used: dict[str | None, int] = {}
+        """One distinct instance per rollout of environments `names`, none held by another rollout (pooled
+        instances first, new ones made as needed), held until `release`. The caller resets them."""
         out = []
         for name in names:
-            pool, k = self._pool[name], used.get(name, 0)
-            if k == len(pool):
-                pool.append(self._checked(name, self.factories[name]()))
-            used[name] = k + 1
-            out.append(pool[k])
+            pool = self._pool[name]
+            instance = next((e for e in pool if id(e) not in self._held), None)
+            if instance is None:
+                instance = self._checked(name, self.factories[name]())
+                pool.append(instance)
+            self._held.add(id(instance))
+            out.append(instance)
         return out
+
+    def release(self, instances: list[object]) -> None:
+        """Returns instances to the pool, for later rollouts to reuse."""
+        self._held -= {id(e) for e in instances}
 
     def has_reward(self) -> bool:
         return any(callable(getattr(pool[0], "get_reward", None)) for pool in self._pool.values())
@@ -93,6 +100,7 @@ class Environments:
                 if callable(close):
                     close()
         self._pool.clear()
+        self._held.clear()
 
     def _checked(self, name: str | None, instance: object) -> object:
         if not callable(getattr(instance, "reset", None)):

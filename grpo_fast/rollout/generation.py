@@ -1,19 +1,24 @@
-"""How a step's completions are produced from its dataset rows: the `Rollouts` contract and its two simplest
-forms, one engine call (`SingleTurn`) and a user's own rollout function (`CustomRollouts`, TRL's `rollout_func`).
-Multi-turn rollouts with tools are grpo_fast.rollout.multi_turn.MultiTurn.
+"""How a step's completions are produced from its dataset rows: the `Rollouts` contract (a rollout kind) and its two
+simplest forms, one engine call (`SingleTurn`) and a user's own rollout function (`CustomRollouts`, TRL's
+`rollout_func`). Multi-turn rollouts with tools are grpo_fast.rollout.multi_turn.MultiTurn.
 
-Every form returns a `RolloutOutput`: for each row, `sampling.n` completions in a row, each with the prompt ids it
-was generated from (they differ within a group when an environment's reset adds to the prompt), and the extra
-per-completion columns its reward functions receive.
+A kind produces whole rollouts in one `generate` (rollout.mode sync), and, when its `capabilities` say so, rollouts
+continued over rounds (partial and async, driven by grpo_fast.rollout.partial.PartialRollouts): `begin` starts a
+prompt's n rollouts as `PartialCompletion`s, the pool extends each by at most `budget` tokens a round, and
+`end_turns` takes every rollout whose turn stopped or ran out of tokens (it ends it, or appends a tool's result and
+lets it go on). Every generate returns a `RolloutOutput`: for each row, `sampling.n` completions in a row, each with
+the prompt ids it was generated from (they differ within a group when an environment's reset adds to the prompt),
+and the extra per-completion columns its reward functions receive.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec, ToolEpisode
+from grpo_fast.rollout.contract import Capabilities
 from grpo_fast.rollout.prompts import PromptEncoder
 
 
@@ -28,28 +33,135 @@ class RolloutOutput:
     seconds_tools: float = 0.0
 
 
-class Rollouts(Protocol):
+@dataclass
+class PartialCompletion:
+    """One rollout under way: its tokens and behaviour logprobs so far; `segments`, the (first token index, weight
+    version) of each round that added sampled tokens; `sampled`, False for tokens the kind inserted (a tool's
+    result: in the sequence, out of the loss; empty: all sampled); `prompt_ids`, its own prompt when it is not its
+    group's (an environment's reset adds to it); `turn_start`, where its current turn began; `episode`, a multi-turn
+    rollout's conversation; `agent`, the kind's live state (tools, environment instance, never plain data).
+    finish_reason None: still running."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    segments: list[tuple[int, int]] = field(default_factory=list)
+    finish_reason: str | None = None
+    sampled: list[bool] = field(default_factory=list)
+    prompt_ids: list[int] | None = None
+    turn_start: int = 0
+    episode: ToolEpisode | None = None
+    agent: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.finish_reason is None
+
+    def oldest_version(self, default: int) -> int:
+        return self.segments[0][1] if self.segments else default
+
+    def extend(self, out: Completion, budget: int, version: int | None) -> bool:
+        """Appends at most `budget` of `out`'s sampled tokens (a segment of weight `version` when it adds tokens and
+        version is not None); -> whether its turn stopped on a stop token within them."""
+        ids = out.token_ids[:budget]
+        lps = (out.logprobs if len(out.logprobs) == len(out.token_ids) else [0.0] * len(out.token_ids))[:budget]
+        if ids and version is not None and (not self.segments or self.segments[-1][1] != version):
+            self.segments.append((len(self.token_ids), version))
+        self.token_ids += ids
+        self.logprobs += lps
+        if self.sampled:
+            self.sampled += [True] * len(ids)
+        return out.finish_reason == "stop" and len(ids) == len(out.token_ids)
+
+    def insert(self, ids: list[int]) -> None:
+        """Appends tokens the model did not sample (a tool's result): logprob 0.0, out of the loss."""
+        self.sampled = (self.sampled or [True] * len(self.token_ids)) + [False] * len(ids)
+        self.token_ids += ids
+        self.logprobs += [0.0] * len(ids)
+
+    def completion(self) -> Completion:
+        """The completion so far, without its text: rewards score the decode of its whole ids in its prompt's
+        context (grpo_fast.rollout.texts) or its episode's answer, never the rounds' texts joined."""
+        sampled = self.sampled or ([True] * len(self.token_ids) if self.episode is not None else [])
+        return Completion(
+            list(self.token_ids),
+            list(self.logprobs),
+            "",
+            self.finish_reason or "length",
+            segments=list(self.segments),
+            sampled=list(sampled),  # a multi-turn completion's mask is always whole
+            episode=self.episode,
+        )
+
+
+class Rollouts(abc.ABC):
+    """A rollout kind (see module doc). `capabilities` says which schedulers and engines it can run with
+    (grpo_fast.rollout.contract); `calls_tools`, whether its completions carry tool episodes."""
+
+    capabilities = Capabilities("the rollout kind")
+    calls_tools = False
+    reads_rows = False
+    """Whether `begin` reads the dataset row itself (its chat messages, an environment's reset): the row then goes
+    with its prompt to the rounds (and to the engine process)."""
+
+    @abc.abstractmethod
     def generate(
         self, engine: RolloutEngine, rows: Sequence[dict], sampling: SamplingSpec, keys: Sequence[int] | None = None
     ) -> RolloutOutput:
-        """`sampling.n` completions of each of `rows`; `keys` (the rows' dataset indices) let prompt ids be cached."""
-        ...
+        """`sampling.n` whole completions of each of `rows`; `keys` (the rows' dataset indices) let prompt ids be
+        cached."""
+
+    def begin(self, row: int, data: dict | None, prompt_ids: list[int], n: int) -> list[PartialCompletion]:
+        """The n rollouts of dataset row `row` (`data`: the row itself, `prompt_ids`: its encoded prompt), to be
+        continued over rounds; their prompt_ids None: the row's."""
+        return [PartialCompletion() for _ in range(n)]
+
+    def budget(self, member: PartialCompletion, max_len: int) -> int:
+        """Tokens `member` may still add (max_len: rollout.max_completion_length)."""
+        return max_len - len(member.token_ids)
+
+    def end_turns(self, ended: list[tuple[PartialCompletion, bool]]) -> float:
+        """The rollouts whose turn just ended, each with whether it stopped on a stop token (else it ran out of
+        tokens): each is finished, or goes on; -> the seconds spent running tools."""
+        for member, stopped in ended:
+            member.finish_reason = "stop" if stopped else "length"
+        return 0.0
+
+    def release(self, members: list[PartialCompletion]) -> None:
+        """Returns what finished rollouts hold (environment instances) once they are handed out."""
+        return None
+
+    def has_environment_reward(self) -> bool:
+        """Whether its environments score rollouts (get_reward): the run then adds the `environment_reward` reward."""
+        return False
+
+    def recipe(self) -> dict:
+        """Plain data that rebuilds it in an engine process (grpo_fast.rollout.rollouts.rollouts_from_recipe)."""
+        raise NotImplementedError(f"{self.capabilities.name} cannot run in the engine process")
+
+    def close(self) -> None:
+        """Frees what it holds (tool threads, environments)."""
+        return None
 
 
 @dataclass
-class SingleTurn:
+class SingleTurn(Rollouts):
     """One engine call: a prompt's ids, its n completions."""
 
-    prompts: PromptEncoder
+    prompts: PromptEncoder | None
+
+    capabilities = Capabilities("single-turn rollouts")
 
     def generate(self, engine, rows, sampling, keys=None) -> RolloutOutput:
         ids = [self.prompts.row_ids(row, key) for row, key in zip(rows, keys or [None] * len(rows), strict=True)]
         groups = engine.generate(ids, sampling)
         return RolloutOutput([p for p in ids for _ in range(sampling.n)], [c for g in groups for c in g])
 
+    def recipe(self) -> dict:
+        return {"kind": "single_turn"}
+
 
 @dataclass
-class CustomRollouts:
+class CustomRollouts(Rollouts):
     """TRL's `rollout_func(prompts, trainer) -> {"prompt_ids", "completion_ids", "logprobs", ...}`: called with the
     prompt of every rollout (each row's repeated n times, TRL's layout), it returns one entry per rollout in each
     list. Optional "env_mask" (1: a token the model sampled, 0: one inserted, e.g. an environment's feedback)
@@ -59,6 +171,14 @@ class CustomRollouts:
     call: Callable[[list], dict]
     tokenizer: object
     stop_ids: tuple[int, ...]
+
+    capabilities = Capabilities(
+        "a rollout_func",
+        rounds=False,
+        engine_process=False,
+        lockstep_engine=False,
+        limits="it returns whole completions in one call, in the trainer's process",
+    )
 
     def generate(self, engine, rows, sampling, keys=None) -> RolloutOutput:
         prompts = [row["prompt"] for row in rows for _ in range(sampling.n)]

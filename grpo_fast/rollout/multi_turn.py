@@ -2,15 +2,20 @@
 sequence, and it writes the next turn, until a turn calls no tool, the rollout runs out of tokens, or it has had
 `max_iterations` rounds of tool calls.
 
-Per step, every row's n rollouts start together. Each rollout has its own environment instance (reset with its
-row; text the reset returns is appended to the prompt's last user message) and its own tools (the run's plain
-tools and its environment's methods), rendered into its prompt by the chat template. A round is one engine call
-for every rollout still going (turns of different rollouts are batched, never one call per rollout), then the
-tool calls of all of them, rollouts in parallel on a thread pool, one rollout's calls in order.
+Each rollout has its own environment instance (reset with its row; text the reset returns is appended to the
+prompt's last user message), held until its rollout is handed out, and its own tools (the run's plain tools and
+its environment's methods), rendered into its prompt by the chat template. With rollout.mode sync every row's n
+rollouts start together and a round is one engine call for every rollout still going (turns of different rollouts
+are batched, never one call per rollout), then the tool calls of all of them, rollouts in parallel on a thread
+pool, one rollout's calls in order. With partial and async the same rollouts run in the rounds of
+grpo_fast.rollout.partial (the `Rollouts` contract: a turn may span rounds; `end_turns` takes each rollout whose
+turn ended), in the process that generates: the trainer's (partial) or the engine process (async), where the tools
+run and the environments live, so a tool call's latency overlaps training.
 
 The completion trained on is the turns' sampled ids with the tool-result blocks between them, concatenated as ids
 (grpo_fast.rollout.chat_turns: nothing is re-tokenised); `Completion.sampled` marks the inserted tokens, which stay
-in the sequence (the model reads them) but out of the loss and of every token-level metric, with logprob 0.0.
+in the sequence (the model reads them) but out of the loss, of every token-level metric and of the stale-token
+corrections, with logprob 0.0.
 
 Budgets, as TRL counts them: max_completion_length bounds the whole completion, sampled and inserted tokens
 together, and max_model_len the prompt plus completion. A turn gets at most what is left; a tool result that
@@ -27,46 +32,48 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec, ToolEpisode
+from grpo_fast.rollout.base import RolloutEngine, SamplingSpec, ToolEpisode
 from grpo_fast.rollout.chat_turns import ChatFormat
+from grpo_fast.rollout.contract import Capabilities, import_path
 from grpo_fast.rollout.environments import Environments, environment_tools
-from grpo_fast.rollout.generation import RolloutOutput
+from grpo_fast.rollout.generation import PartialCompletion, RolloutOutput, Rollouts
 from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.rollout.tools import Tool, ToolRunner
 
 TURN_SEED_STRIDE = 1_000_033
 """Turn t of a call seeded s is seeded s + t * TURN_SEED_STRIDE (its rollout i: + i), so turns never share seeds."""
+MULTI_TURN = Capabilities(
+    "multi-turn rollouts (tools, environments)",
+    lockstep_engine=False,
+    every_rank=False,
+    limits="their tools and environments act once per rollout, their turns call the engine rank by rank",
+)
+"""What multi-turn rollouts can take part in; in an engine process only when their tools and environment factories
+import by path (`MultiTurn.capabilities`)."""
 
 
 @dataclass
-class _Rollout:
-    """One rollout under way."""
+class _Agent:
+    """A rollout's live state: its tools by name, its environment instance, the tool calls of its last turn (None:
+    a malformed turn)."""
 
-    prompt_ids: list[int]
     tools: dict[str, Tool]
     environment: object | None
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    sampled: list[bool] = field(default_factory=list)
-    episode: ToolEpisode = field(default_factory=ToolEpisode)
-    finish: str = "stop"
-    pending: list | None = None  # the tool calls of its last turn (None: a malformed turn)
+    pending: list | None = None
 
     @property
     def schemas(self) -> list[dict]:
         return [t.schema for t in self.tools.values()]
 
-    def completion(self) -> Completion:
-        return Completion(
-            self.ids, self.logprobs, self.episode.answer, self.finish, sampled=self.sampled, episode=self.episode
-        )
 
-
-class MultiTurn:
+class MultiTurn(Rollouts):
     """Multi-turn rollouts with `tools` (grpo_fast.rollout.tools.Tool) and, optionally, `environments` (see module
     doc). `timeout`: seconds per tool call; `workers`: rollouts whose tool calls run at once."""
+
+    calls_tools = True
+    reads_rows = True
 
     def __init__(
         self,
@@ -82,7 +89,7 @@ class MultiTurn:
         workers: int = 8,
     ) -> None:
         self.prompts, self.chat, self.tools, self.environments = prompts, chat, list(tools), environments
-        self.max_iterations = max_iterations
+        self.max_iterations, self.timeout, self.workers = max_iterations, timeout, workers
         self.max_completion_length, self.max_model_len = max_completion_length, max_model_len
         self.runner = ToolRunner(timeout)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool-rollout")
@@ -90,25 +97,88 @@ class MultiTurn:
         if len(set(names)) != len(names):
             raise ValueError(f"tools: two tools share a name ({sorted(names)})")
 
+    @property
+    def capabilities(self) -> Capabilities:
+        unmovable = [name for name, path in self._paths().items() if path is None]
+        if not unmovable:
+            return MULTI_TURN
+        why = f"{', '.join(unmovable)} cannot be imported by path there: define it at a module's top level"
+        return dataclasses.replace(MULTI_TURN, engine_process=False, limits=why)
+
     def generate(self, engine: RolloutEngine, rows, sampling: SamplingSpec, keys=None) -> RolloutOutput:
-        labels = [label for label in range(len(rows)) for _ in range(sampling.n)]
-        environments = [None] * len(labels)
-        if self.environments is not None:  # one distinct instance per rollout
-            environments = self.environments.acquire([self.environments.name_of(rows[i]) for i in labels])
-        rollouts = [self._start(rows[i], i, env) for i, env in zip(labels, environments, strict=True)]
-        going, turn, seconds_tools = list(range(len(rollouts))), 0, 0.0
+        """Whole rollouts: every turn of every rollout still going in one engine call, until none goes on."""
+        members = [m for label, row in enumerate(rows) for m in self.begin(label, row, None, sampling.n)]
+        going, turn, seconds_tools = members, 0, 0.0
         while going:
-            self._sample_turn(engine, [rollouts[i] for i in going], sampling, turn)
-            turn += 1
-            calling = [i for i in going if self._wants_tools(rollouts[i], turn)]
-            start = time.perf_counter()
-            list(self.pool.map(self._run_tools, [rollouts[i] for i in calling]))
-            seconds_tools += time.perf_counter() - start
-            going = [i for i in calling if rollouts[i].finish == "stop"]
-        for r in rollouts:
-            self._finish(r)
-        completions = [r.completion() for r in rollouts]
-        return RolloutOutput([r.prompt_ids for r in rollouts], completions, seconds_tools=seconds_tools)
+            budgets = [self.budget(m, self.max_completion_length) for m in going]
+            seed = None if sampling.seed is None else sampling.seed + turn * TURN_SEED_STRIDE
+            spec = dataclasses.replace(sampling, n=1, max_tokens=max(budgets), seed=seed)
+            outs = engine.generate([m.prompt_ids + m.token_ids for m in going], spec)
+            ended = [(m, m.extend(out, b, None)) for m, b, (out,) in zip(going, budgets, outs, strict=True)]
+            seconds_tools += self.end_turns(ended)
+            going, turn = [m for m in going if m.running], turn + 1
+        completions = [m.completion() for m in members]
+        for c in completions:
+            c.text = c.episode.answer
+        self.release(members)  # reused by the next call, as TRL reuses them from step to step
+        return RolloutOutput([m.prompt_ids for m in members], completions, seconds_tools=seconds_tools)
+
+    def begin(self, row: int, data: dict | None, prompt_ids: list[int] | None, n: int) -> list[PartialCompletion]:
+        """n rollouts of dataset row `data` (index `row`, for errors): each with its environment instance, reset,
+        and its own prompt ids (the tools' schemas rendered, the reset's text appended)."""
+        environments = [None] * n
+        if self.environments is not None:  # one distinct instance per rollout
+            environments = self.environments.acquire([self.environments.name_of(data)] * n)
+        return [self._start(data, row, env) for env in environments]
+
+    def budget(self, member: PartialCompletion, max_len: int) -> int:
+        used = len(member.token_ids)
+        return max(min(self.max_completion_length - used, self.max_model_len - len(member.prompt_ids) - used), 0)
+
+    def end_turns(self, ended: list[tuple[PartialCompletion, bool]]) -> float:
+        """Each turn parsed into the episode's assistant message; the calls of those that made some (and were not
+        cut off, and have rounds left) run, their results appended, and those go on; the others finish."""
+        for member, stopped in ended:
+            self._record_turn(member, stopped)
+        calling = [m for m, _ in ended if self._wants_tools(m)]
+        start = time.perf_counter()
+        list(self.pool.map(self._run_tools, calling))
+        seconds = time.perf_counter() - start
+        called = {id(m) for m in calling}
+        for member, stopped in ended:
+            if id(member) not in called:
+                member.finish_reason = member.finish_reason or ("stop" if stopped else "length")
+            if not member.running:
+                self._finish(member)
+        return seconds
+
+    def release(self, members: list[PartialCompletion]) -> None:
+        if self.environments is not None:
+            self.environments.release([m.agent.environment for m in members if m.agent is not None])
+
+    def has_environment_reward(self) -> bool:
+        return self.environments is not None and self.environments.has_reward()
+
+    def recipe(self) -> dict:
+        """Its tools and environment factories by import path, its limits, and the prompt settings."""
+        paths = self._paths()
+        factories = None
+        if self.environments is not None:
+            named = {name: paths[f"environment_factory[{name!r}]"] for name in self.environments.factories}
+            factories = named if self.environments.routed else named[None]
+        return {
+            "kind": "multi_turn",
+            "tools": [paths[f"tool {t.name!r}"] for t in self.tools],
+            "environment_factory": factories,
+            "max_iterations": self.max_iterations,
+            "max_completion_length": self.max_completion_length,
+            "max_model_len": self.max_model_len,
+            "timeout": self.timeout,
+            "workers": self.workers,
+            "system_prompt": self.prompts.data.system_prompt,
+            "use_chat_template": self.prompts.data.use_chat_template,
+            "max_prompt_tokens": self.prompts.max_tokens,
+        }
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -118,7 +188,14 @@ class MultiTurn:
 
     # -- one rollout ---------------------------------------------------------------------------------------------
 
-    def _start(self, row: dict, label: int, environment: object | None) -> _Rollout:
+    def _paths(self) -> dict[str, str | None]:
+        """Each tool's and environment factory's import path (None: not importable), by how errors name it."""
+        paths = {f"tool {t.name!r}": import_path(t.fn) for t in self.tools}
+        for name, factory in (self.environments.factories if self.environments else {}).items():
+            paths[f"environment_factory[{name!r}]"] = import_path(factory)
+        return paths
+
+    def _start(self, row: dict, label: int, environment: object | None) -> PartialCompletion:
         """A fresh rollout of `row` (the call's row `label`): its environment reset, its tools, its prompt ids."""
         messages = self.prompts.messages(row["prompt"])
         tools = {t.name: t for t in self.tools}
@@ -133,44 +210,37 @@ class MultiTurn:
                     raise ValueError(f"tool {tool.name!r}: both a tool and a method of {type(environment).__name__}")
                 tools[tool.name] = tool
         ids = self.prompts.checked(label, self.chat.prompt_ids(messages, [t.schema for t in tools.values()]))
-        return _Rollout(ids, tools, environment, episode=ToolEpisode(environment=environment))
+        return PartialCompletion(
+            prompt_ids=ids, episode=ToolEpisode(environment=environment), agent=_Agent(tools, environment)
+        )
 
-    def _sample_turn(self, engine: RolloutEngine, rollouts: list[_Rollout], sampling: SamplingSpec, turn: int) -> None:
-        """One engine call: the next turn of every rollout in `rollouts`, within each one's budget."""
-        budgets = [self._budget(r) for r in rollouts]
-        seed = None if sampling.seed is None else sampling.seed + turn * TURN_SEED_STRIDE
-        spec = dataclasses.replace(sampling, n=1, max_tokens=max(budgets), seed=seed)
-        contexts = [r.prompt_ids + r.ids for r in rollouts]
-        outs = engine.generate(contexts, spec)
-        for r, context, budget, (out,) in zip(rollouts, contexts, budgets, outs, strict=True):
-            ids, lps = out.token_ids[:budget], (out.logprobs or [0.0] * len(out.token_ids))[:budget]
-            r.ids += ids
-            r.logprobs += lps
-            r.sampled += [True] * len(ids)
-            r.episode.turns += 1
-            truncated = out.finish_reason == "length" or len(ids) < len(out.token_ids)
-            message = self.chat.parse(ids, context, r.schemas)
-            if truncated:  # a call in a cut-off turn never runs
-                r.finish = "length"
-                message = {"role": "assistant", "content": (message or {}).get("content", "")}
-            r.pending = None if message is None else message.get("tool_calls") or []
-            r.episode.messages.append(message or {"role": "assistant", "content": self._text(ids)})
+    def _record_turn(self, m: PartialCompletion, stopped: bool) -> None:
+        """The turn since m.turn_start parsed into the episode's next assistant message (its tool calls pending); a
+        turn cut off at its token limit ends the rollout, and its calls never run."""
+        turn, context = m.token_ids[m.turn_start :], m.prompt_ids + m.token_ids[: m.turn_start]
+        m.episode.turns += 1
+        message = self.chat.parse(turn, context, m.agent.schemas)
+        if not stopped:
+            m.finish_reason = "length"
+            message = {"role": "assistant", "content": (message or {}).get("content", "")}
+        m.agent.pending = None if message is None else message.get("tool_calls") or []
+        m.episode.messages.append(message or {"role": "assistant", "content": self._text(turn)})
 
-    def _wants_tools(self, r: _Rollout, turns: int) -> bool:
+    def _wants_tools(self, m: PartialCompletion) -> bool:
         """Whether the rollout's last turn gets tool results: it called (or tried to), it was not cut off, and it
         has rounds left."""
-        if r.finish != "stop" or r.pending == []:
+        if not m.running or m.agent.pending == []:
             return False
-        return self.max_iterations is None or turns <= self.max_iterations
+        return self.max_iterations is None or m.episode.turns <= self.max_iterations
 
-    def _run_tools(self, r: _Rollout) -> None:
+    def _run_tools(self, m: PartialCompletion) -> None:
         """Run the last turn's calls in order and append their results; a result that would not fit ends the
         rollout instead ("length")."""
-        if r.pending is None:
+        if m.agent.pending is None:
             results = [("unknown", "error: the tool call could not be parsed", "malformed", 0.0)]
         else:
-            results = [(x.name, x.text, x.failure, x.seconds) for x in map(self._call(r), r.pending)]
-        episode = r.episode
+            results = [(x.name, x.text, x.failure, x.seconds) for x in map(self._call(m), m.agent.pending)]
+        episode = m.episode
         episode.calls += len(results)
         messages = [{"role": "tool", "name": name, "content": text} for name, text, _, _ in results]
         for name, _, failure, seconds in results:
@@ -178,27 +248,22 @@ class MultiTurn:
             if failure is not None:
                 episode.failures[name] = episode.failures.get(name, 0) + 1
         suffix = self.chat.tool_suffix_ids(messages)
-        fits = len(r.ids) + len(suffix) < self.max_completion_length
-        if not fits or len(r.prompt_ids) + len(r.ids) + len(suffix) >= self.max_model_len:
-            r.finish = "length"
+        fits = len(m.token_ids) + len(suffix) < self.max_completion_length
+        if not fits or len(m.prompt_ids) + len(m.token_ids) + len(suffix) >= self.max_model_len:
+            m.finish_reason = "length"
             return
         episode.messages += messages
-        r.ids += suffix
-        r.logprobs += [0.0] * len(suffix)
-        r.sampled += [False] * len(suffix)
+        m.insert(suffix)
+        m.turn_start = len(m.token_ids)
 
-    def _call(self, r: _Rollout):
-        return lambda call: self.runner.call(r.tools, call)
+    def _call(self, m: PartialCompletion):
+        return lambda call: self.runner.call(m.agent.tools, call)
 
-    def _budget(self, r: _Rollout) -> int:
-        room = min(self.max_completion_length - len(r.ids), self.max_model_len - len(r.prompt_ids) - len(r.ids))
-        return max(room, 1)
-
-    def _finish(self, r: _Rollout) -> None:
-        get_reward = getattr(r.environment, "get_reward", None)
+    def _finish(self, m: PartialCompletion) -> None:
+        get_reward = getattr(m.agent.environment, "get_reward", None)
         if callable(get_reward):
             value = get_reward()
-            r.episode.environment_reward = None if value is None else float(value)
+            m.episode.environment_reward = None if value is None else float(value)
 
     def _text(self, ids: list[int]) -> str:
         return self.chat.tokenizer.decode(ids, skip_special_tokens=True)

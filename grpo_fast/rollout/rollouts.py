@@ -1,5 +1,6 @@
 """The run's `Rollouts` (grpo_fast.rollout.generation) from its config and the trainer's arguments: one engine
-call per prompt, multi-turn rollouts with tools and environments, or a custom rollout function.
+call per prompt, multi-turn rollouts with tools and environments, or a custom rollout function; and the same kind
+rebuilt in an engine process from its recipe (`rollouts_from_recipe`).
 
 Tools and environment factories given as strings are registered names (TOOLS, ENVIRONMENTS) or
 "package.module:attribute"; the trainer's `tools=`, `environment_factory=` and `rollout_func=` arguments take the
@@ -9,12 +10,14 @@ objects themselves, as TRL's GRPOTrainer does, and replace the config's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
 
 from grpo_fast.registry import Registry
 from grpo_fast.rollout.chat_turns import ChatFormat
+from grpo_fast.rollout.contract import Capabilities
 from grpo_fast.rollout.environments import Environments
 from grpo_fast.rollout.generation import CustomRollouts, Rollouts, SingleTurn
-from grpo_fast.rollout.multi_turn import MultiTurn
+from grpo_fast.rollout.multi_turn import MULTI_TURN, MultiTurn
 from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.rollout.tools import Tool
 
@@ -44,8 +47,6 @@ def build_rollouts(
         return CustomRollouts(lambda prompts_: custom(prompts_, trainer), tokenizer, stop_ids)
     if not funcs and factory is None:
         return SingleTurn(prompts)
-    if rollout.mode != "sync":
-        raise ValueError(f"rollout.mode: tools and environments run with rollout.mode sync, got {rollout.mode!r}")
     return MultiTurn(
         prompts,
         ChatFormat(tokenizer),
@@ -56,6 +57,37 @@ def build_rollouts(
         max_model_len=rollout.max_model_len,
         timeout=rollout.tool_timeout_seconds,
         workers=rollout.tool_workers,
+    )
+
+
+def configured_capabilities(rollout) -> Capabilities:
+    """The capabilities of the rollout kind config section `rollout` names (tools and factories by name or import
+    path, which an engine process can import); the trainer's own objects are checked once built
+    (`Rollouts.capabilities`)."""
+    if rollout.rollout_func:
+        return CustomRollouts.capabilities
+    if rollout.tools or rollout.environment_factory:
+        return MULTI_TURN
+    return SingleTurn.capabilities
+
+
+def rollouts_from_recipe(recipe: dict, tokenizer) -> Rollouts:
+    """The rollout kind of `Rollouts.recipe()`, in an engine process: its tools and environment factories imported
+    by name or path, its limits and prompt settings, with this process's tokenizer."""
+    if recipe["kind"] == "single_turn":
+        return SingleTurn(None)
+    data = SimpleNamespace(system_prompt=recipe["system_prompt"], use_chat_template=recipe["use_chat_template"])
+    factory = _factory(recipe["environment_factory"])
+    return MultiTurn(
+        PromptEncoder(tokenizer, data, max_tokens=recipe["max_prompt_tokens"]),
+        ChatFormat(tokenizer),
+        [Tool.of(TOOLS.get(path)) for path in recipe["tools"]],
+        None if factory is None else Environments.of(factory),
+        max_iterations=recipe["max_iterations"],
+        max_completion_length=recipe["max_completion_length"],
+        max_model_len=recipe["max_model_len"],
+        timeout=recipe["timeout"],
+        workers=recipe["workers"],
     )
 
 

@@ -23,9 +23,11 @@ from grpo_fast.core.trackers import ReportingOptions, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.rollout.async_rollouts import AsyncOptions
+from grpo_fast.rollout.contract import SCHEDULERS, Scheduler, check_plan, engine_capabilities
 from grpo_fast.rollout.hf_engine import HFOptions
 from grpo_fast.rollout.partial import PartialOptions
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES
+from grpo_fast.rollout.rollouts import configured_capabilities
 from grpo_fast.rollout.vllm_engine import VLLMOptions
 from grpo_fast.trainer.health import ALARMS, HealthThresholds
 
@@ -111,7 +113,8 @@ class RolloutConfig(ConfigSection):
         "sync",
         "sync: a step generates every completion to its end; partial: a step stops once it has its complete groups "
         "and the rest continue in later steps under newer weights (grpo_fast.rollout.partial); async: the engine "
-        "generates in its own process while the trainer trains (grpo_fast.rollout.async_rollouts)",
+        "generates in its own process while the trainer trains (grpo_fast.rollout.async_rollouts). Every mode runs "
+        "every rollout kind and engine that can take part (grpo_fast.rollout.contract)",
     )
     max_staleness: int = option(
         4, "partial / async: weight versions a trained completion may lag the trainer by at most (0: on-policy)", low=0
@@ -154,6 +157,11 @@ class RolloutConfig(ConfigSection):
         "options section",
         factory=dict,
     )
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler `mode` names: where rollout.mode is read (grpo_fast.rollout.contract)."""
+        return SCHEDULERS[self.mode]
 
 
 _LOSS_OPTIONS = {name: f"loss.{name}" for name in GRPOLossConfig.__dataclass_fields__}
@@ -379,26 +387,23 @@ def validate(cfg: TrainConfig) -> None:
     if g.overlong_buffer >= r.max_completion_length:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
     _check_rollout_correction(g)
-    if r.mode != "sync" and r.partial.correction == "coupled" and g.vllm_importance_sampling_correction:
+    if r.scheduler.rounds and r.partial.correction == "coupled" and g.vllm_importance_sampling_correction:
         raise ValueError(
             "rollout.partial.correction: 'coupled' takes the behaviour logprobs as the old policy; with "
             "grpo.vllm_importance_sampling_correction (the decoupled correction) set one of them to none / false"
         )
-    if r.mode != "sync" and g.old_logprobs == "rollout" and r.partial.correction in ("decoupled", "none"):
+    if r.scheduler.rounds and g.old_logprobs == "rollout" and r.partial.correction in ("decoupled", "none"):
         raise ValueError(
             f"grpo.old_logprobs: 'rollout' makes the behaviour logprobs the old policy, which is the coupled "
             f"correction, not rollout.partial.correction {r.partial.correction!r} (rollout.mode {r.mode}); set "
             "rollout.partial.correction: coupled (or mask), or grpo.old_logprobs: recompute"
         )
-    multi_turn = bool(r.tools or r.environment_factory)
-    if (multi_turn or r.rollout_func) and r.mode != "sync":
-        raise ValueError(
-            f"rollout.mode: tools, environments and rollout_func run with rollout.mode sync, got {r.mode!r}"
-        )
-    if multi_turn and r.rollout_func:
+    if (r.tools or r.environment_factory) and r.rollout_func:
         raise ValueError("rollout.rollout_func: a custom rollout function replaces the tool loop; set tools or it")
-    if r.mode == "async" and r.engine not in ("auto", "hf", "vllm"):
-        raise ValueError(f"rollout.engine: rollout.mode async runs hf or vllm in its engine process, got {r.engine!r}")
+    engine = None
+    if r.scheduler.engine_process and r.engine != "auto":
+        engine = engine_capabilities(r.engine, ROLLOUT_ENGINES.get(r.engine))
+    check_plan(r.scheduler, configured_capabilities(r), engine)
     if g.entropy_coef_min > g.entropy_coef_max:
         raise ValueError(
             f"grpo.entropy_coef_min: ({g.entropy_coef_min}) must be <= entropy_coef_max ({g.entropy_coef_max})"
@@ -505,6 +510,7 @@ def check_distributed_config(cfg: TrainConfig, world_size: int) -> None:
         )
     if cfg.curriculum.every > 0:
         raise ValueError("curriculum.every: the pass-rate curriculum runs in a single process only; set it to 0")
+    check_plan(cfg.rollout.scheduler, configured_capabilities(cfg.rollout), world_size=world_size)
     tp = cfg.rollout.vllm.tensor_parallel_size
     if world_size % tp:
         raise ValueError(

@@ -65,7 +65,7 @@ def step_correction(config) -> Correction:
     mask       tokens more than mask_staleness versions old give no loss: unbiased for the rest, their samples lost;
     none       stale tokens trained as if on-policy (biased, for comparison)."""
     g, r = config.grpo, config.rollout
-    chosen = r.partial.correction if r.mode != "sync" else "none"
+    chosen = r.partial.correction if r.scheduler.rounds else "none"
     weights = g.rollout_correction()
     if chosen == "decoupled" and weights is None:
         weights = ("token_truncate", None, g.vllm_importance_sampling_clip_max)

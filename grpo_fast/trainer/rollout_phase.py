@@ -1,6 +1,11 @@
 """The rollout phase of a step: sample prompts, generate G completions each, score them, and (DAPO's
 dynamic sampling) replace groups whose rewards are all equal. Returns a `RolloutBatch`.
 
+The run's scheduler (grpo_fast.rollout.contract, rollout.mode) decides where a step's first groups and their
+replacements come from: generated whole (sync), complete groups of the partial rollouts under way (partial), or of
+the engine process (async). Whatever their source, groups are scored as they come and dynamic sampling
+(`_dynamic_sampling`) chooses among them the same way.
+
 Scoring can overlap generation: a round's prompts are generated in `reward.overlap_chunks` chunks, and
 each chunk goes to the reward pool as soon as it exists, so the pool scores chunk k while the engine
 generates chunk k + 1. Only the scoring of the last chunk (and in-process functions) stays on the
@@ -101,20 +106,32 @@ class _Ahead:
 
 
 @dataclass
-class _Drawn:
-    """Every completion a partial / async step scored (the batch's and, with grpo.dynamic_sampling, the
-    replacements'), in order: their dataset rows, scores and combined rewards, for the step's metrics."""
+class _Group:
+    """One prompt's G completions, scored: its dataset row, each completion's prompt ids and combined reward [G]."""
 
+    row: int
+    prompt_ids: list[list[int]]
     completions: list[Completion]
-    rows: list[int]
-    scored: list[ScoredBatch]
-    rewards: list[torch.Tensor]
+    rewards: torch.Tensor
 
-    def add(self, completions: list[Completion], rows: list[int], scored: ScoredBatch, rewards: torch.Tensor) -> None:
-        self.completions += completions
-        self.rows += rows
-        self.scored.append(scored)
-        self.rewards.append(rewards)
+
+@dataclass
+class _Step:
+    """What a step drew, whatever its scheduler: every group it scored in order (kept or not) with its per-function
+    rewards, the seconds by phase ("generate", "score", "score_pool", "tools"), the reward failures, and the pool's or
+    engine's counts."""
+
+    drawn: list[_Group] = field(default_factory=list)
+    per_func: list[torch.Tensor] = field(default_factory=list)
+    times: Counter = field(default_factory=Counter)
+    failures: Counter = field(default_factory=Counter)
+    counts: Counter = field(default_factory=Counter)
+
+    def add(self, groups: list[_Group], scored: ScoredBatch) -> None:
+        self.drawn += groups
+        self.per_func.append(scored.per_func)
+        self.times.update(score=scored.seconds_critical, score_pool=scored.seconds_pool)
+        self.failures.update(scored.failures)
 
 
 def _slice(items: list, needed: list[int], rank: int) -> list:
@@ -138,7 +155,8 @@ class RolloutPhase:
         rollouts: Rollouts | None = None,
     ) -> None:
         self.config, self.rows, self.prompts, self.rewards, self.sampler = config, rows, prompts, rewards, sampler
-        self.rollouts = rollouts or SingleTurn(prompts)  # how a sync step's completions are produced
+        self.rollouts = rollouts or SingleTurn(prompts)  # the rollout kind
+        self.scheduler = config.rollout.scheduler
         self.stop_ids = stop_ids
         self.texts = CompletionTexts(prompts.tokenizer)
         self.dist = dist or Distributed()
@@ -152,9 +170,9 @@ class RolloutPhase:
             stale=r.stale,
         )
         self.partial = None
-        if r.mode == "partial":  # with several ranks, every rank holds the same pool (grpo_fast.rollout.partial)
+        if self.scheduler.rounds and not self.scheduler.engine_process:  # every rank holds the same pool
             sampling = lambda max_tokens, seed: training_sampling(r, stop_ids, 1, seed, max_tokens)  # noqa: E731
-            self.partial = PartialRollouts(**self.pool_kwargs, sampling=sampling, dist=self.dist)
+            self.partial = PartialRollouts(**self.pool_kwargs, sampling=sampling, dist=self.dist, kind=self.rollouts)
         self.remote: AsyncRollouts | None = None  # rollout.mode async: the engine process, rank 0's
         self.async_started = False
         self.ahead: _Ahead | None = None  # rollout.mode async: the next step's first groups, taken ahead
@@ -194,101 +212,78 @@ class RolloutPhase:
         self.ahead = None
 
     def collect(self, engine: RolloutEngine, step: int) -> RolloutBatch:
-        """The step's batch at weight version `step` (the weights after `step` updates): rollout.mode partial
-        in `_collect_partial`, else this rank's share, run.prompts_per_step / world_size groups, generated whole.
+        """The step's batch at weight version `step` (the weights after `step` trainer steps): this rank's share of
+        run.prompts_per_step groups, from the scheduler's source (see module doc), with grpo.dynamic_sampling's
+        replacements."""
+        step_data = _Step()
+        if self.scheduler.engine_process:
+            first, more = self._async_groups(step, step_data)
+        elif self.scheduler.rounds:
+            first, more = self._partial_groups(engine, step, step_data)
+        else:
+            first, more = self._sync_groups(engine, step, step_data)
+        chosen, rounds = self._dynamic_sampling(first, more)
+        return self._batch(chosen, rounds, step, step_data)
 
-        Every rank holds the same prompt sampler. Each round, the ranks exchange how many groups each still
+    def _sync_groups(self, engine: RolloutEngine, step: int, data: _Step) -> tuple[list[_Group], Callable]:
+        """rollout.mode sync: this rank's groups generated whole, and `more(needed)` that generates more.
+
+        Every rank holds the same prompt sampler. Each call, the ranks exchange how many groups each still
         needs, draw that many prompts in total, and each takes its slice in rank order; request i of the
-        round (counted over all ranks) is seeded as in a single process, so the ranks together generate what
+        call (counted over all ranks) is seeded as in a single process, so the ranks together generate what
         one process would, split by rank."""
-        if self.async_started:
-            return self._collect_async(step)
-        if self.partial is not None:
-            return self._collect_partial(engine, step)
-        cfg, g = self.config, self.config.rollout.num_generations
-        want = cfg.run.prompts_per_step // self.dist.world_size
-        kept, spare, generated, generated_rows, rewards_all, per_func_all = [], [], [], [], [], []
-        times, failures = Counter(), Counter()
-        rounds = 0
-        while True:
-            needed = self.dist.all_gather_ints(want - len(kept))
-            if not sum(needed):
-                break
+        cfg, g, calls = self.config, self.config.rollout.num_generations, [0]
+
+        def more(needed: list[int]) -> list[_Group]:
             drawn = self.sampler.next(sum(needed))
             offset = sum(needed[: self.dist.rank])
             index = drawn[offset : offset + needed[self.dist.rank]]
-            seed = (cfg.run.seed * 1_000_003 + step * 10_007 + rounds * 101) * 1000 + offset * g
-            prompt_ids, flat, per_func, rewards = self._generate_and_score(engine, index, seed, step, times, failures)
-            generated += flat
-            generated_rows += [i for i in index for _ in range(g)]
-            rewards_all.append(rewards)
-            per_func_all.append(per_func)
-            for k in range(len(index)):
-                group = (prompt_ids[k * g : (k + 1) * g], flat[k * g : (k + 1) * g], rewards[k * g : (k + 1) * g])
-                if cfg.grpo.dynamic_sampling and bool(group_advantages(group[2], g, "none")[1].all()):
-                    spare.append(group)
-                else:
-                    kept.append(group)
-            if not cfg.grpo.dynamic_sampling or rounds >= cfg.grpo.max_resample_rounds:
-                break
-            rounds += 1
-        # Out of rounds: fill up with zero-variance groups (advantage 0, they still count in dapo's normaliser).
-        kept = (kept + spare)[:want]
-        for c in generated:
-            c.segments = [(0, step)]
-        generated_rewards = torch.cat(rewards_all)
-        zero_var, stuck = self._flat_groups(generated_rewards, generated_rows)
-        return RolloutBatch(
-            prompt_ids=[p for ps, _, _ in kept for p in ps],
-            completions=[c for _, cs, _ in kept for c in cs],
-            rewards=torch.cat([r for _, _, r in kept]),
-            generated=generated,
-            generated_rows=generated_rows,
-            generated_rewards=generated_rewards,
-            generated_rewards_per_func=torch.cat(per_func_all),
-            frac_zero_var_groups=zero_var,
-            frac_stuck_groups=stuck,
-            resample_rounds=rounds,
-            time_generate=times["generate"],
-            time_score=times["score"],
-            time_score_pool=times["score_pool"],
-            reward_failures=dict(failures),
-            version=step,
-            time_tools=times["tools"],
-        )
+            seed = (cfg.run.seed * 1_000_003 + step * 10_007 + calls[0] * 101) * 1000 + offset * g
+            calls[0] += 1
+            groups = self._generate_and_score(engine, index, seed, step, data)
+            for c in (c for grp in groups for c in grp.completions):
+                c.segments = [(0, step)]
+            return groups
 
-    def _collect_partial(self, engine: RolloutEngine, step: int) -> RolloutBatch:
-        """run.prompts_per_step complete groups from the partial rollouts under way (grpo_fast.rollout.partial),
-        this rank's share of them (rank order) scored once complete. The ranks' pools must be equal: a difference
-        is an error here, not a collective that waits forever later."""
+        return more(self.dist.all_gather_ints(cfg.run.prompts_per_step // self.dist.world_size)), more
+
+    def _partial_groups(self, engine: RolloutEngine, step: int, data: _Step) -> tuple[list[_Group], Callable]:
+        """rollout.mode partial: run.prompts_per_step complete groups from the partial rollouts under way
+        (grpo_fast.rollout.partial), this rank's share of them (rank order) scored, and `more(needed)` that runs
+        the pool on for more. The ranks' pools must be equal: a difference is an error here, not a collective that
+        waits forever later."""
         cfg = self.config
         seed = (cfg.run.seed * 1_000_003 + step * 10_007) * 1000
-        t0 = time.perf_counter()
-        groups, counts = self.partial.collect(engine, step, cfg.run.prompts_per_step, self._draw, seed)
-        self._check_pools(step)
-        share = len(groups) // self.dist.world_size
-        mine = groups[self.dist.rank * share : (self.dist.rank + 1) * share]
 
-        def more(needed: list[int]) -> list[PartialGroup]:
-            extra, extra_counts = self.partial.collect(
-                engine, step, sum(needed), self._draw, seed, first_round=counts["rounds"], multiple_of=1
-            )
-            counts.update(extra_counts)
+        def pool_groups(needed: int, **kwargs) -> list[PartialGroup]:
+            t0 = time.perf_counter()
+            groups, counts = self.partial.collect(engine, step, needed, self._draw, seed, **kwargs)
+            data.times.update(generate=time.perf_counter() - t0, tools=counts["tool_seconds"])
+            data.counts.update(counts)
             self._check_pools(step)
-            return _slice(extra, needed, self.dist.rank)
+            return groups
 
-        return self._scored(mine, step, counts, time.perf_counter() - t0, more=more)
+        groups = pool_groups(cfg.run.prompts_per_step)
+        share = len(groups) // self.dist.world_size
+        first = self._score(groups[self.dist.rank * share : (self.dist.rank + 1) * share], step, data)
+
+        def more(needed: list[int]) -> list[_Group]:
+            extra = pool_groups(sum(needed), first_round=data.counts["rounds"], multiple_of=1)
+            return self._score(_slice(extra, needed, self.dist.rank), step, data)
+
+        return first, more
 
     def _check_pools(self, step: int) -> None:
         """With several ranks: RuntimeError unless every rank's partial-rollout pool is the same."""
         if self.dist.enabled and len(set(self.dist.all_gather_ints(self.partial.digest()))) > 1:
             raise RuntimeError(f"rollout.mode partial: the ranks' partial rollouts differ after step {step}'s rounds")
 
-    def _collect_async(self, step: int) -> RolloutBatch:
-        """run.prompts_per_step complete groups from the engine process, after sending the prompts the schedule
-        has due (rank 0), each rank taking its share in rank order; time_generate is the wait for them. The groups
-        taken ahead during the last step come first, with their scores; before returning, the groups already
-        waiting are taken ahead for the next step and their scoring starts, to run while this step trains."""
+    def _async_groups(self, step: int, data: _Step) -> tuple[list[_Group], Callable]:
+        """rollout.mode async: run.prompts_per_step complete groups from the engine process, after sending the
+        prompts the schedule has due (rank 0), each rank taking its share in rank order (the wait for them counts as
+        generation), and `more(needed)` that asks the engine for more. The groups taken ahead during the last step
+        come first, with their scores; before returning, the groups already waiting are taken ahead for the next
+        step and their scoring starts, to run while this step trains."""
         want = self.config.run.prompts_per_step
         share = want // self.dist.world_size
         ahead, self.ahead = self.ahead or _Ahead([], {}, 0, None), None
@@ -303,17 +298,22 @@ class RolloutPhase:
             groups, extra_counts, _ = self.remote.collect(sum(needed), step)
             return [PartialRollouts.group_state(g) for g in groups], dict(extra_counts)
 
-        def more(needed: list[int]) -> list[PartialGroup]:
+        def more(needed: list[int]) -> list[_Group]:
+            t0 = time.perf_counter()
             extra, extra_counts = self.dist.run_on_main(lambda: fetch_more(needed))
-            counts.update(extra_counts)
-            return [PartialRollouts.group_from_state(s) for s in _slice(extra, needed, self.dist.rank)]
+            data.times["generate"] += time.perf_counter() - t0
+            data.counts.update(extra_counts)
+            groups = [PartialRollouts.group_from_state(s) for s in _slice(extra, needed, self.dist.rank)]
+            return self._score(groups, step, data)
 
         states, counts, waited = self.dist.run_on_main(fetch)
-        states = ahead.states + states
-        mine = self._my_share(states, share)
-        counts = Counter(ahead.counts) + Counter(counts) + Counter(scored_ahead=ahead.mine)
-        take_seconds = self._take_ahead(step + 1, want, share)
-        return self._scored(mine, step, counts, waited, ahead, take_seconds, more=more)
+        data.times["generate"] += waited
+        data.counts.update(ahead.counts)
+        data.counts.update(counts)
+        data.counts["scored_ahead"] += ahead.mine
+        first = self._score(self._my_share(ahead.states + states, share), step, data, ahead)
+        data.times["score"] += self._take_ahead(step + 1, want, share)
+        return first, more
 
     def _take_ahead(self, step: int, want: int, share: int) -> float:
         """rollout.mode async: the groups waiting now (up to a step's worth) become the start of `step`'s, and the
@@ -330,23 +330,26 @@ class RolloutPhase:
         self.ahead = _Ahead(states, counts, len(mine), pending)
         return time.perf_counter() - t0
 
-    def _completions(self, groups: list[PartialGroup]) -> list[Completion]:
-        """The completions of complete partial-rollout groups, group by group, each with the text of its whole ids
-        decoded in its prompt's context (grpo_fast.rollout.texts: the rounds' pieces are never joined as text)."""
-        completions = [m.completion() for grp in groups for m in grp.members]
-        self.texts([grp.prompt_ids for grp in groups for _ in grp.members], completions)
-        return completions
-
     def _my_share(self, states: list[dict], share: int) -> list[PartialGroup]:
         """This rank's slice (rank order, `share` each) of the groups in `states`."""
         return [
             PartialRollouts.group_from_state(s) for s in states[self.dist.rank * share : (self.dist.rank + 1) * share]
         ]
 
-    def _draw(self, k: int) -> list[tuple[int, list[int]]]:
-        """k prompts from the sampler: (row, prompt ids) each."""
+    def _draw(self, k: int) -> list[tuple]:
+        """k prompts from the sampler: (row, prompt ids) each, and the row itself for a kind that reads it."""
         index = self.sampler.next(k) if k > 0 else []
-        return list(zip(index, self.prompts.encode_rows(self.rows, index, cache=True), strict=True))
+        ids = self.prompts.encode_rows(self.rows, index, cache=True)
+        if self.rollouts.reads_rows:
+            return [(i, p, self.rows[i]) for i, p in zip(index, ids, strict=True)]
+        return list(zip(index, ids, strict=True))
+
+    def _completions(self, groups: list[PartialGroup]) -> list[Completion]:
+        """The completions of complete partial-rollout groups, group by group, each with the text of its whole ids
+        decoded in its prompt's context (grpo_fast.rollout.texts: the rounds' pieces are never joined as text)."""
+        completions = [m.completion() for grp in groups for m in grp.members]
+        self.texts(_prompt_ids(groups), completions)
+        return completions
 
     def _submit(self, groups: list[PartialGroup], completions: list[Completion], step: int) -> PendingScores:
         """Starts scoring complete partial-rollout groups (their `completions`) at weight version `step`."""
@@ -354,113 +357,89 @@ class RolloutPhase:
         state = TrainerState(global_step=step, max_steps=self.config.run.max_steps)
         return submit_completions(self.rewards, rows, completions, state)
 
-    def _scored(
-        self,
-        groups: list[PartialGroup],
-        step: int,
-        counts: Counter,
-        seconds: float,
-        ahead: _Ahead | None = None,
-        seconds_ahead: float = 0.0,
-        more: Callable[[list[int]], list[PartialGroup]] | None = None,
-    ) -> RolloutBatch:
-        """The batch of complete partial-rollout groups, scored; `seconds` of generation (or of waiting for it).
-        The first `ahead.mine` groups were scored ahead (`ahead.pending`); `seconds_ahead`: the scoring started
-        ahead for the next step, counted in this step's scoring time. With grpo.dynamic_sampling, `more` replaces
-        the zero-variance groups (`_resample`)."""
+    def _score(self, groups: list[PartialGroup], step: int, data: _Step, ahead: _Ahead | None = None) -> list[_Group]:
+        """Complete partial-rollout groups scored at weight version `step` and recorded in `data`; the first
+        `ahead.mine` of them were scored ahead (`ahead.pending`, its in-process share counted in the step that
+        started it)."""
         g = self.config.rollout.num_generations
-        completions = self._completions(groups)
-        parts = []
+        completions, parts = self._completions(groups), []
+        done = 0
         if ahead is not None and ahead.pending is not None:
             t0 = time.perf_counter()
-            head = ahead.pending.result()  # its in-process share was counted in the step that started it
-            parts.append(dataclasses.replace(head, seconds_critical=time.perf_counter() - t0))
-        done = ahead.mine if ahead is not None else 0
+            parts.append(dataclasses.replace(ahead.pending.result(), seconds_critical=time.perf_counter() - t0))
+            done = ahead.mine
         if len(groups) > done:
             parts.append(self._submit(groups[done:], completions[done * g :], step).result())
+        if not parts:
+            return []
         scored = ScoredBatch.concat(parts)
         rewards = self._combined(scored.per_func, completions)
-        drawn = _Drawn([], [], [], [])
-        drawn.add(completions, [grp.row for grp in groups for _ in range(g)], scored, rewards)
-        rounds, seconds_more = 0, 0.0
-        if self.config.grpo.dynamic_sampling and more is not None:
-            groups, completions, rewards, rounds, seconds_more = self._resample(
-                groups, completions, rewards, more, step, drawn
+        prompt_ids = _prompt_ids(groups)
+        out = [
+            _Group(
+                grp.row, prompt_ids[k * g : (k + 1) * g], completions[k * g : (k + 1) * g], rewards[k * g : (k + 1) * g]
             )
-        every = ScoredBatch.concat(drawn.scored)
-        generated_rewards = torch.cat(drawn.rewards)
-        zero_var, stuck = self._flat_groups(generated_rewards, drawn.rows)
-        return RolloutBatch(
-            prompt_ids=[grp.prompt_ids for grp in groups for _ in range(g)],
-            completions=completions,
-            rewards=rewards,
-            generated=drawn.completions,
-            generated_rows=drawn.rows,
-            generated_rewards=generated_rewards,
-            generated_rewards_per_func=every.per_func,
-            frac_zero_var_groups=zero_var,
-            frac_stuck_groups=stuck,
-            resample_rounds=rounds,
-            time_generate=seconds + seconds_more,
-            time_score=every.seconds_critical + seconds_ahead,
-            time_score_pool=every.seconds_pool,
-            reward_failures=dict(every.failures),
-            version=step,
-            partial_counts=dict(counts),
-            tokens_generated=counts["generated_tokens"] / self.dist.world_size,  # every rank counts every round's
-            seconds_generating=counts["busy_seconds"] if self.async_started else seconds + seconds_more,
-        )
+            for k, grp in enumerate(groups)
+        ]
+        data.add(out, scored)
+        return out
 
-    def _resample(
-        self,
-        groups: list[PartialGroup],
-        completions: list[Completion],
-        rewards: torch.Tensor,
-        more: Callable[[list[int]], list[PartialGroup]],
-        step: int,
-        drawn: _Drawn,
-    ) -> tuple[list[PartialGroup], list[Completion], torch.Tensor, int, float]:
-        """grpo.dynamic_sampling (DAPO) over complete groups: this rank's groups whose rewards [len(groups) * G]
+    def _dynamic_sampling(self, first: list[_Group], more: Callable[[list[int]], list[_Group]]) -> tuple:
+        """grpo.dynamic_sampling (DAPO), the one implementation for every scheduler: this rank's groups whose rewards
         are all equal make way for more, `more(needed)` (every rank's count of groups missing -> this rank's new
-        ones: a collective), scored as they come (recorded in `drawn`), for up to grpo.max_resample_rounds rounds;
-        out of rounds, zero-variance groups fill the batch, as in sync mode. -> (groups, their completions and
-        rewards, rounds, seconds spent getting more)."""
-        g, want = self.config.rollout.num_generations, len(groups)
-        kept, spare = self._split_flat(groups, completions, rewards)
-        rounds, seconds = 0, 0.0
+        ones, scored: a collective), for up to grpo.max_resample_rounds rounds; out of rounds, zero-variance groups
+        fill the batch (advantage 0, they still count in dapo's normaliser). -> (the chosen groups, rounds)."""
+        if not self.config.grpo.dynamic_sampling:
+            return first, 0
+        want = len(first)
+        kept, spare = self._split_flat(first)
+        rounds = 0
         while rounds < self.config.grpo.max_resample_rounds:
             needed = self.dist.all_gather_ints(want - len(kept))
             if not sum(needed):
                 break
-            t0 = time.perf_counter()
-            new = more(needed)
-            seconds += time.perf_counter() - t0
-            rounds += 1
-            if new:
-                completions = self._completions(new)
-                scored = self._submit(new, completions, step).result()
-                new_rewards = self._combined(scored.per_func, completions)
-                drawn.add(completions, [grp.row for grp in new for _ in range(g)], scored, new_rewards)
-                new_kept, new_spare = self._split_flat(new, completions, new_rewards)
-                kept, spare = kept + new_kept, spare + new_spare
-        chosen = (kept + spare)[:want]
-        return (
-            [grp for grp, _, _ in chosen],
-            [c for _, cs, _ in chosen for c in cs],
-            torch.cat([r for _, _, r in chosen]),
-            rounds,
-            seconds,
-        )
+            new_kept, new_spare = self._split_flat(more(needed))
+            kept, spare, rounds = kept + new_kept, spare + new_spare, rounds + 1
+        return (kept + spare)[:want], rounds
 
-    def _split_flat(self, groups: list[PartialGroup], completions: list[Completion], rewards: torch.Tensor) -> tuple:
-        """(group, its G completions, its G rewards) of each of `groups`: those whose rewards vary, and those whose
-        rewards are all equal."""
+    def _split_flat(self, groups: list[_Group]) -> tuple[list[_Group], list[_Group]]:
+        """`groups` split into those whose rewards vary and those whose rewards are all equal."""
+        if not groups:
+            return [], []
         g = self.config.rollout.num_generations
-        flat = group_advantages(rewards, g, "none")[1].tolist()
-        split = [completions[i * g : (i + 1) * g] for i in range(len(groups))]
-        triples = list(zip(groups, split, rewards.view(-1, g), strict=True))
-        varied = [t for t, f in zip(triples, flat, strict=True) if not f]
-        return varied, [t for t, f in zip(triples, flat, strict=True) if f]
+        flat = group_advantages(torch.cat([grp.rewards for grp in groups]), g, "none")[1].tolist()
+        return [x for x, f in zip(groups, flat, strict=True) if not f], [
+            x for x, f in zip(groups, flat, strict=True) if f
+        ]
+
+    def _batch(self, chosen: list[_Group], rounds: int, step: int, data: _Step) -> RolloutBatch:
+        """The step's RolloutBatch: the `chosen` groups, and every group the step drew for the metrics."""
+        generated_rewards = torch.cat([grp.rewards for grp in data.drawn])
+        generated_rows = [grp.row for grp in data.drawn for _ in grp.completions]
+        zero_var, stuck = self._flat_groups(generated_rewards, generated_rows)
+        rounds_kind = self.scheduler.rounds
+        return RolloutBatch(
+            prompt_ids=[p for grp in chosen for p in grp.prompt_ids],
+            completions=[c for grp in chosen for c in grp.completions],
+            rewards=torch.cat([grp.rewards for grp in chosen]),
+            generated=[c for grp in data.drawn for c in grp.completions],
+            generated_rows=generated_rows,
+            generated_rewards=generated_rewards,
+            generated_rewards_per_func=torch.cat(data.per_func),
+            frac_zero_var_groups=zero_var,
+            frac_stuck_groups=stuck,
+            resample_rounds=rounds,
+            time_generate=data.times["generate"],
+            time_score=data.times["score"],
+            time_score_pool=data.times["score_pool"],
+            reward_failures=dict(data.failures),
+            version=step,
+            time_tools=data.times["tools"],
+            partial_counts=dict(data.counts) if rounds_kind else {},
+            # every rank counts every round's tokens; async: the engine process's own time generating
+            tokens_generated=data.counts["generated_tokens"] / self.dist.world_size if rounds_kind else None,
+            seconds_generating=(data.counts["busy_seconds"] if self.scheduler.engine_process else None),
+        )
 
     def _flat_groups(self, rewards: torch.Tensor, rows: list[int]) -> tuple[float, float]:
         """The shares of the groups in `rewards` [groups * G] (of dataset rows `rows`) whose rewards are all equal,
@@ -493,11 +472,11 @@ class RolloutPhase:
             self.auto_chunks = chunks
 
     def _generate_and_score(
-        self, engine: RolloutEngine, index: list[int], seed: int, step: int, times: Counter, failures: Counter
-    ):
-        """G completions for each row of `index`, generated chunk by chunk while the previous chunk is
-        scored: (prompt ids [P*G], completions [P*G], per-function rewards [P*G, F], combined rewards with the
-        overlong penalty [P*G]); adds the seconds spent to `times` and the verifier failures to `failures`."""
+        self, engine: RolloutEngine, index: list[int], seed: int, step: int, data: _Step
+    ) -> list[_Group]:
+        """G completions for each row of `index`, generated chunk by chunk while the previous chunk is scored, as
+        groups with their combined rewards (the overlong penalty included); the seconds spent, the scores and the
+        verifier failures recorded in `data`."""
         cfg, n = self.config, self.config.rollout.num_generations
         state = TrainerState(global_step=step, max_steps=cfg.run.max_steps)
         calls = self.chunks(engine)
@@ -517,21 +496,23 @@ class RolloutPhase:
             if not out.completions:
                 continue
             rows = [row for row in rows for _ in range(n)]
-            times["tools"] += out.seconds_tools
+            data.times["tools"] += out.seconds_tools
             pending.append(submit_completions(self.rewards, rows, out.completions, state, out.columns))
             prompt_ids += out.prompt_ids
             flat += out.completions
-        times["generate"] += generating
+        data.times["generate"] += generating
         if not pending:  # this rank has its groups; the others resample
-            return [], [], torch.zeros(0, len(self.rewards.names)), torch.zeros(0)
+            return []
         scored = [p.result() for p in pending]
-        for s in scored:
-            times["score"] += s.seconds_critical
-            times["score_pool"] += s.seconds_pool
-            failures.update(s.failures)
         self._observe_round(sum(self.rewards.pool_seconds(s) for s in scored), generating)
-        per_func = torch.cat([s.per_func for s in scored])
-        return prompt_ids, flat, per_func, self._combined(per_func, flat)
+        batch = ScoredBatch.concat(scored)
+        rewards = self._combined(batch.per_func, flat)
+        groups = [
+            _Group(row, prompt_ids[k * n : (k + 1) * n], flat[k * n : (k + 1) * n], rewards[k * n : (k + 1) * n])
+            for k, row in enumerate(index)
+        ]
+        data.add(groups, batch)
+        return groups
 
     def _combined(self, per_func: torch.Tensor, completions: list[Completion]) -> torch.Tensor:
         """[N] the weighted sum of the [N, F] rewards, with DAPO's soft overlong penalty when it is on."""
@@ -546,3 +527,8 @@ class RolloutPhase:
             penalties = [soft_overlong_penalty(len(c.token_ids), max_len, buffer, factor) for c in completions]
             rewards = rewards + torch.tensor(penalties)
         return rewards
+
+
+def _prompt_ids(groups: list[PartialGroup]) -> list[list[int]]:
+    """The prompt ids of each completion of `groups`: its own (an environment's reset adds to it) or its group's."""
+    return [m.prompt_ids or grp.prompt_ids for grp in groups for m in grp.members]

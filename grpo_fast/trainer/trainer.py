@@ -10,6 +10,8 @@ held-out evaluation, checkpoints and metrics.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 import logging
 import math
 import shutil
@@ -43,11 +45,10 @@ from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rewards.tasks import environment_reward
 from grpo_fast.rollout.async_rollouts import EngineSpec
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
-from grpo_fast.rollout.generation import SingleTurn
+from grpo_fast.rollout.contract import check_plan, engine_capabilities, import_path
 from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
-from grpo_fast.rollout.registry import choose_engine, create_engine
+from grpo_fast.rollout.registry import ROLLOUT_ENGINES, choose_engine, create_engine, engine_options
 from grpo_fast.rollout.rollouts import build_rollouts
-from grpo_fast.rollout.vllm_engine import VLLMEngine
 from grpo_fast.rollout.weight_sync import trainer_weights
 from grpo_fast.trainer.audit import AuditTrail
 from grpo_fast.trainer.config import TrainConfig, check_distributed_config
@@ -197,27 +198,38 @@ class GRPOTrainer:
             rollout_func=rollout_func,
             trainer=self,
         )
+        scheduler, engine = cfg.rollout.scheduler, None
+        if scheduler.engine_process:  # the engine the engine process builds (grpo_fast.rollout.contract)
+            name = choose_engine(cfg.rollout.engine).name
+            engine = engine_capabilities(name, ROLLOUT_ENGINES.get(name))
+        check_plan(scheduler, self.rollouts.capabilities, engine, world_size=self.dist.world_size)
 
     def _reward_set(self, reward_funcs) -> RewardSet:
         """The run's rewards: `reward_funcs`, and the environments' own reward (weight 1, as TRL adds it) when they
         define get_reward."""
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         weights = self.config.reward.weights
-        environments = getattr(self.rollouts, "environments", None)
-        if environments is not None and environments.has_reward():
+        if self.rollouts.has_environment_reward():
             funcs, weights = funcs + [environment_reward], None if weights is None else [*weights, 1.0]
-        return RewardSet.from_config(self.config, funcs, weights)
+        rewards = RewardSet.from_config(self.config, funcs, weights)
+        if self.config.rollout.scheduler.engine_process and self.rollouts.calls_tools:
+            live = [n for n, fn in zip(rewards.names, rewards.funcs, strict=True) if _takes_environments(fn)]
+            if live:
+                rewards.close()
+                raise ValueError(
+                    f"rollout.mode async: reward function(s) {live} take `environments`, the environment instances, "
+                    "which live in the engine process with their rollouts (a group brings its conversations and "
+                    "environment_reward, not the instances); use rollout.mode partial, or score from the conversations"
+                )
+        return rewards
 
     # -- the rollout engine -----------------------------------------------------------------------------
 
     def _ensure_engine(self) -> None:
         if self.engine is None:
             self.engine = self._make_engine()
-        if self.engine.lockstep and not isinstance(self.rollouts, SingleTurn):
-            raise ValueError(
-                f"rollout: tools, environments and rollout_func need an engine each rank calls on its own; the "
-                f"{self.engine.name} engine generates in lockstep over ranks (tensor parallelism across ranks)"
-            )
+        if self.engine.lockstep:
+            check_plan(self.config.rollout.scheduler, self.rollouts.capabilities, lockstep=True)
         if self.engine.shares_trainer_model and self.offloader.offload_params:
             logger.warning(
                 "run.offload_params ignored: the %s engine generates with the trainer's model", self.engine.name
@@ -225,9 +237,10 @@ class GRPOTrainer:
             self.offloader.offload_params = False
 
     def _make_engine(self) -> RolloutEngine:
-        mode = self.config.rollout.mode  # async: training rollouts come from the engine process; this one evaluates
+        # async: training rollouts come from the engine process; this one evaluates
+        own_process = self.config.rollout.scheduler.engine_process
         return create_engine(
-            "hf" if mode == "async" else self.config.rollout.engine,
+            "hf" if own_process else self.config.rollout.engine,
             self.config,
             model=self.model,
             tokenizer=self.tokenizer,
@@ -267,9 +280,7 @@ class GRPOTrainer:
         the trainer built it."""
         self.rewards.close()
         self.rollout.close()
-        close_rollouts = getattr(self.rollouts, "close", None)
-        if close_rollouts is not None:
-            close_rollouts()
+        self.rollouts.close()
         if self.engine is not None and self._owns_engine:
             self.engine.close()
             self.engine = None
@@ -277,9 +288,16 @@ class GRPOTrainer:
     def _start_engine_process(self) -> None:
         """rollout.mode async: the engine process, from the current weights (grpo_fast.rollout.async_rollouts)."""
         r = self.config.rollout
-        kind = choose_engine(r.engine).name
-        kwargs = VLLMEngine.run_kwargs(self.config, r.vllm) if kind == "vllm" else {}
-        spec = EngineSpec(kind, self._export_model(), kwargs)
+        name = choose_engine(r.engine).name
+        engine_cls = ROLLOUT_ENGINES.get(name)
+        options = engine_options(r, name, engine_cls)
+        spec = EngineSpec(
+            import_path(engine_cls),
+            self._export_model(),
+            {} if options is None else dataclasses.asdict(options),
+            {"rollout": dataclasses.asdict(r), "run": {"seed": self.config.run.seed}},
+            self.rollouts.recipe(),
+        )
         self.rollout.start_async(spec, trainer_weights(self.model), self.step)
 
     def sync_weights(self) -> dict:
@@ -317,7 +335,7 @@ class GRPOTrainer:
         correct, total, calling = self.dist.sum(torch.stack(self._score_greedy(rows)).cpu())
         n = len(self.eval_rows)
         out = {"eval/accuracy": float(correct) / n, "eval/reward_mean": float(total) / n}
-        if getattr(self.rollouts, "tools", None) is not None:
+        if self.rollouts.calls_tools:
             out["eval/tool_call_rate"] = float(calling) / n
         return out
 
@@ -516,7 +534,7 @@ class GRPOTrainer:
             if resume_from is not None:
                 self._load_checkpoint(resume_from)
             self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
-            if cfg.rollout.mode == "async":
+            if cfg.rollout.scheduler.engine_process:
                 self._start_engine_process()
             self._launch_checklist(resumed=resume_from is not None)
         except BaseException:
@@ -622,7 +640,7 @@ class GRPOTrainer:
         mem = memory_snapshot("generate")
         curriculum = self.curriculum.update(self, self.step) if self.curriculum.due(self.step) else {}
         self.timers["curriculum"] += curriculum.get("time/curriculum", 0.0)
-        if self.config.rollout.mode == "async" and not self.rollout.async_started:
+        if self.config.rollout.scheduler.engine_process and not self.rollout.async_started:
             self._start_engine_process()
         rollout = self.last_rollout = self.rollout.collect(self.engine, self.step)
         self.engine.sleep()
@@ -674,6 +692,14 @@ def check_model_path(path: str) -> None:
             f"model.path: {path} does not exist (expected a Hugging Face model directory or a hub name such as "
             "org/model); check the path"
         )
+
+
+def _takes_environments(fn) -> bool:
+    """Whether reward function `fn` takes TRL's `environments` (the rollouts' live environment instances)."""
+    try:
+        return "environments" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a callable without a signature takes no such argument by name
+        return False
 
 
 def _as_rows(dataset) -> list[dict]:

@@ -185,3 +185,44 @@ def test_long_completions_are_not_starved(model):
         lengths += [len(m.token_ids) for g in groups for m in g.members]
     assert max(lengths) == 16 and min(lengths) < 8, "the test needs short and full-length completions"
     assert totals["restarted"] == 0
+
+
+def _hand_out_run(
+    model, hand_out: str, steps: int = 6, max_len: int = 4, segment: int = 64, stops=()
+) -> tuple[list[float], Counter, list]:
+    """Steps of a pool with the default over-provisioning (groups_in_flight 2, max_staleness 4) on completions that
+    finish within a round: each step's share of handed-out sampled tokens from older weights, the counts, and the
+    handed-out completions' lengths."""
+    options = PartialOptions(segment_tokens=segment, groups_in_flight=2.0, hand_out=hand_out)
+    spec = lambda max_tokens, seed: SamplingSpec(  # noqa: E731
+        n=1, max_tokens=max_tokens, temperature=1.0, seed=seed, stop_token_ids=stops
+    )
+    pool = PartialRollouts(options, 2, max_len, 4, "restart", spec)
+    engine, (draw, _), shares, totals, lengths = HFEngine(model, TOK), _drawer(), [], Counter(), []
+    for version in range(steps):
+        groups, counts = pool.collect(engine, version=version, needed=2, draw=draw, seed=version)
+        totals.update(counts)
+        comps = [m.completion() for g in groups for m in g.members]
+        shares.append(staleness_metrics(comps, version)["rollout/stale_share"])
+        lengths += [len(c.token_ids) for c in comps]
+    return shares, totals, lengths
+
+
+def test_oldest_first_trains_last_steps_leftovers_and_freshest_first_trains_fresh_groups(model):
+    """No long tail (four tokens, one round): over-provisioned groups complete in the same round as the step's own.
+    Oldest first then trains only the last step's leftovers (every token one version old); freshest first trains
+    the groups completed this step, and the leftovers wait (restarted past the bound); bounded holds the share."""
+    oldest, _, _ = _hand_out_run(model, "oldest")
+    assert oldest[1:] == [1.0] * 5
+    freshest, totals, _ = _hand_out_run(model, "freshest")
+    assert freshest == [0.0] * 6 and totals["restarted"] > 0
+    bounded, _, _ = _hand_out_run(model, "bounded")
+    assert max(bounded) <= 0.5 + 1e-9 and max(bounded[1:]) > 0
+
+
+def test_freshest_first_never_starves_long_completions(model):
+    """A completion that runs several steps is fresh when it completes: freshest first trains it then (the
+    completions passed over are short ones that completed earlier)."""
+    stops = tuple(TOK.convert_tokens_to_ids(list("012")))
+    _, _, lengths = _hand_out_run(model, "freshest", steps=10, max_len=16, segment=2, stops=stops)
+    assert max(lengths) == 16 and min(lengths) < 8

@@ -119,11 +119,11 @@ AGENT_SPEC = TinyModelSpec(
 """Half the demo model's width (vLLM's CPU attention needs head_dim >= 32): memorising the scripts needs no more."""
 
 
-def train_agent(out_dir, steps: int = 250, lr: float = 5e-3):
+def train_agent(out_dir, steps: int = 250, lr: float = 5e-3, tokenizer=None):
     """(model, tokenizer, path) of the agent, trained on SCRIPTS without and with the environment (whose reset
-    appends " (start 0)" to the prompt)."""
+    appends " (start 0)" to the prompt); `tokenizer`: a chat tokenizer (default: characters)."""
     torch.manual_seed(0)
-    tok = build_chat_tokenizer(DEFAULT_CHARS + TEXT_CHARS)
+    tok = tokenizer or build_chat_tokenizer(DEFAULT_CHARS + TEXT_CHARS)
     model = build_tiny_model(tok, AGENT_SPEC, seed=0)
     pairs = []
     for with_env in (False, True):
