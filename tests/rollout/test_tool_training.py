@@ -123,8 +123,8 @@ def test_a_rollout_function_that_breaks_its_contract_is_named(tool_agent, tmp_pa
         trainer.close()
 
 
-def test_tools_need_synchronous_rollouts():
-    with pytest.raises(
-        ValueError, match="rollout.mode: tools, environments and rollout_func run with rollout.mode sync"
-    ):
-        load_config(None, ["rollout.tools=[multiply]", "rollout.mode=partial"])
+def test_tools_run_in_every_mode_and_a_rollout_function_in_sync_only():
+    for mode in ("partial", "async"):
+        assert load_config(None, ["rollout.tools=[multiply]", f"rollout.mode={mode}"]).rollout.scheduler.rounds
+    with pytest.raises(ValueError, match="rollout.mode partial: a rollout_func cannot be continued over rounds"):
+        load_config(None, ["rollout.rollout_func=tool_agent:conversation", "rollout.mode=partial"])
