@@ -1,23 +1,31 @@
-"""Synchronous, partial and asynchronous rollouts on a task with a long tail of completion lengths, for the same
-number of trained samples, over several seeds (CPU, the vLLM engine).
+"""Synchronous, partial and asynchronous rollouts side by side, for the same number of trained samples, over several
+seeds (CPU, the vLLM engine), on one of three tasks (grpo_fast.bench.rollout_tasks):
 
-    python benchmarks/bench_async.py [--seeds 0 1 2] [--variants sync partial ...] [--steps 30]
-        [--work /tmp/grpo_fast_bench_async] [--out benchmarks/results/async_cpu.json] [--merge]
+    python benchmarks/bench_async.py [--task long_tail|demo|tools] [--seeds 0 1 2] [--variants sync partial ...]
+        [--steps 30] [--work /tmp/grpo_fast_bench_async] [--out benchmarks/results/async_cpu.json] [--merge]
 
-The task is grpo_fast.bench.long_tail (the tiny model after SFT stops after five tokens and thinks to near or
-past the 512-token limit on the hard tenth of the prompts; loss_type grpo, so that each sequence weighs the same,
-and beta 0.1, without which the tiny policy drifts into thinking long on every prompt within ten steps); one SFT
-model per seed, shared by every variant of that seed. Each run (one variant, one seed) is its own process: vLLM
-holds process-wide state. Per run: step time, generation and training time, trained completion tokens per second,
-the engine's idle share (the step's time outside generation: training, the weight sync) and the trainer's
-(generation and scoring, or the wait for groups), the staleness histogram of the trained tokens, and held-out
-accuracy (greedy, 100 prompts) against trained samples and against the run's clock (the steps' time; evaluation
-excluded). A PNG of the accuracy curves goes next to the JSON, which is rewritten after every run.
+- long_tail (default; results/async_cpu.json): grpo_fast.bench.long_tail (the tiny model after SFT stops after
+  five tokens and thinks to near or past the 512-token limit on the hard tenth of the prompts; loss_type grpo, so
+  that each sequence weighs the same, and beta 0.1, without which the tiny policy drifts into thinking long on
+  every prompt within ten steps).
+- demo (results/async_demo_cpu.json): `grpo-fast demo`'s modular task and settings: four tokens, no long tail.
+- tools (results/async_tools_cpu.json): `grpo-fast demo --task tools`'s settings: multi-turn rollouts calling a
+  `multiply` tool, in the trainer's rounds (partial) and in the engine process (async).
+
+One cold-start model per task and seed, shared by every variant of that seed. Each run (one variant, one seed) is
+its own process: vLLM holds process-wide state. Per run: step time, generation and training time, trained
+completion tokens per second, the engine's idle share (the step's time outside generation: training, the weight
+sync) and the trainer's (generation and scoring, or the wait for groups), the staleness histogram of the trained
+tokens and the share from older weights each step, and held-out accuracy (greedy) against trained samples and
+against the run's clock (the steps' time; evaluation excluded). A PNG of the accuracy curves goes next to the
+JSON, which is rewritten after every run.
 
 Variants: `sync` and `partial` (vLLM colocated with the trainer, sharing its cores); `async` (vLLM in the engine
 process on one core of its own, the trainer on the other; held-out evaluation then runs on the trainer's
 transformers engine, outside the steps' clock); `partial_<correction>` for each rollout.partial.correction
-(grpo_fast.trainer.importance.step_correction: decoupled, coupled, mask, none), the default being `partial`'s.
+(grpo_fast.trainer.importance.step_correction: decoupled, coupled, mask, none), the default being `partial`'s;
+`partial_<hand_out>` for each rollout.partial.hand_out (oldest, freshest, bounded: which complete groups a step
+trains).
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ import time
 from pathlib import Path
 
 from grpo_fast.bench.common import environment_stamp, run_json_subprocess, write_json
+from grpo_fast.bench.rollout_tasks import TASKS
 
-LIMIT = 512
 VARIANTS: dict[str, list[str]] = {
     "sync": ["rollout.mode=sync"],
     "partial": ["rollout.mode=partial"],
@@ -39,43 +47,38 @@ VARIANTS: dict[str, list[str]] = {
         f"partial_{name}": ["rollout.mode=partial", f"rollout.partial.correction={name}"]
         for name in ("decoupled", "coupled", "mask", "none")
     },
+    **{
+        f"partial_{name}": ["rollout.mode=partial", f"rollout.partial.hand_out={name}"]
+        for name in ("oldest", "freshest", "bounded")
+    },
 }
-
-
-def sft_dir(work: Path, seed: int) -> Path:
-    """The seed's SFT model directory, trained once and reused."""
-    from grpo_fast.bench.long_tail import cold_start_model, long_tail_task
-    from grpo_fast.core.tiny_models import save_tiny
-
-    path = work / f"sft_seed{seed}"
-    if not (path / "config.json").exists():
-        model, tokenizer = cold_start_model(long_tail_task(seed, LIMIT), seed)
-        save_tiny(model, tokenizer, path)
-    return path
+OUT = {"long_tail": "async_cpu.json", "demo": "async_demo_cpu.json", "tools": "async_tools_cpu.json"}
 
 
 def run_one(
-    work: Path, seed: int, variant: str, steps: int, prompts_per_step: int, eval_every: int, extra: list[str]
+    work: Path,
+    task_name: str,
+    seed: int,
+    variant: str,
+    steps: int,
+    prompts_per_step: int,
+    eval_every: int,
+    extra: list[str],
+    sft_steps: int | None = None,
 ) -> dict:
-    """One run of `variant` on the seed's SFT model: its per-step records, evaluations and totals."""
-    from grpo_fast.bench.long_tail import final_digit_reward, long_tail_task
+    """One run of `variant` on the task's cold-start model of the seed: its per-step records, evaluations, totals."""
+    from grpo_fast.bench.rollout_tasks import TASKS, sft_dir
     from grpo_fast.trainer import GRPOTrainer, load_config
 
-    task = long_tail_task(seed, LIMIT)
-    out = work / f"{variant}_seed{seed}"
+    task = TASKS[task_name]()
+    train_rows, eval_rows = task.rows(seed)
+    out = work / f"{task_name}_{variant}_seed{seed}"
     overrides = [
         "rollout.engine=vllm",
-        "rollout.num_generations=8",
-        f"rollout.max_completion_length={LIMIT}",
-        f"rollout.max_model_len={LIMIT + 64}",
         "rollout.vllm.dtype=float32",
-        f"rollout.vllm.kv_cache_memory_bytes={256 << 20}",
-        "loss.loss_type=grpo",
-        "loss.beta=0.1",  # the KL anchor to the SFT policy keeps the length distribution where SFT put it
-        "optim.lr=1e-3",
+        *task.settings,
         f"run.max_steps={steps}",
         f"run.prompts_per_step={prompts_per_step}",
-        "run.micro_batch_size=64",
         f"run.seed={seed}",
         f"run.eval_every={eval_every}",
         "run.save_final=false",
@@ -89,11 +92,11 @@ def run_one(
         *extra,
     ]
     trainer = GRPOTrainer(
-        str(sft_dir(work, seed)),
-        [final_digit_reward],
-        task.train_rows,
+        str(sft_dir(task, work, seed, sft_steps)),
+        task.rewards,
+        train_rows,
         config=load_config(None, overrides),
-        eval_dataset=task.eval_rows,
+        eval_dataset=eval_rows,
     )
     start = time.perf_counter()
     trainer.train()
@@ -126,13 +129,23 @@ def summarize(history: list[dict], variant: str, seed: int, wall: float) -> dict
                     "token_share_staleness": {
                         k.rsplit("_", 1)[1]: v for k, v in record.items() if k.startswith("rollout/token_share_stale")
                     },
+                    "stale_share": record.get("rollout/stale_share", 0.0),
+                    "restarted": record.get("rollout/restarted", 0.0),
+                    "generated_tokens": record.get("rollout/generated_tokens"),
                     "truncated_frac": record["completion/truncated_frac"],
                     "reward": record["reward/mean"],
+                    "tool_calls_per_rollout": record.get("tools/calls_per_rollout"),
                 }
             )
         if "eval/accuracy" in record:
             evals.append(
-                {"step": record["step"], "samples": samples, "seconds": clock, "accuracy": record["eval/accuracy"]}
+                {
+                    "step": record["step"],
+                    "samples": samples,
+                    "seconds": clock,
+                    "accuracy": record["eval/accuracy"],
+                    "tool_call_rate": record.get("eval/tool_call_rate"),
+                }
             )
     total = sum(s["seconds"] for s in steps)
     share = {}
@@ -224,20 +237,26 @@ def plot(runs: list[dict], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="long_tail", choices=sorted(OUT))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--variants", nargs="+", default=["sync", "partial"], choices=sorted(VARIANTS))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--prompts-per-step", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--work", type=Path, default=Path("/tmp/grpo_fast_bench_async"))
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/async_cpu.json"))
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/async_cpu.json (long_tail), ...")
+    parser.add_argument("--sft-steps", type=int, help="cold-start SFT steps (default: the task's)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides of every run")
     parser.add_argument("--merge", action="store_true", help="keep --out's other runs, replacing these")
     parser.add_argument("--one", nargs=2, metavar=("SEED", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.out = args.out or Path("benchmarks/results") / OUT[args.task]
     if args.one:
         seed, variant = int(args.one[0]), args.one[1]
-        result = run_one(args.work, seed, variant, args.steps, args.prompts_per_step, args.eval_every, args.set)
+        result = run_one(
+            args.work, args.task, seed, variant, args.steps, args.prompts_per_step, args.eval_every, args.set,
+            args.sft_steps,
+        )  # fmt: skip
         print(json.dumps(result))
         return 0
     args.work.mkdir(parents=True, exist_ok=True)
@@ -251,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = [r for r in kept if (r["seed"], r["variant"]) not in redone]
     for seed in args.seeds:
         for variant in args.variants:
-            one = ["benchmarks.bench_async", "--one", str(seed), variant, "--work", str(args.work)]
+            one = ["benchmarks.bench_async", "--one", str(seed), variant, "--work", str(args.work), "--task", args.task]
+            one += [] if args.sft_steps is None else ["--sft-steps", str(args.sft_steps)]
             one += ["--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step)]
             one += ["--eval-every", str(args.eval_every), "--set", *args.set]
             runs.append(run_json_subprocess(one, timeout=3600))
@@ -264,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                 "benchmark": "async_rollouts",
                 "command": command,
                 "environment": environment_stamp(),
-                "settings": {k: v for k, v in vars(args).items() if k not in ("one", "work", "out")} | {"limit": LIMIT},
+                "settings": {k: v for k, v in vars(args).items() if k not in ("one", "work", "out")}
+                | {"limit": TASKS[args.task]().limit},
                 "summary": aggregate(runs),
                 "earlier": earlier,  # the runs kept with --merge came from these
                 "runs": runs,

@@ -440,8 +440,9 @@ def render_async_rollouts(payload: dict) -> str:
         ])  # fmt: skip
     settings = payload["settings"]
     return table(lines) + (
-        f"\n\n{settings['steps']} steps of {settings['prompts_per_step']} prompts x 8 completions per run (the same "
-        f"trained samples for every variant), completion limit {settings['limit']} tokens. From `{payload['command']}` "
+        f"\n\nTask {settings.get('task', 'long_tail')} (grpo_fast.bench.rollout_tasks): {settings['steps']} steps of "
+        f"{settings['prompts_per_step']} prompts x 8 completions per run (the same trained samples for every variant), "
+        f"completion limit {settings['limit']} tokens. From `{payload['command']}` "
         f"on {where(payload['environment'])}"
         + "".join(
             f"; other runs from `{e['command']}` on {where(e['environment'])}" for e in payload.get("earlier", [])
