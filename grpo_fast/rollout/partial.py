@@ -66,7 +66,7 @@ class PartialOptions(ConfigSection):
     )
     mask_staleness: int = option(0, "correction mask: tokens at most this many versions old keep their loss", low=0)
     hand_out: Literal["oldest", "freshest", "bounded"] = option(
-        "oldest",
+        "freshest",
         "which complete groups a step trains: oldest (started first), freshest (completed last, the earlier started "
         "first among those: a group that waited stays behind and restarts past max_staleness), bounded (the oldest "
         "while the share of trained tokens from older weights stays within stale_token_share, the freshest after)",

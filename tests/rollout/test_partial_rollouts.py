@@ -170,7 +170,7 @@ def test_long_completions_are_not_starved(model):
     """Short completions can fill a step's groups in its first round; the step still runs min_rounds rounds, so a
     completion that needs the whole length finishes within max_staleness steps and is never restarted."""
     stops = tuple(TOK.convert_tokens_to_ids(list("012")))
-    options = PartialOptions(segment_tokens=2, groups_in_flight=2.0)
+    options = PartialOptions(segment_tokens=2, groups_in_flight=2.0, hand_out="oldest")  # nothing waits past the bound
     pool = PartialRollouts(
         options, 2, 16, 2, "restart",
         lambda max_tokens, seed: SamplingSpec(n=1, max_tokens=max_tokens, temperature=1.0, seed=seed,

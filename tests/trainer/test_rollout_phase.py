@@ -18,6 +18,7 @@ from grpo_fast.trainer import load_config
 from grpo_fast.trainer.data_sampler import PromptSampler
 from grpo_fast.trainer.metrics import step_metrics
 from grpo_fast.trainer.rollout_phase import RolloutPhase
+from grpo_fast.trainer.staleness import staleness_metrics
 
 G = 4
 
@@ -34,11 +35,13 @@ def slow_flat_on_even_prompts(prompts, completions, **_):
     return flat_on_even_prompts(prompts, completions)
 
 
-def _phase(dynamic: bool, rounds: int = 3, reward=flat_on_even_prompts, mode: str = "sync", workers: int = 2):
+def _phase(
+    dynamic: bool, rounds: int = 3, reward=flat_on_even_prompts, mode: str = "sync", workers: int = 2, segment: int = 2
+):
     tok = build_char_tokenizer()
     model = build_tiny_model(tok, seed=1)
     overrides = [f"rollout.num_generations={G}", "rollout.max_completion_length=6", "run.prompts_per_step=3"]
-    overrides += [f"rollout.mode={mode}", "rollout.partial.segment_tokens=2"]
+    overrides += [f"rollout.mode={mode}", f"rollout.partial.segment_tokens={segment}"]
     overrides += [f"grpo.dynamic_sampling={str(dynamic).lower()}", f"grpo.max_resample_rounds={rounds}"]
     cfg = load_config(None, overrides)
     rows = [{"prompt": str(i)} for i in range(10)]
@@ -137,3 +140,13 @@ def test_partial_generation_rate_counts_the_tokens_generated_this_step():
         metrics = step_metrics(batch, phase.rewards.names, {"train": 0.0, "sync": 0.0, "step": 1.0})
         assert sum(returned) != sum(len(c.token_ids) for c in batch.completions)
         assert metrics["tokens_per_second/generate"] == pytest.approx(sum(returned) / batch.time_generate)
+
+
+def test_partial_defaults_train_fresh_groups_without_a_long_tail():
+    """The demo's case: every completion ends within a round, so the over-provisioned groups (groups_in_flight 2)
+    complete with the step's own. With the defaults a step trains the groups completed in its own rounds, not the
+    last step's leftovers (oldest first trained only those: every token a version old from the second step on)."""
+    phase, engine = _phase(dynamic=False, mode="partial", workers=0, segment=64)
+    for step in range(4):
+        batch = phase.collect(engine, step=step)
+        assert staleness_metrics(batch.completions, step)["rollout/token_share_staleness_0"] == 1.0, step
