@@ -33,7 +33,7 @@ def model_dir(tmp_path_factory):
     return save_tiny(build_tiny_model(TOK, seed=5), TOK, tmp_path_factory.mktemp("link") / "secret_model_dir")
 
 
-def _remote(model_dir, *, launch: str = "external", timeout: float = 60.0) -> AsyncRollouts:
+def _remote(model_dir, *, launch: str = "external", timeout: float = 60.0, address: str = "") -> AsyncRollouts:
     pool = dict(
         options=PartialOptions(segment_tokens=4, groups_in_flight=2.0),
         num_generations=2,
@@ -42,7 +42,7 @@ def _remote(model_dir, *, launch: str = "external", timeout: float = 60.0) -> As
         stale="restart",
     )
     return AsyncRollouts(
-        AsyncOptions(threads=1, timeout_seconds=timeout, launch=launch),
+        AsyncOptions(threads=1, timeout_seconds=timeout, launch=launch, address=address),
         EngineSpec("hf", str(model_dir)),
         pool,
         SamplingSpec(n=1, temperature=1.0),
@@ -115,13 +115,16 @@ def test_the_link_listens_on_loopback_by_default(model_dir):
         remote.close()
 
 
-def test_an_external_launch_listens_on_loopback_unless_given_an_address(model_dir):
-    remote = _remote(model_dir)
+@pytest.mark.parametrize("named", ["", "127.0.0.2:0"])
+def test_an_external_launch_listens_on_loopback_or_the_named_interface_only(model_dir, named):
+    """launch external without an address listens on loopback; with one, on that interface alone (127.0.0.2 here,
+    an address of the loopback interface that no default would pick)."""
+    remote = _remote(model_dir, address=named)
     try:
         host, port = remote.address.rsplit(":", 1)
-        assert ipaddress.ip_address(host).is_loopback
+        assert host == (named.split(":")[0] or "127.0.0.1")
         (address,) = [a for a, p in _listening(os.getpid()) if p == int(port)]
-        assert _is_loopback(address)
+        assert str(getattr(address, "ipv4_mapped", None) or address) == host
     finally:
         remote.close()
 
