@@ -34,11 +34,13 @@ from the checkpoint's weights, and the prompts that were sent ahead but not trai
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import math
 import multiprocessing as mp
 import os
 import queue
+import socket
 import time
 import traceback
 import typing
@@ -170,7 +172,7 @@ class EngineSetup:
         against PartialRollouts' parameters; LinkProtocolError naming the first that does not fit."""
         setup = from_plain(plain, cls, "setup")
         hints = typing.get_type_hints(PartialRollouts.__init__)
-        unknown = sorted(set(setup.pool_kwargs) - set(hints) | set(setup.pool_kwargs) & {"sampling", "dist"})
+        unknown = sorted(set(setup.pool_kwargs) - (set(hints) - {"sampling", "dist", "return"}))
         if unknown:
             raise LinkProtocolError(f"setup.pool_kwargs: unknown keyword(s) {unknown} of PartialRollouts")
         pool = {k: from_plain(v, hints[k], f"setup.pool_kwargs.{k}") for k, v in setup.pool_kwargs.items()}
@@ -410,12 +412,16 @@ class AsyncRollouts:
             process.start()
             logger.info("rollout.mode async: engine process %d started (%s)", process.pid, self.spec)
         if not self.processes:
+            notes = [" (that file holds the run's secret: copy it keeping its mode 0600)"] if self.secret_file else []
+            if ipaddress.ip_address(socket.getaddrinfo(self.server.host, None)[0][4][0]).is_loopback:
+                notes.append("; the link listens on loopback: for another host, set rollout.async_engine.address")
             logger.warning(
                 "rollout.mode async: waiting %g s for %d engine process(es); start each with `%s` on a host that "
-                "reaches this one (the file holds the run's secret: copy it there with mode 0600)",
+                "reaches this one%s",
                 self.options.timeout_seconds,
                 self.options.engines,
                 self.engine_command(),
+                "".join(notes),
             )
         self.sender.send()
         for _ in range(self.options.engines):

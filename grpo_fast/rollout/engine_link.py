@@ -327,7 +327,11 @@ def connect_link(address: str, key: bytes, connect_seconds: float) -> LinkStore:
             time.sleep(0.1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn = connect(sock, key, address)
-    sock.settimeout(connect_seconds + 60.0)  # a trainer silent beyond any wait is gone (LinkClosed)
+    # Requests wait as long as the trainer's store says; a trainer host that vanished without closing the
+    # connection is found by TCP keepalive within about a minute (its requests then raise LinkClosed).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3)):
+        sock.setsockopt(socket.IPPROTO_TCP, option, value)
     return LinkStore(_Remote(conn, address).call, connect_seconds, sock.getsockname()[0])
 
 

@@ -80,7 +80,8 @@ def read_secret_file(path: str) -> bytes:
     """The key in the secret file at `path`; ValueError when it is missing or others may read it."""
     try:
         mode = os.stat(path).st_mode
-        text = open(path).read()
+        with open(path) as f:
+            text = f.read()
     except OSError as exc:
         raise ValueError(f"--secret-file: cannot read {path!r} ({exc.strerror})") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):

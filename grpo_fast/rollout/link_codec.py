@@ -20,7 +20,6 @@ import array
 import dataclasses
 import json
 import struct
-import types
 import typing
 from typing import Any
 
@@ -165,11 +164,6 @@ def _typed(value: Any, hint: Any, key: str) -> Any:
         if not isinstance(dtype, torch.dtype):
             raise LinkProtocolError(f"{key}: expected a torch dtype's name, got {value!r}")
         return dtype
-    if origin in (typing.Union, types.UnionType) and any(dataclasses.is_dataclass(a) for a in args):
-        if value is None and type(None) in args:
-            return None
-        (section,) = [a for a in args if a is not type(None)]
-        return _dataclass(value, section, key)
     if origin is tuple:
         if not isinstance(value, list):
             raise LinkProtocolError(f"{key}: expected a list, got {type(value).__name__}")
