@@ -181,6 +181,10 @@ class LinkStore(dist.Store):
         super().__init__()
         self._call, self.timeout_seconds, self.host = call, timeout_seconds, host
 
+    def clone(self) -> LinkStore:
+        """torch's Store contract (a client for another thread): this one, whose calls are thread-safe."""
+        return self
+
     def set(self, key: str, value) -> None:
         self._call("set", key, _as_bytes(value))
 
@@ -197,10 +201,12 @@ class LinkStore(dist.Store):
         seconds = self.timeout_seconds if timeout is None else timeout.total_seconds()
         self._call("wait", list(keys), seconds)
 
-    def delete_key(self, key: str) -> bool:
+    # torch's trampoline for Python stores calls these two by their C++ names (store.delete_key and
+    # store.num_keys reach them through it too).
+    def deleteKey(self, key: str) -> bool:
         return self._call("delete_key", key)
 
-    def num_keys(self) -> int:
+    def getNumKeys(self) -> int:
         return self._call("num_keys")
 
     def compare_set(self, key: str, expected, desired) -> bytes:

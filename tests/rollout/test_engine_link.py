@@ -187,6 +187,26 @@ def test_the_setup_crosses_typed_and_a_bad_field_is_named():
             EngineSetup.from_plain(plain)
 
 
+def test_the_links_store_keeps_torchs_store_contract():
+    """What torch's own code calls, through a PrefixStore over an engine's view: set, get, add, check, wait,
+    compare_set, delete_key, num_keys and clone (pure virtual in c10d::Store) all reach the trainer's store."""
+    server = LinkServer("127.0.0.1", 0, KEY, 5.0)
+    try:
+        remote = connect_link(f"127.0.0.1:{server.port}", KEY, 5.0)  # held: the Python methods live with it
+        engine = dist.PrefixStore("p", remote).clone()
+        engine.set("a", b"1")
+        assert server.store.get("p/a") == b"1" and engine.get("a") == b"1"
+        assert engine.add("n", 2) == 2 and server.store.add("p/n", 3) == 5
+        assert engine.check(["a", "n"]) and not engine.check(["b"])
+        engine.wait(["a"], datetime.timedelta(seconds=1))
+        with pytest.raises(Exception, match="not set within 0.2 s"):
+            engine.wait(["b"], datetime.timedelta(seconds=0.2))
+        assert engine.compare_set("c", "", "x") == b"x" and engine.compare_set("c", "y", "z") == b"x"
+        assert engine.num_keys() == 3 and engine.delete_key("c") and not engine.check(["c"])
+    finally:
+        server.close()
+
+
 # -- messages ---------------------------------------------------------------------------------------------------
 
 
