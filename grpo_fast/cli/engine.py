@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 
-from grpo_fast.rollout.engine_link import parse_address
 from grpo_fast.rollout.link_auth import LinkRefused, engine_secret
+from grpo_fast.rollout.link_store import parse_address
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

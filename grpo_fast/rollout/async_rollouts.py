@@ -13,7 +13,7 @@ The trainer starts the engine process itself (`launch: spawn`), or waits for one
 reaches its `address` (`launch: external`, `grpo-fast engine --connect HOST:PORT --secret-file FILE`): messages
 and weights travel over TCP, nothing is shared but the address and the run's secret. The link listens on loopback
 unless `address` names another interface, and serves only peers that prove the secret; its messages are the
-dataclasses of grpo_fast.rollout.async_messages (see grpo_fast.rollout.engine_link).
+dataclasses of grpo_fast.rollout.async_messages (grpo_fast.rollout.link_store, engine_link).
 
 With `engines` > 1 several engine processes generate side by side (data parallel): each takes the next index as it
 connects, gets every `engines`-th prompt the trainer sends and seeds of its own, and receives every weight version
@@ -34,13 +34,11 @@ from the checkpoint's weights, and the prompts that were sent ahead but not trai
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import math
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 import typing
@@ -53,18 +51,10 @@ import torch
 from grpo_fast.config_fields import ConfigSection, option
 from grpo_fast.rollout.async_messages import CONTROL, FROM_ENGINE, PROMPTS, Failure, Group, Prompt, Ready, Stop, Weights
 from grpo_fast.rollout.base import SamplingSpec
-from grpo_fast.rollout.engine_link import (
-    BACKENDS,
-    Channel,
-    LinkServer,
-    Manifest,
-    WeightLink,
-    WeightSender,
-    connect_link,
-    parse_address,
-)
+from grpo_fast.rollout.engine_link import BACKENDS, Manifest, WeightLink, WeightSender
 from grpo_fast.rollout.link_auth import SECRET_ENV, LinkClosed, new_secret, parse_secret, write_secret_file
 from grpo_fast.rollout.link_codec import LinkProtocolError, decode, encode, from_plain, to_plain
+from grpo_fast.rollout.link_store import Channel, LinkServer, connect_link, parse_address
 from grpo_fast.rollout.partial import ROUND_SEEDS, PartialGroup, PartialOptions, PartialRollouts
 
 logger = logging.getLogger(__name__)
@@ -413,7 +403,7 @@ class AsyncRollouts:
             logger.info("rollout.mode async: engine process %d started (%s)", process.pid, self.spec)
         if not self.processes:
             notes = [" (that file holds the run's secret: copy it keeping its mode 0600)"] if self.secret_file else []
-            if ipaddress.ip_address(socket.getaddrinfo(self.server.host, None)[0][4][0]).is_loopback:
+            if self.server.loopback:
                 notes.append("; the link listens on loopback: for another host, set rollout.async_engine.address")
             logger.warning(
                 "rollout.mode async: waiting %g s for %d engine process(es); start each with `%s` on a host that "

@@ -222,7 +222,8 @@ def test_a_silent_engine_process_times_out(model_dir):
 def test_a_push_with_a_weight_missing_renamed_or_repeated_is_refused():
     """The staged copy takes a push only when it names every weight once (WeightNameCheck); a refused push announces
     nothing, so the engine keeps the last weights."""
-    from grpo_fast.rollout.engine_link import LinkServer, WeightSender
+    from grpo_fast.rollout.engine_link import WeightSender
+    from grpo_fast.rollout.link_store import LinkServer
 
     weights = list(trainer_weights(build_tiny_model(TOK, seed=5)))
     server = LinkServer("127.0.0.1", 0, b"k" * 32, 5.0)

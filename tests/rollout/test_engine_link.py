@@ -25,7 +25,7 @@ from grpo_fast.cli import main
 from grpo_fast.rollout.async_messages import CONTROL, FROM_ENGINE, Group, Prompt, Ready, Stop, Weights
 from grpo_fast.rollout.async_rollouts import EngineSetup, EngineSpec, run_engine
 from grpo_fast.rollout.base import SamplingSpec
-from grpo_fast.rollout.engine_link import Channel, LinkServer, WeightLink, connect_link
+from grpo_fast.rollout.engine_link import WeightLink
 from grpo_fast.rollout.link_auth import (
     LinkRefused,
     accept,
@@ -35,6 +35,7 @@ from grpo_fast.rollout.link_auth import (
     write_secret_file,
 )
 from grpo_fast.rollout.link_codec import LinkProtocolError, decode, encode
+from grpo_fast.rollout.link_store import Channel, LinkServer, connect_link
 from grpo_fast.rollout.partial import PartialOptions
 
 KEY = b"k" * 32

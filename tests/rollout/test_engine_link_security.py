@@ -160,7 +160,7 @@ def test_an_engine_without_the_secret_is_refused_and_the_run_goes_on(model_dir, 
     env = {**os.environ, "GRPO_FAST_LINK_SECRET": "0" * 64}
     command = [sys.executable, "-m", "grpo_fast.cli", "engine", "--connect", remote.address, "--threads", "1"]
     try:
-        with caplog.at_level(logging.WARNING, logger="grpo_fast.rollout.engine_link"):
+        with caplog.at_level(logging.WARNING, logger="grpo_fast.rollout.link_store"):
             rogue = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
             assert rogue.returncode != 0
             assert "refused" in rogue.stderr and "secret" in rogue.stderr, rogue.stderr[-2000:]
@@ -184,7 +184,7 @@ def test_a_stranger_on_the_port_learns_nothing(model_dir, caplog):
     host, port = remote.address.rsplit(":", 1)
     received = b""
     try:
-        with caplog.at_level(logging.WARNING, logger="grpo_fast.rollout.engine_link"):
+        with caplog.at_level(logging.WARNING, logger="grpo_fast.rollout.link_store"):
             with socket.create_connection((host, int(port)), timeout=30) as conn:
                 conn.sendall(os.urandom(80))  # as long as an engine's answer to the trainer's hello
                 try:
