@@ -398,6 +398,49 @@ def render_headline_gpu(results: Path) -> str:
     return table(lines)
 
 
+GPU_CHECK = ROOT / "benchmarks" / "gpu_check.sh"
+GPU_CHECK_RUNS = ("gpu_check_summary_cuda.json",)
+"""The summaries of gpu_check.sh's runs on a GPU in benchmarks/results/, oldest first."""
+
+
+def _phase_limits(script: Path = GPU_CHECK) -> dict[str, tuple[int, str]]:
+    """Each phase of gpu_check.sh with its limit and whether the full run has it ("full") or ONLY must name it."""
+    text = script.read_text()
+    limits = {}
+    for variable, kind in (("PHASES", "full"), ("ON_DEMAND", "only")):
+        for item in re.search(rf'^{variable}="([^"]*)"', text, re.M).group(1).split():
+            name, _, limit = item.partition(":")
+            limits[name] = (int(limit), kind)
+    return limits
+
+
+def render_gpu_check_phases(results: Path) -> str:
+    """gpu_check.sh's phases: each one's limit now (from the script), and per GPU run its limit, seconds, status."""
+    runs = [json.loads((results / name).read_text()) for name in GPU_CHECK_RUNS if (results / name).exists()]
+    limits = _phase_limits()
+    header = ["phase", "limit now (s)", "in the run"]
+    for run in runs:
+        header += [f"{run['commit']}: limit (s)", "ran (s)", "status"]
+    lines = [header]
+    for name, (limit, kind) in limits.items():
+        line = [name, str(limit), "every" if kind == "full" else "when ONLY names it"]
+        for run in runs:
+            phase = next((p for p in run["phases"] if p["phase"] == name), None)
+            line += ["", "", ""] if phase is None else [str(phase["limit_s"]), str(phase["seconds"]), phase["status"]]
+        lines.append(line)
+    full = sum(limit for limit, kind in limits.values() if kind == "full")
+    only = sum(limit for name, (limit, kind) in limits.items() if kind == "only" or name == "machine")
+    return (
+        table(lines)
+        + (
+            f"\n\nLimits of the full run: {full} s; of the machine and the ONLY phases: {only} s. "
+            + "".join(
+                f"Run {r['commit']}: {r['elapsed_s']} s of {r['budget_s']}, {r['facts'].get('gpu')}. " for r in runs
+            )
+        ).rstrip()
+    )
+
+
 def _seed_ratios(runs: list[dict], variant: str) -> list[float]:
     """A variant's mean step time over the sync run's of the same seed, for each seed both ran."""
     sync = {r["seed"]: r["step_seconds_mean"] for r in runs if r["variant"] == "sync"}
@@ -483,6 +526,7 @@ COMPOSITES: dict[str, Callable[[Path], str]] = {
     "headline": render_headline,
     "headline_gpu": render_headline_gpu,
     "gpu_goals": render_gpu_goals,
+    "gpu_check_phases": render_gpu_check_phases,
 }
 """Tables drawn from several results files, by marker name."""
 
