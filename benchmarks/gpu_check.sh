@@ -20,13 +20,13 @@
 #   model_kernels     30    the policy's forward+backward with and without Liger's model kernels, 2 timed runs each
 #
 # Phases run only when ONLY names them (the second, short check of the first run's misses, 195 s with the machine):
-#   profile           80    benchmarks/gpu_profile.py at Qwen2.5-7B, N=16384, bf16: device-to-device bandwidth, then
+#   profile           70    benchmarks/gpu_profile.py at Qwen2.5-7B, N=16384, bf16: device-to-device bandwidth, then
 #                           gemm3, triton, torch and trl timed and under torch.profiler (kernels by kind, the GPU's busy
 #                           share), the compiled Triton kernels' registers / spills / shared memory
-#   native            40    the build awaited and checked; tests/backends/test_native_gpu.py case by case, with a
+#   native            35    the build awaited and checked; tests/backends/test_native_gpu.py case by case, with a
 #                           native backtrace (file, function, line) if anything crashes
 #   profile_cuda      25    gpu_profile.py's cuda part (after the build), into the same JSON
-#   liger             35    the loss benchmark at Qwen2.5-7B N=16384: gemm3, cuda, liger (each shape compiled afresh)
+#   liger             50    the loss benchmark at Qwen2.5-7B N=16384: gemm3, cuda, liger (its torch.compile included)
 #
 # $OUT (default /tmp/grpo_fast_gpu_check) gets at most 8 files, none below it: gpu_check.log (all text, appended as
 # it goes) and at most 6 JSON files, each rewritten after every measurement so that a kill keeps what finished:
@@ -65,7 +65,7 @@ OUT="${OUT:-/tmp/grpo_fast_gpu_check}"
 BUDGET_S="${BUDGET_S:-480}"
 BUILD_LIMIT_S="${BUILD_LIMIT_S:-240}"
 PHASES="machine:15 gate:35 loss:125 cuda:35 n65536:40 gpu_tests:50 dw:20 step:45 trl_step:55 model_kernels:30"
-ON_DEMAND="profile:80 native:40 profile_cuda:25 liger:35" # run only when ONLY names them
+ON_DEMAND="profile:70 native:35 profile_cuda:25 liger:50" # run only when ONLY names them
 START=$(date +%s)
 
 runs() { # whether phase $1 is part of this run: the machine always, others as ONLY says (every one of PHASES without it)
@@ -326,7 +326,7 @@ CEOF
     status=${PIPESTATUS[0]}
     grep '^NATIVE_FRAME' "$WORK/native.log" | while read -r _ file offset symbol; do
         echo "frame: $(addr2line -f -C -i -e "$file" "$offset" 2>/dev/null | paste -sd' ') [$symbol in $file]"
-    done
+    done | tee "$WORK/native_frames.txt"
     return "$status"
 }
 
@@ -344,7 +344,7 @@ liger() { # Liger's Qwen N=16384 row (it died in torch.compile in the first run)
     if [ "$DRY_RUN" = 1 ]; then
         bench_loss --shapes 64,32,256 --repeats 1 --variants gemm3 cpu liger
     else
-        bench_loss --models qwen2.5-7b --tokens 16384 --repeats 5 --variant-timeout 40 --variants gemm3 cuda liger
+        bench_loss --models qwen2.5-7b --tokens 16384 --repeats 5 --variant-timeout 45 --variants gemm3 cuda liger
     fi
 }
 
@@ -361,7 +361,13 @@ for name in gate loss cuda n65536 gpu_tests dw step trl_step model_kernels profi
     phase "$name" "$name"
 done
 wait
+# The headline, last: the loss table, the profile, the native tests' outcome (and a crash's frames), the phases.
 [ -f "$OUT/bench_loss_$DEV.json" ] && python3 benchmarks/tables.py --show "$OUT/bench_loss_$DEV.json" 2>&1 | tee -a "$LOG"
+[ -f "$OUT/profile_$DEV.json" ] && python3 benchmarks/gpu_profile.py --show "$OUT/profile_$DEV.json" 2>&1 | tee -a "$LOG"
+if [ -f "$WORK/native.log" ]; then
+    grep -E '^(FAILED|ERROR) |Fatal Python error|^=+ .*(passed|failed|error|skipped)' "$WORK/native.log" | tail -30 | tee -a "$LOG"
+    [ -s "$WORK/native_frames.txt" ] && head -40 "$WORK/native_frames.txt" | tee -a "$LOG"
+fi
 awk -F'\t' '{printf "%-14s limit %4ss  ran %4ss  %s\n", $1, $2, $3, $4}' "$WORK/phases.tsv" | tee -a "$LOG"
 budget=$(check_budget)
 status=$?

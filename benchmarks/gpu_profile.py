@@ -16,6 +16,7 @@ Parts (--parts, in this order; each one's results go to the JSON as soon as it i
     python benchmarks/gpu_profile.py --device cuda --out profile_cuda.json          # Qwen2.5-7B's head, N=16384, bf16
     python benchmarks/gpu_profile.py --device cuda --parts cuda --out profile_cuda.json --update
     python benchmarks/gpu_profile.py --device cpu --shape 256,32,512 --out /tmp/profile_cpu.json   # a CPU dry run
+    python benchmarks/gpu_profile.py --show profile_cuda.json                        # the headline of a JSON
 
 The headline (every part's numbers in a few lines) is printed last.
 """
@@ -200,6 +201,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--copy-gib", type=float, default=2.0, help="bandwidth buffer (GiB; 1/32 of it on CPU)")
     ap.add_argument("--out", default=None, help="JSON results")
     ap.add_argument("--update", action="store_true", help="add to --out's parts instead of starting afresh")
+    ap.add_argument("--show", default=None, metavar="JSON", help="only print the headline of a results JSON")
     args = ap.parse_args(argv)
     if args.update and not args.out:
         ap.error("--update adds to --out: give --out")
@@ -208,6 +210,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.show:
+        print(headline(json.loads(Path(args.show).read_text())))
+        return 0
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_profile: --device cuda, but torch sees no CUDA device")
