@@ -130,7 +130,13 @@ def save_checkpoint(
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Renames the written `tmp` to `final`, replacing an earlier checkpoint of the same step."""
+    """Renames the written `tmp` to `final`, replacing an earlier checkpoint of the same step. An incomplete
+    directory of that name (a copy cut short: no writer of ours publishes one) is not deleted but kept beside it as
+    `<name>.incomplete-<pid>`."""
+    if final.exists() and not is_complete(final):
+        kept = final.with_name(f"{final.name}.incomplete-{os.getpid()}")
+        os.replace(final, kept)
+        logger.warning("%s was incomplete (files missing or cut short): kept as %s", final, kept.name)
     if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
         old = final.parent / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
