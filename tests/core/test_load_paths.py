@@ -8,6 +8,7 @@ tests/rewards/test_reward_model.py."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from grpo_fast.cli import main
 from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.config_tree import load_tree
+from grpo_fast.core.metrics import read_jsonl
 from grpo_fast.core.policy import load_policy
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, save_tiny
 from grpo_fast.curate.filtering import filter_pass_rates
@@ -171,6 +173,16 @@ def test_filter_names_the_line_of_a_pass_rates_file_it_cannot_use(tmp_path, line
     with pytest.raises(SystemExit, match=f"grpo-fast filter: {path}, line 2"):
         main(["filter", "--pass-rates", str(path), "--output", str(tmp_path / "kept.jsonl")])
     assert not (tmp_path / "kept.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "message"), [("[1, 2]", "expected a JSON object, got list"), ("[" * 100_000, "not JSON")]
+)
+def test_a_metrics_journal_names_the_line_it_cannot_use(tmp_path, line, message):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(f'{{"step": 1}}\n{line}\n{{"step": 2}}\n')
+    with pytest.raises(ValueError, match=f"{path}:2: {re.escape(message)}"):
+        read_jsonl(path)
 
 
 def test_the_sampling_journal_drops_lines_that_are_no_record_of_a_chunk(tmp_path):
