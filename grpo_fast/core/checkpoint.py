@@ -180,7 +180,7 @@ def is_complete(path: str | Path) -> bool:
     try:
         sizes = json.loads(manifest.read_text())
         return all((path / name).is_file() and (path / name).stat().st_size >= size for name, size in sizes.items())
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):
         return False
 
 
@@ -312,8 +312,8 @@ def verify_files(path: str | Path) -> None:
         listed = json.loads(manifest.read_text())
         if not isinstance(listed, dict) or not all(isinstance(v, int) for v in listed.values()):
             raise ValueError("expected an object of file sizes")
-    except (OSError, ValueError) as exc:
-        raise UnsafeCheckpointError(f"{manifest}: unreadable ({exc}); the checkpoint was altered") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UnsafeCheckpointError(f"{manifest}: unreadable ({str(exc)[:200]}); the checkpoint was altered") from None
     present = _file_sizes(path)
     problems = [f"{name}: missing" for name in sorted(listed.keys() - present.keys())]
     problems += [
@@ -476,7 +476,13 @@ def saved_run_config(path: str | Path) -> dict | None:
     verify_files(path)
     file = Path(path) / RUN_CONFIG
     if file.exists():
-        return json.loads(file.read_text())
+        try:
+            saved = json.loads(file.read_text())
+        except (ValueError, RecursionError):
+            saved = None
+        if not (isinstance(saved, dict) and isinstance(saved.get("config"), dict)):
+            raise UnsafeCheckpointError(f"{file}: refused, it is not the run signature a grpo_fast checkpoint holds")
+        return saved
     config = load_trainer_state(path).get("config")
     return None if config is None else {"config": _jsonable(config)}
 
@@ -593,8 +599,8 @@ def unsaved_progress_mismatch(output_dir: str | Path, signature: dict) -> str | 
     try:
         saved = json.loads((out / RUN_CONFIG).read_text())
         diff = compare_configs(saved, signature)
-    except (ValueError, KeyError, TypeError) as exc:
-        return f"its {RUN_CONFIG} cannot be read ({exc})"
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        return f"its {RUN_CONFIG} cannot be read ({type(exc).__name__}: {str(exc)[:200]})"
     changes = diff.incompatible + diff.other
     if changes:
         return "it is another run: " + "; ".join(map(str, changes))

@@ -99,3 +99,21 @@ def test_a_checkpoint_of_the_earlier_format_still_loads(tmp_path):
     state = ckpt.load_trainer_state(path)
     set_rng_state(state["rng"])
     assert np.random.random() == expected  # noqa: NPY002
+
+
+def test_json_files_nested_past_the_parser_are_refused_not_raised(tmp_path):
+    """The manifest, the checkpoint's run signature and the output directory's: each read without a RecursionError
+    (a checkpoint with an unreadable manifest is skipped as incomplete, and kept; a signature that is no signature is
+    refused, naming the file)."""
+    out = tmp_path / "run"
+    path = _trainer(out, "run.max_steps=1").save()
+    deep = "[" * 100_000
+    (path / "train_config.json").write_text(deep)
+    _match_the_manifest(path)
+    with pytest.raises(ckpt.UnsafeCheckpointError, match="train_config.json: refused"):
+        _trainer(out, "run.max_steps=2", "run.resume=true").train()
+    (path / ckpt.MANIFEST).write_text(deep)
+    assert ckpt.list_checkpoints(out / "checkpoints") == [] and path.is_dir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    (out / "train_config.json").write_text(deep)
+    assert "cannot be read (RecursionError" in ckpt.unsaved_progress_mismatch(out, {"config": {}})
