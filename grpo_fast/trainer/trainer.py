@@ -422,8 +422,13 @@ class GRPOTrainer:
     def _load_checkpoint(self, path: Path) -> None:
         """The loading half of `resume` (its config already checked)."""
         state = ckpt.load_trainer_state(path)  # before the weights: a refused checkpoint changes nothing
-        if (path / SHARDED_DIR).is_dir():  # written by several ranks: any world size loads it
+        if "optimizer" not in state:  # written by several ranks: model and optimizer in its shards, any world size
             load_sharded(path / SHARDED_DIR, self.model, self.optimizer)
+        elif (path / SHARDED_DIR).exists():
+            raise ckpt.UnsafeCheckpointError(
+                f"checkpoint {path}: refused, one process wrote it (its trainer state holds the optimizer) but it "
+                f"has a {SHARDED_DIR}/ directory, which only several ranks write: it was altered"
+            )
         elif self.dist.enabled:
             load_full_checkpoint(self.model, self.optimizer, path, state["optimizer"])
         else:
