@@ -15,9 +15,10 @@ import uuid
 import pytest
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code import SandboxLimits, ShellRunner, extract_code, isolation
+from grpo_fast.rewards.code import ShellRunner, extract_code
 from grpo_fast.rewards.code.cases import parse_assert, parse_cases
 from grpo_fast.rewards.code.programs import close_idle
+from grpo_fast.sandbox import SandboxLimits, isolation
 
 LIMITS = SandboxLimits(wall_s=2.0, memory_bytes=1 << 30)
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
@@ -251,7 +252,7 @@ def test_a_sandbox_set_up_ahead_and_used_after_its_deadline_still_scores(monkeyp
     launcher's set-up and call-runner answers wait in the pipe past their deadlines. They are read, not taken
     for a launcher that never answered (an InfrastructureError that stopped the run)."""
     import grpo_fast.rewards.code.programs as programs
-    import grpo_fast.rewards.code.sandbox as sandbox
+    import grpo_fast.sandbox.session as sandbox
 
     monkeypatch.setattr(sandbox, "_SETUP_S", 0.2)
     monkeypatch.setattr(programs, "_START_S", 0.2)

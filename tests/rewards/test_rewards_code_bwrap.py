@@ -21,7 +21,7 @@ from test_rewards_code import ADD, ADD_TESTS, sandbox_processes
 from test_rewards_code_attacks import LEAKY_SETUPS, THIEF
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code.isolation import probe
+from grpo_fast.sandbox import probe
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITS = {"wall_s": 2.0, "memory_bytes": 1 << 30}
@@ -75,7 +75,8 @@ def _readable(path: Path) -> bool:
 
 UNPRIVILEGED = """
 import json, os, sys
-from grpo_fast.rewards.code import code_tests, isolation
+from grpo_fast.rewards.code import code_tests
+from grpo_fast.sandbox import isolation
 secret = sys.argv[1]
 hunter = (
     "import glob\\nfound = ''\\n"

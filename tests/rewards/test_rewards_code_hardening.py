@@ -22,7 +22,7 @@ import pytest
 from test_rewards_code import ADD, ADD_TESTS, LIMITS, UNSANDBOXED, needs_namespaces, sandbox_processes
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code import SandboxLimits, isolation, run_sandboxed
+from grpo_fast.sandbox import SandboxLimits, isolation, run_sandboxed
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -37,7 +37,7 @@ def run(program: str, limits: SandboxLimits = LIMITS) -> dict:
 
 def _cgroups_available() -> bool:
     try:
-        from grpo_fast.rewards.code import cgroups
+        from grpo_fast.sandbox import cgroups
     except ImportError:
         return True
     return cgroups.parents() is not None

@@ -14,8 +14,8 @@ import uuid
 import pytest
 from test_rewards_code import sandbox_processes, score
 
-from grpo_fast.rewards.code import PythonRunner, SandboxLimits, isolation
-from grpo_fast.rewards.code.sandbox import Session
+from grpo_fast.rewards.code import PythonRunner
+from grpo_fast.sandbox import SandboxLimits, Session, isolation
 
 LEVEL = isolation()  # the unsandboxed levels run these benign programs as they are
 

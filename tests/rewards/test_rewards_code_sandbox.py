@@ -13,13 +13,13 @@ from test_rewards_code import LIMITS, UNSANDBOXED, needs_namespaces, sandbox_pro
 
 from grpo_fast.rewards import code_tests
 from grpo_fast.rewards.checks import check_verifiers
-from grpo_fast.rewards.code import ShellRunner, isolation, run_sandboxed
-from grpo_fast.rewards.code.backends import BACKENDS
+from grpo_fast.rewards.code import ShellRunner
 from grpo_fast.rewards.outcomes import VerifierStartupError
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.rewards.routing import RoutedReward
+from grpo_fast.sandbox import BACKENDS, isolation, run_sandboxed
 
-isolation_module = sys.modules["grpo_fast.rewards.code.isolation"]
+isolation_module = sys.modules["grpo_fast.sandbox.isolation"]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runs programs as another uid)")
 
 # escape(): a child that leaves the run's process group and session (with double=True: the grandchild of

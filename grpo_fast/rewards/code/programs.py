@@ -17,16 +17,14 @@ from __future__ import annotations
 import atexit
 import math
 import os
-import site
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from grpo_fast.rewards.code.sandbox import SandboxLimits, Session, reap
+from grpo_fast.errors import InfrastructureError
 from grpo_fast.rewards.code.wire import WireError, dumps, loads
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.sandbox import SandboxLimits, Session, reap, runner_argv
 
 _HERE = Path(__file__).parent
 _WIRE = (_HERE / "wire.py").read_text(encoding="utf-8")
@@ -44,16 +42,6 @@ def _owner() -> tuple[int, int]:
     launcher dies with that thread: a parent-death signal follows the thread that forked; a forked
     child must not share it)."""
     return os.getpid(), threading.get_ident()
-
-
-def runner_argv(python: str, source: str, *args: str) -> list[str]:
-    """The command that runs a runner's `source` with `python` in a sandbox. For this process's own
-    interpreter: `-I -S` with its site-packages directories put on sys.path, since processing their
-    .pth files takes longer than the rest of a start; for another: `-I`."""
-    if os.path.abspath(python) != os.path.abspath(sys.executable):
-        return [python, "-I", "-c", source, *args]
-    paths = [path for path in site.getsitepackages() if os.path.isdir(path)]
-    return [python, "-I", "-S", "-c", f"import sys; sys.path.extend({paths!r})\n" + source, *args]
 
 
 class LocalProgram:

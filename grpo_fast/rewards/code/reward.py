@@ -32,10 +32,8 @@ from typing import Any
 from grpo_fast.rewards.checks import VerifierStatus
 from grpo_fast.rewards.code import programs
 from grpo_fast.rewards.code.cases import AssertCase, IOCase, parse_cases, same_output
-from grpo_fast.rewards.code.isolation import BACKENDS, SandboxConfig, choose, isolation
 from grpo_fast.rewards.code.remote import RemoteProgram, RemoteService
 from grpo_fast.rewards.code.runners import PythonRunner, Runner
-from grpo_fast.rewards.code.sandbox import SandboxLimits
 from grpo_fast.rewards.code.startup import check
 from grpo_fast.rewards.code.wire import WireError, dumps, loads
 from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure, VerifierStartupError
@@ -43,6 +41,7 @@ from grpo_fast.rewards.pool import time_left
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
+from grpo_fast.sandbox import BACKENDS, SandboxConfig, SandboxLimits, choose, isolation
 
 _FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_fast.rewards.code.backends import BACKENDS, URL_VARIABLE, SandboxConfig
-from grpo_fast.rewards.code.sandbox import SandboxLimits, Session
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.errors import InfrastructureError
+from grpo_fast.sandbox.config import BACKENDS, URL_VARIABLE, SandboxConfig, SandboxLimits
+from grpo_fast.sandbox.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def choose(config: SandboxConfig, allow_unsandboxed: bool = False) -> str:
     local = isolation()
     if local in BACKENDS:
         return _chosen(local)
-    if config.url:
+    if config.service_url:
         return _chosen("remote")
     if allow_unsandboxed:
         log.warning(

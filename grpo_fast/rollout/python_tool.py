@@ -7,8 +7,8 @@ dataset row; every other public method of the class is a tool, described to the 
 docstring (transformers.utils.get_json_schema). The one tool is `python(code)`. `close` is an instance attribute
 (a weakref.finalize), not a method, so that it is no tool; it also runs at garbage collection and at exit.
 
-The interpreter (repl_runner.py) runs in a local sandbox (sandbox.Session) of backend `sandbox` (a SandboxConfig;
-"auto" = the strongest local backend, as code rewards choose it) with resources `limits`:
+The interpreter (repl_runner.py) runs in a local sandbox (grpo_fast.sandbox.Session) of backend `sandbox` (a
+SandboxConfig; "auto" = the strongest local backend, as code rewards choose it) with resources `limits`:
 - The sandbox starts at a rollout's first call. `reset` drops the sandbox of the rollout before, since what its
   code left there (files in /sandbox and /dev/shm, IPC objects) would reach the next rollout.
 - Each call may run `limits.wall_s` seconds; the interpreter's CPU time for all of a rollout's calls is
@@ -19,10 +19,10 @@ The interpreter (repl_runner.py) runs in a local sandbox (sandbox.Session) of ba
   no backend, a sandbox or interpreter that cannot start (then nothing of the call has run), a sandbox whose
   launcher dies or stops answering during a call (the next call starts a new sandbox).
 
-Threads: a launcher dies with the thread that forked it (programs._owner), and callers run tools on worker
-threads that may end before the rollout does. So every sandbox of this module is created by one daemon thread
-that lives as long as the process (`_spawn`); requests are then made from the calling thread, one at a time
-per environment (a lock).
+Threads: a launcher dies with the thread that forked it (a parent-death signal follows that thread), and callers
+run tools on worker threads that may end before the rollout does. So every sandbox of this module is created by
+one daemon thread that lives as long as the process (`_spawn`); requests are then made from the calling thread,
+one at a time per environment (a lock).
 
 The remote backend (SandboxFusion) is not supported: it keeps nothing between requests, so each call would
 have to replay every earlier cell of the rollout, with their time, output and randomness again. A config that
@@ -44,11 +44,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from grpo_fast.rewards.code.backends import SandboxConfig
-from grpo_fast.rewards.code.isolation import choose
-from grpo_fast.rewards.code.programs import runner_argv
-from grpo_fast.rewards.code.sandbox import SandboxLimits, Session
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.errors import InfrastructureError
+from grpo_fast.sandbox import SandboxConfig, SandboxLimits, Session, choose, runner_argv
 
 REPL_RUNNER = Path(__file__).with_name("repl_runner.py").read_text(encoding="utf-8")
 _START_S = 10.0  # how long the interpreter may take to start, beyond `wall_s`

@@ -21,9 +21,9 @@ import uuid
 import pytest
 from transformers.utils import get_json_schema
 
-from grpo_fast.rewards.code import isolation
-from grpo_fast.rewards.code.python_tool import PythonEnvironment
 from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.rollout.python_tool import PythonEnvironment
+from grpo_fast.sandbox import isolation
 
 sandboxed = pytest.mark.skipif(
     isolation() not in ("namespaces", "bwrap"),

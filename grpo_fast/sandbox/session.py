@@ -37,59 +37,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from grpo_fast.rewards.code import cgroups
-from grpo_fast.rewards.code.backends import ROOT_MOUNT, binds, launcher_argv
-from grpo_fast.rewards.code.seccomp import denylist_filter
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.errors import InfrastructureError
+from grpo_fast.sandbox import cgroups
+from grpo_fast.sandbox.backends import ROOT_MOUNT, binds, launcher_argv
+from grpo_fast.sandbox.config import SandboxLimits
+from grpo_fast.sandbox.seccomp import denylist_filter
 
 _UID_BASE, _UID_SPAN = 200_000, 1 << 24
 _GRACE_S = 5.0  # how long past a request's own time limit the launcher may take to answer
 _SETUP_S = 30.0  # how long a launcher may take to set its sandbox up
 _LAUNCHER_MEMORY = 128 << 20  # the launcher's own share of a control group's memory limit
 _WORKDIR_PREFIX = "grpo-sandbox-"
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one sandbox.
-
-    wall_s: wall-clock seconds per stdin/stdout run, and per assert test for the program (its load
-        and every call of the test) and again for the judge's own work on it.
-    cpu_s: CPU seconds per process; None = ceil(wall_s) + 1 for a stdin/stdout run, and
-        ceil(completion_s) + 1 for the process that answers all of a completion's assert tests.
-    memory_bytes: address space per process (RLIMIT_AS), and the whole sandbox's memory where a
-        control group can be made. file_bytes: largest file it may write (RLIMIT_FSIZE).
-    disk_bytes: size of the writable /sandbox tmpfs. nproc: processes + threads of the sandbox.
-    output_bytes: stdout + stderr kept per run, and the largest answer of a call.
-    completion_s: wall-clock seconds for all of one completion's tests (the tests left when it runs
-        out fail); keep it below the reward pool's timeout (RewardPool also cuts it to the time it
-        has left, so that the pool never has to kill a worker for a slow program).
-    """
-
-    wall_s: float = 5.0
-    cpu_s: int | None = None
-    memory_bytes: int = 2 << 30
-    file_bytes: int = 16 << 20
-    disk_bytes: int = 64 << 20
-    nproc: int = 32
-    output_bytes: int = 1 << 20
-    completion_s: float = 20.0
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if value is not None and value <= 0:
-                raise ValueError(f"SandboxLimits.{name}: must be > 0, got {value}")
-
-    @classmethod
-    def of(cls, limits: SandboxLimits | Mapping[str, Any] | None) -> SandboxLimits:
-        """Limits from themselves, a mapping of the fields (as a YAML config gives them) or None."""
-        if isinstance(limits, Mapping):
-            return cls(**limits)
-        return limits or cls()
 
 
 class Session:

@@ -1,5 +1,5 @@
-"""The sandbox backends as declarations: their names, a `SandboxConfig` choosing one, and how each starts a
-launcher (argv, bind mounts). Which one runs on this machine is isolation.py's business.
+"""The sandbox backends as declarations: how each starts a launcher (argv, bind mounts). Which one runs on this
+machine is isolation.py's business; a `SandboxConfig` (config.py) chooses one.
 
 Backends, strongest first (what each guarantees: docs/rewards.md, "The code sandbox"):
 - "namespaces": root; the launcher itself enters new mount, network, PID, IPC and UTS namespaces and
@@ -7,7 +7,8 @@ Backends, strongest first (what each guarantees: docs/rewards.md, "The code sand
 - "bwrap": bubblewrap, unprivileged user namespaces: the launcher runs inside `bwrap` (new user,
   mount, network, PID, IPC, UTS and cgroup namespaces, no further user namespaces, all capabilities
   dropped, a read-only root of the system and Python directories, a tmpfs /sandbox).
-- "remote": a SandboxFusion-compatible HTTP service (remote.py); programs never run on this machine.
+- "remote": a SandboxFusion-compatible HTTP service (grpo_fast.rewards.code.remote); programs never run on this
+  machine.
 Unsafe levels, used only with `allow_unsandboxed=True`: "uid" (root without namespaces: a fresh uid,
 limits) and "rlimits" (limits only, as the calling user).
 """
@@ -15,57 +16,17 @@ limits) and "rlimits" (limits only, as the calling user).
 from __future__ import annotations
 
 import functools
-import logging
 import os
+import site
 import subprocess
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
 
-log = logging.getLogger(__name__)
-
-BACKENDS = ("namespaces", "bwrap", "remote")
-URL_VARIABLE = "GRPO_FAST_SANDBOX_URL"
 _LAUNCHER_SOURCE = Path(__file__).with_name("_launcher.py").read_text(encoding="utf-8")
 _SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/sbin", "/etc")
 ROOT_MOUNT = "/run/grpo-fast-sandbox"
 """Where the namespaces backend mounts each sandbox's root, in the sandbox's own mount namespace only
 (one empty root-owned directory for all sandboxes; nothing is ever written there on the host)."""
-
-
-@dataclass(frozen=True)
-class SandboxConfig:
-    """backend: "auto" | "namespaces" | "bwrap" | "remote". url: the remote service's base URL (auto
-    also picks remote when it is set; default: the GRPO_FAST_SANDBOX_URL environment variable).
-    timeout_s: seconds one remote request may take beyond the run's own time limit; retries: attempts
-    after a failed remote request (connection errors, HTTP 5xx, SandboxError), with backoff."""
-
-    backend: str = "auto"
-    url: str | None = None
-    timeout_s: float = 30.0
-    retries: int = 3
-
-    def __post_init__(self) -> None:
-        if self.backend not in ("auto", *BACKENDS):
-            raise ValueError(f"sandbox.backend: expected one of {('auto', *BACKENDS)}, got {self.backend!r}")
-        if self.backend == "remote" and not self.url:
-            raise ValueError(f"sandbox.url: the remote backend needs a URL (or the {URL_VARIABLE} variable)")
-        if self.timeout_s <= 0 or self.retries < 0:
-            raise ValueError(f"sandbox: timeout_s must be > 0 and retries >= 0, got {self.timeout_s}, {self.retries}")
-
-    @classmethod
-    def of(cls, spec: SandboxConfig | Mapping[str, Any] | str | None) -> SandboxConfig:
-        """A config from a backend name, a mapping of the fields (as YAML gives them), or None (auto)."""
-        if isinstance(spec, SandboxConfig):
-            return spec
-        options = {"backend": spec} if isinstance(spec, str) else dict(spec or {})
-        unknown = sorted(set(options) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"sandbox: unknown option(s) {unknown}; options: {[f.name for f in fields(cls)]}")
-        options.setdefault("url", os.environ.get(URL_VARIABLE) or None)
-        return cls(**options)
 
 
 def binds(python: str) -> list[str]:
@@ -115,3 +76,13 @@ def bwrap_argv(python: str, disk_bytes: int) -> list[str]:
     if not any(p == "/tmp" or p.startswith("/tmp/") for p in binds(python)):
         argv += ["--symlink", "/sandbox", "/tmp"]
     return [*argv, "--chdir", "/sandbox", "--"]
+
+
+def runner_argv(python: str, source: str, *args: str) -> list[str]:
+    """The command that runs a runner's `source` with `python` in a sandbox. For this process's own
+    interpreter: `-I -S` with its site-packages directories put on sys.path, since processing their
+    .pth files takes longer than the rest of a start; for another: `-I`."""
+    if os.path.abspath(python) != os.path.abspath(sys.executable):
+        return [python, "-I", "-c", source, *args]
+    paths = [path for path in site.getsitepackages() if os.path.isdir(path)]
+    return [python, "-I", "-S", "-c", f"import sys; sys.path.extend({paths!r})\n" + source, *args]
