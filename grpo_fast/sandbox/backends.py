@@ -4,9 +4,9 @@ machine is isolation.py's business; a `SandboxConfig` (config.py) chooses one.
 Backends, strongest first (what each guarantees: docs/rewards.md, "The code sandbox"):
 - "namespaces": root; the launcher itself enters new mount, network, PID, IPC and UTS namespaces and
   runs programs as a fresh random uid (_launcher.py).
-- "bwrap": bubblewrap, unprivileged user namespaces: the launcher runs inside `bwrap` (new user,
-  mount, network, PID, IPC, UTS and cgroup namespaces, no further user namespaces, all capabilities
-  dropped, a read-only root of the system and Python directories, a tmpfs /sandbox).
+- "bwrap": bubblewrap, unprivileged user namespaces: bubblewrap gives the launcher a user namespace with
+  capabilities there, in which it builds the same sandbox as "namespaces"; programs run with no
+  capability, as the caller's uid.
 - "remote": a SandboxFusion-compatible HTTP service (grpo_fast.rewards.code.remote); programs never run on this
   machine.
 Unsafe levels, used only with `allow_unsandboxed=True`: "uid" (root without namespaces: a fresh uid,
@@ -15,10 +15,8 @@ limits) and "rlimits" (limits only, as the calling user).
 
 from __future__ import annotations
 
-import functools
 import os
 import site
-import subprocess
 import sys
 from pathlib import Path
 
@@ -47,35 +45,22 @@ def binds(python: str) -> list[str]:
     return dirs
 
 
-def launcher_argv(level: str, python: str, disk_bytes: int) -> list[str]:
-    """The command that starts a launcher for `level` (its job: sandbox.Session)."""
+def launcher_argv(level: str, python: str) -> list[str]:
+    """The command that starts a launcher for `level` (its job: session.Session)."""
     launcher = [python, "-I", "-S", "-c", _LAUNCHER_SOURCE]
     if level != "bwrap":
         return [*launcher, str(os.getpid())]
-    return [*bwrap_argv(python, disk_bytes), *launcher, "0"]  # bwrap's --die-with-parent ties it to this process
+    return [*BWRAP, *launcher, "0"]  # bwrap's --die-with-parent ties it to this process
 
 
-@functools.cache
-def _bwrap_options() -> frozenset[str]:
-    text = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=30).stdout
-    return frozenset(word for word in text.split() if word.startswith("--"))
-
-
-def bwrap_argv(python: str, disk_bytes: int) -> list[str]:
-    """bubblewrap's part of the "bwrap" command (see module doc); /sandbox holds `disk_bytes`."""
-    argv = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    if "--disable-userns" in _bwrap_options():
-        argv.append("--disable-userns")
-    if os.geteuid() == 0:  # root would stay uid 0 inside: run as an unprivileged uid instead
-        argv += ["--uid", "65534", "--gid", "65534"]
-    for path in binds(python):
-        argv += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--hostname", "sandbox"]
-    argv += ["--size", str(disk_bytes)] if "--size" in _bwrap_options() else []
-    argv += ["--tmpfs", "/sandbox"]
-    if not any(p == "/tmp" or p.startswith("/tmp/") for p in binds(python)):
-        argv += ["--symlink", "/sandbox", "/tmp"]
-    return [*argv, "--chdir", "/sandbox", "--"]
+BWRAP = (
+    *("bwrap", "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-add", "ALL"),
+    *("--die-with-parent", "--new-session", "--bind", "/", "/", "--dev-bind", "/dev", "/dev", "--"),
+)
+"""bubblewrap's part of the "bwrap" command: a user namespace in which the launcher holds every capability (as uid
+65534 there, mapped to the caller's uid), the host's files as they are (its view of the system, whose parts it binds
+into the sandbox's own root), a session of its own, death with the caller. The launcher then builds the same
+sandbox as for "namespaces" (_launcher.py)."""
 
 
 def runner_argv(python: str, source: str, *args: str) -> list[str]:

@@ -83,6 +83,20 @@ class SandboxConfig:
     retries: int = option(
         3, "attempts after a failed remote request (connection errors, HTTP 5xx, SandboxError), with backoff", low=0
     )
+    cgroup: str | None = option(
+        None,
+        "the control group under which each sandbox gets a group of its own (memory, processes and CPU bounded for "
+        "the whole sandbox): a path as /proc/self/cgroup names it (cgroup v2, or that path in the memory and pids "
+        "hierarchies of cgroup v1), or relative to this process's own group; one this user may create groups in "
+        "(root: any; otherwise one delegated to it, e.g. a systemd unit's with Delegate=yes). null: this process's "
+        "own group",
+    )
+    allow_per_process_memory: bool = option(
+        False,
+        "run programs where no control group can be made (each process is then bounded alone: a program's "
+        "processes may hold up to nproc x memory_bytes together; the start-up check says so); false: refuse to "
+        "run them there",
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

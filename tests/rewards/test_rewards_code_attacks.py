@@ -4,7 +4,8 @@ program that shows the tests are judgeable:
 1. expected values reach the program: the test's setup binds them next to the inputs it needs;
 2. program objects decide the verdict: a method of a returned value, a name the test does not import,
    a comparison in a setup statement;
-3. failure pays: an answer that breaks the caller, a program that outlasts the reward pool's timeout.
+3. failure pays: an answer that breaks the caller, a program that outlasts the reward pool's timeout, a
+   program that is not valid text (a lone surrogate).
 
 Every wrong program here returns nothing right by itself: whatever it earns, it stole or forged.
 """
@@ -188,3 +189,20 @@ def test_code_tests_called_directly_never_raises_on_program_output():
     ]
     tests = ["assert f(1) == 2", "assert f(2) != f(2)", "assert str(f(3)) == '1'"]
     assert [score(program, tests) for program in programs] == [0.0, 0.0, pytest.approx(1 / 3), 0.0]
+
+
+def test_a_lone_surrogate_scores_the_failure_reward_not_none():
+    """A completion is text the policy chose: one that is not valid UTF-8 (a lone surrogate) is a wrong program, in
+    the reward pool as called directly; the verifier stays up (its next program scores)."""
+    program = "def f(x):\n    return x + 1  # \ud800\n"
+    spec = {"limits": {"wall_s": 2.0, "memory_bytes": 1 << 30}, "allow_unsandboxed": UNSANDBOXED}
+    io_tests = [{"input": "1", "output": "2"}]
+    assert score(program, ["assert f(1) == 2"]) == 0.0 and score("print(2)  # \ud800\n", io_tests) == 0.0
+    with RewardPool(workers=1, timeout=30.0) as pool:
+        scores = pool.score(
+            [functools.partial(code_tests, **spec)],
+            ["p"] * 2,
+            [program, "f = lambda x: x + 1"],
+            {"tests": [["assert f(1) == 2"]] * 2},
+        )
+    assert scores.rewards == [[0.0, 1.0]] and scores.failures == []

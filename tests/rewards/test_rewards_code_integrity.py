@@ -323,7 +323,7 @@ def test_a_server_is_answered_only_in_turn_and_replaced_after_any_failure(mode, 
     with Session(LEVEL, SandboxLimits(wall_s=1.0, output_bytes=1 << 20), python, {}) as session:
         for i in range(3):
             if not serving:
-                started = session.request({"op": "start", "argv": [python, "-I", "-c", _FAKE_RUNNER, mode]}, 2.0)
+                started = session.request({"op": "start", "argv": [python, "-I", "-c", _FAKE_RUNNER, mode]}, 30.0)
                 assert started == {"started": True}
             answer = session.request({"op": "ask", "line": f"request {i}"}, 1.0)
             serving = "reply" in answer

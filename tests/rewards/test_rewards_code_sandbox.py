@@ -131,8 +131,10 @@ def test_start_up_checks_name_the_backend_and_stop_a_broken_verifier():
     routed = RoutedReward(reward_from_spec(spec), {"kind": "code"})
     checked = check_verifiers([reward_from_spec(spec), routed, reward_from_spec("math_accuracy")])
     status = checked["code_tests"]
-    assert list(checked) == ["code_tests"] and status.text.startswith(f"sandbox backend {isolation()}")
-    assert status.metrics == {f"sandbox/{isolation()}": 1.0} and status.unsafe == (isolation() not in BACKENDS)
+    assert list(checked) == ["code_tests"] and status.text.startswith(f"sandbox backend {isolation()}, ")
+    whole = status.metrics.pop("sandbox/memory_per_sandbox") == 1.0  # a control group bounds each sandbox
+    assert status.metrics == {f"sandbox/{isolation()}": 1.0} and status.unsafe == (not whole)
+    assert ("bounded per sandbox" in status.text) == whole and (isolation() in BACKENDS or not whole)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"

@@ -15,7 +15,6 @@ the completion ran (the sandbox or the runner cannot start) is an Infrastructure
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import threading
 from collections.abc import Mapping
@@ -49,10 +48,12 @@ class LocalProgram:
     (the call runner, started with the sandbox) or "io" (stdin/stdout runs of `command`). Get one with
     `open_program`, which has the next one set up while this one is used."""
 
-    def __init__(self, level: str, limits: SandboxLimits, python: str, command: list[str], kind: str) -> None:
+    def __init__(
+        self, level: str, limits: SandboxLimits, python: str, command: list[str], kind: str, cgroup_parent: str | None
+    ) -> None:
         self.limits, self.python, self.command, self.kind = limits, python, command, kind
         wall = limits.completion_s if kind == "assert" else limits.wall_s
-        self.session = Session(level, limits, python, {}, cpu_s=limits.cpu_s or math.ceil(wall) + 1)
+        self.session = Session(level, limits, python, {}, cpu_s=limits.process_cpu_s(wall), cgroup_parent=cgroup_parent)
         self.serving = False
         if kind == "assert":
             self.session.post({"op": "start", "argv": self._runner()}, _START_S + limits.wall_s)
@@ -104,19 +105,25 @@ _spares: dict[tuple, LocalProgram] = {}
 
 
 def open_program(
-    level: str, limits: SandboxLimits, python: str, files: Mapping[str, str], command: list[str], kind: str
+    level: str,
+    limits: SandboxLimits,
+    python: str,
+    files: Mapping[str, str],
+    command: list[str],
+    kind: str,
+    cgroup_parent: str | None = None,
 ) -> LocalProgram:
     """A sandbox holding `files` (see LocalProgram): the one set up ahead for these settings if it is
     alive, else a new one; and a new one is set up ahead for the next call. Sandboxes set up ahead
     have run nothing of any completion."""
-    key = (*_owner(), level, limits, python, tuple(command), kind)
+    key = (*_owner(), level, limits, python, tuple(command), kind, cgroup_parent)
     with _lock:
         program = _spares.pop(key, None)
     if program is None or not program.alive():
         if program is not None:
             program.close()
-        program = LocalProgram(level, limits, python, command, kind)
-    spare = LocalProgram(level, limits, python, command, kind)
+        program = LocalProgram(level, limits, python, command, kind, cgroup_parent)
+    spare = LocalProgram(level, limits, python, command, kind, cgroup_parent)
     with _lock:
         _spares[key] = spare
     program.begin(files)
@@ -126,9 +133,9 @@ def open_program(
 class Judge:
     """A judge runner in its own sandbox (see module doc); raises InfrastructureError if it cannot start."""
 
-    def __init__(self, level: str, limits: SandboxLimits, python: str) -> None:
-        self.key = (level, limits, python)
-        self.session = Session(level, limits, python, {}, cpu_s=_JUDGE_CPU_S)
+    def __init__(self, level: str, limits: SandboxLimits, python: str, cgroup_parent: str | None = None) -> None:
+        self.key = (level, limits, python, cgroup_parent)
+        self.session = Session(level, limits, python, {}, cpu_s=_JUDGE_CPU_S, cgroup_parent=cgroup_parent)
         started = self.session.request({"op": "start", "argv": runner_argv(python, JUDGE_RUNNER)}, 30.0 + limits.wall_s)
         if started.get("started") is not True:
             self.session.close()
@@ -161,16 +168,16 @@ def _why(answer: Mapping[str, Any]) -> str:
 _idle: dict[tuple, list[Judge]] = {}
 
 
-def judge(level: str, limits: SandboxLimits, python: str) -> Judge:
+def judge(level: str, limits: SandboxLimits, python: str, cgroup_parent: str | None = None) -> Judge:
     """An idle judge for these settings (started if none is idle); give it back with `release`."""
     with _lock:
-        idle = _idle.get((*_owner(), level, limits, python), [])
+        idle = _idle.get((*_owner(), level, limits, python, cgroup_parent), [])
         while idle:
             candidate = idle.pop()
             if candidate.session.proc.poll() is None:
                 return candidate
             candidate.close()
-    return Judge(level, limits, python)
+    return Judge(level, limits, python, cgroup_parent)
 
 
 def release(used: Judge) -> None:
