@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from grpo_fast.sandbox.session import SANDBOX_UIDS
@@ -64,14 +65,17 @@ def descendants(root: int | None = None) -> dict[int, ProcessInfo]:
     return {pid: info for pid, info in tree.items() if info.state not in ("Z", "X")}
 
 
-def sandbox_processes(wait_s: float = 5.0) -> list[int]:
-    """The descendants of this process that a sandbox runs (see module doc), once they are gone or `wait_s` has
-    passed (a sandbox that was just closed takes a moment to go): [] when none is left."""
+def sandbox_processes(wait_s: float = 5.0, ignore: Collection[int] = ()) -> list[int]:
+    """The descendants of this process that a sandbox runs (see module doc), but those of `ignore` (what was there
+    before a test began), once they are gone or `wait_s` has passed (a sandbox that was just closed takes a moment
+    to go): [] when none is left."""
     own = os.readlink("/proc/self/ns/pid")
     deadline = time.monotonic() + wait_s
     while True:
         left = sorted(
-            pid for pid, info in descendants().items() if info.pid_namespace != own or info.uid in SANDBOX_UIDS
+            pid
+            for pid, info in descendants().items()
+            if (info.pid_namespace != own or info.uid in SANDBOX_UIDS) and pid not in ignore
         )
         if not left or time.monotonic() >= deadline:
             return left

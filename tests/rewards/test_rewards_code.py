@@ -57,7 +57,7 @@ def test_setup_statements_and_non_literal_expectations():
     tests = [
         "s = Stack()\ns.push(3)\nassert s.pop() == 3",
         "assert evens(5) == list(range(0, 5, 2))",
-        "assert len(evens(4)) == len(evens(3))",
+        "assert len(evens(4)) == len(range(0, 4, 2))",
         "assert all(x % 2 == 0 for x in evens(9))",
         "assert evens(3) == [0]",
     ]

@@ -110,6 +110,7 @@ def hostile_run(tmp_path: Path, steps: int, prompts: int, generations: int, frac
     from grpo_fast.trainer import GRPOTrainer, load_config
 
     adopt_orphans()
+    before = set(sandbox_processes(wait_s=0))  # other tests' sandboxes (idle judges, spares): not this run's
     tok = code_tokenizer()
     engine = ForgingToolEngine(tok, fraction, seed=0)
     opts = [f"rollout.num_generations={generations}", "rollout.max_completion_length=2000"]
@@ -135,7 +136,7 @@ def hostile_run(tmp_path: Path, steps: int, prompts: int, generations: int, frac
     assert failed == attacks, (failed, engine.forged)  # each attack's call failed, and only those
     report = (tmp_path / "report.md").read_text()
     assert f"- python: {attacks:g} over the run" in report, report
-    assert sandbox_processes() == []
+    assert sandbox_processes(ignore=before) == []
 
 
 def test_a_python_tool_run_with_hostile_calls_completes_and_counts_them(tmp_path):
