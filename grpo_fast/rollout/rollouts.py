@@ -19,7 +19,7 @@ from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.rollout.tools import Tool
 
 TOOLS = Registry("tool", {"multiply": "grpo_fast.rollout.builtin_tools:multiply"})
-ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rewards.code.python_tool:PythonEnvironment"})
+ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rollout.python_tool:PythonEnvironment"})
 
 
 def build_rollouts(

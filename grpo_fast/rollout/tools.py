@@ -9,7 +9,7 @@ arguments its schema does not admit (a missing or unknown argument, a value of t
 raises, and one that runs past `timeout` each give an "error: ..." text and count as that tool's failure; none of
 them stops the step. A tool that raises grpo_fast.errors.InfrastructureError (a sandbox that cannot start: nothing
 the model did) stops it, loudly. A sync tool past its deadline keeps running in its daemon thread (Python cannot stop a
-thread): a tool that must be stoppable runs its work in a process (grpo_fast.rewards.code.python_tool does); an
+thread): a tool that must be stoppable runs its work in a process (grpo_fast.rollout.python_tool does); an
 async tool past its deadline is cancelled.
 """
 

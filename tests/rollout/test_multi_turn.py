@@ -14,15 +14,15 @@ from tool_agent import SLOW_TIMEOUT, TOOLS, CounterEnv, call, tools_of
 
 from grpo_fast.core.tiny_models import RESPONSE_TEMPLATE, build_char_tokenizer
 from grpo_fast.errors import InfrastructureError
-from grpo_fast.rewards.code import isolation
-from grpo_fast.rewards.code.python_tool import PythonEnvironment
 from grpo_fast.rollout.base import SamplingSpec
 from grpo_fast.rollout.chat_turns import ChatFormat
 from grpo_fast.rollout.environments import Environments, environment_tools
 from grpo_fast.rollout.hf_engine import HFEngine
 from grpo_fast.rollout.multi_turn import MultiTurn
 from grpo_fast.rollout.prompts import PromptEncoder
+from grpo_fast.rollout.python_tool import PythonEnvironment
 from grpo_fast.rollout.tools import Tool, ToolRunner
+from grpo_fast.sandbox import isolation
 from grpo_fast.trainer.config import DataConfig
 
 
