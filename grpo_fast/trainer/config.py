@@ -46,6 +46,11 @@ class DataConfig(ConfigSection):
     prompt_column: str = option("prompt", "the column holding the prompts (text or chat messages)")
     use_chat_template: bool | Auto = option("auto", "encode prompts through the chat template (auto: when it has one)")
     system_prompt: str | None = option(None, "a system message put before every chat prompt")
+    chat_template_kwargs: dict = option(
+        help="keyword arguments of the chat template wherever it renders (TRL's chat_template_kwargs, e.g. "
+        "{enable_thinking: false})",
+        factory=dict,
+    )
 
 
 @dataclass

@@ -7,8 +7,10 @@ is `u` is `script[u][k]`, tokenised with the real tokenizer and ended with the e
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
@@ -16,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+QWEN3_SPECIAL = [*SPECIAL, "<think>", "</think>", "<tool_response>", "</tool_response>"]
 CHATML_TOOLS = (
     "{%- if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
     "{%- for m in messages %}"
@@ -69,6 +72,13 @@ def chatml_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     tok.chat_template = CHATML_TOOLS
     tok.response_template = RESPONSE_TEMPLATE
     return tok
+
+
+def qwen3_template() -> str:
+    """Qwen3's chat template, as TRL ships it (one that TRL's add_response_schema and get_training_chat_template
+    know), read from TRL's package without importing it."""
+    root = Path(importlib.util.find_spec("trl").submodule_search_locations[0])
+    return (root / "chat_templates" / "qwen3.jinja").read_text()
 
 
 def tool_call(name: str, **arguments) -> str:
