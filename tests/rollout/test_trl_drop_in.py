@@ -126,7 +126,7 @@ def test_a_rollout_func_reads_the_trainers_processing_class(tmp_path):
     assert seen and all(s is tok for s in seen)
 
 
-def test_trl_arguments_grpo_grpo_fast_does_not_support_are_refused_by_name(tmp_path):
+def test_trl_arguments_grpo_fast_does_not_support_are_refused_by_name(tmp_path):
     tok = chatml_tokenizer(["m"])
     model = build_tiny_model(tok, SPEC)
     rows = [{"prompt": "m"}] * 2
