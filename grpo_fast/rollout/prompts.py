@@ -27,19 +27,16 @@ class PromptEncoder:
         has = self.chat_template is not None or getattr(self.tokenizer, "chat_template", None) is not None
         return has if mode == "auto" else mode
 
-    def render(self, messages: list[dict], *, generation_prompt: bool, tools=None, tokenize: bool = True):
-        """The chat template's rendering of `messages` (ids, or text with tokenize=False), with the run's template
-        and its keyword arguments."""
+    def render(self, messages: list[dict], *, generation_prompt: bool, tools=None) -> list[int]:
+        """The ids of `messages` through the run's chat template, with its keyword arguments."""
         out = self.tokenizer.apply_chat_template(
             messages,
             tools=tools,
             add_generation_prompt=generation_prompt,
-            tokenize=tokenize,
+            tokenize=True,
             chat_template=self.chat_template,
             **self.template_kwargs,
         )
-        if not tokenize:
-            return out
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
     def messages(self, prompt) -> list[dict]:

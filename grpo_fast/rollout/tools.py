@@ -243,7 +243,7 @@ class ToolTimeout(BaseException):
     tool's own `except Exception` lets it through)."""
 
 
-DEADLINE_SIGNAL = getattr(signal, "SIGRTMIN", 0) + 6
+DEADLINE_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
 """The real-time signal that interrupts a sync tool on the main thread at its deadline (SIGALRM stays the tool's)."""
 
 
@@ -257,11 +257,12 @@ class _MainThreadDeadline:
         self._armed: object | None = None  # the token of the call under way
         self._raised = False
         self._installed = False
+        self._timer: threading.Timer | None = None
 
     def usable(self) -> bool:
         """Whether a call in this thread can be interrupted: the main thread, on a system with real-time signals."""
         main = threading.current_thread() is threading.main_thread()
-        return main and hasattr(signal, "SIGRTMIN") and hasattr(signal, "pthread_kill")
+        return main and DEADLINE_SIGNAL is not None and hasattr(signal, "pthread_kill")
 
     def arm(self, seconds: float) -> None:
         if not self._installed:
@@ -281,7 +282,8 @@ class _MainThreadDeadline:
 
     def disarm(self) -> None:
         self._armed = None
-        self._timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
 
     def _handle(self, signum, frame) -> None:
         if self._armed is not None and not self._raised:
