@@ -139,9 +139,7 @@ INERT: dict[str, str] = {
     "resume_from_checkpoint": "not used by trainers (scripts' flag); grpo_fast resumes with run.resume",
     "vllm_enable_sleep_mode": "grpo_fast's colocated vLLM sleeps between generations (rollout.vllm.sleep_level)",
     "vllm_importance_sampling_cap": "TRL's deprecated spelling of vllm_importance_sampling_clip_max (folded into it)",
-    "cast_lm_head_to_fp32": "the fused loss computes the logits in fp32 whatever the head's dtype",
     "log_multimodal": "text models only: nothing to log",
-    "shuffle_dataset": "prompts are drawn in a seeded random order (run.seed); false: not distinguished",
     "accelerator_config": "grpo_fast does not run through accelerate",
     "dataloader_drop_last": "no dataloader: the trainer draws the prompts itself",
     "dataloader_num_workers": "no dataloader: the trainer draws the prompts itself",
@@ -169,6 +167,9 @@ HINTS: dict[str, str] = {
     "sync_ref_model": "the reference policy stays the initial model (loss.beta)",
     "trust_remote_code": "load the model yourself and pass the object",
     "data_seed": "run.seed orders the prompts",
+    "shuffle_dataset": "prompts are drawn in a random order seeded by run.seed",
+    "cast_lm_head_to_fp32": "the fused loss accumulates the logits in fp32 (its operands in the model's dtype); "
+    "for fp32 operands train in float32 (model_init_kwargs dtype)",
 }
 """What to do instead, for the unsupported fields people set most."""
 
