@@ -15,7 +15,7 @@ import math
 import shutil
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -147,8 +147,8 @@ class GRPOTrainer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._set_up_rollouts(tools, environment_factory, rollout_func)
         self.rewards = self._reward_set(reward_funcs, weights)
-        self.train_rows = self._rows(train_dataset, environment_factory, "train_dataset")
-        self.eval_rows = self._rows(eval_dataset, environment_factory) if eval_dataset is not None else None
+        self.train_rows = self._rows(train_dataset, "train_dataset")
+        self.eval_rows = self._rows(eval_dataset) if eval_dataset is not None else None
         if cfg.run.eval_max_prompts and self.eval_rows:
             self.eval_rows = self.eval_rows[: cfg.run.eval_max_prompts]
         self.output_dir = Path(cfg.run.output_dir)
@@ -209,20 +209,21 @@ class GRPOTrainer:
         """The tokenizer, under TRL's name (a rollout_func reads trainer.processing_class)."""
         return self.tokenizer
 
-    def _rows(self, dataset, environment_factory, argument: str = "eval_dataset") -> list[dict]:
+    def _rows(self, dataset, argument: str = "eval_dataset") -> list[dict]:
         """The rows of a dataset; with environments, rows without a prompt get TRL's placeholder (reset() supplies
         the prompt), and without a train_dataset one step's worth of placeholder rows drive the loop."""
-        if dataset is None and environment_factory is None:
+        environments = getattr(self.rollouts, "environments", None)
+        if dataset is None and environments is None:
             raise ValueError(f"{argument}: required unless an environment_factory supplies the prompts (reset())")
         if dataset is None:
-            if isinstance(environment_factory, Mapping):
+            if environments.routed:
                 raise ValueError(
                     f"{argument}: several environments ({{name: factory}}) need rows whose `environment` column "
                     "routes each to its own; pass a dataset, or a single factory"
                 )
             dataset = [{} for _ in range(self.config.run.prompts_per_step)]
         rows = dataset.to_list() if hasattr(dataset, "to_list") else list(dataset)
-        if environment_factory is not None:
+        if environments is not None:
             rows = with_placeholder_prompts(rows)
         return _as_rows(rows)
 
