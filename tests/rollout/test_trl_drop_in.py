@@ -212,3 +212,19 @@ def test_a_tool_run_prepares_the_tokenizer_as_trl_does(tmp_path):
     ids = rollouts.chat.prompt_ids([{"role": "user", "content": "Does the gene BRCA1 interact?"}], [])
     assert tok.decode(ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # enable_thinking: false
     assert prompts.encode("Does the gene BRCA1 interact?") == ids  # every prompt of the run, the same way
+
+
+def test_prompts_from_reset_with_the_environment_named_in_the_config(tmp_path):
+    from grpo_fast.rollout.environments import PlaceholderPrompt
+    from grpo_fast.trainer import load_config
+
+    tok = chatml_tokenizer(["say 2", "answer", "value"])
+    options = [f"run.output_dir={tmp_path}", "rollout.environment_factory=test_trl_drop_in:Quiz", "reward.workers=0"]
+    trainer = GRPOTrainer(
+        build_tiny_model(tok, SPEC), None, [{"target": 2}], config=load_config(None, options), tokenizer=tok
+    )
+    try:
+        assert isinstance(trainer.train_rows[0]["prompt"], PlaceholderPrompt) and trainer.train_rows[0]["target"] == 2
+        assert trainer.rewards.names == ["environment_reward"]
+    finally:
+        trainer.close()
