@@ -47,6 +47,11 @@ class DataConfig(ConfigSection):
     prompt_column: str = option("prompt", "the column holding the prompts (text or chat messages)")
     use_chat_template: bool | Auto = option("auto", "encode prompts through the chat template (auto: when it has one)")
     system_prompt: str | None = option(None, "a system message put before every chat prompt")
+    chat_template_kwargs: dict = option(
+        help="keyword arguments of the chat template wherever it renders (TRL's chat_template_kwargs, e.g. "
+        "{enable_thinking: false})",
+        factory=dict,
+    )
 
 
 @dataclass
@@ -141,7 +146,13 @@ class RolloutConfig(ConfigSection):
     tool_timeout_seconds: float = option(
         30.0, "seconds a tool call may take; past it the model reads an error", low=0, low_open=True
     )
-    tool_workers: int = option(8, "rollouts whose tool calls run at once", low=1)
+    tool_workers: int = option(
+        1,
+        "rollouts whose sync tool calls run at once: 1 runs them in the trainer's thread one after another, as TRL "
+        "does (a tool may use signal.alarm); more runs them on that many threads, each call in a daemon thread of "
+        "its own (grpo_fast.rollout.tools)",
+        low=1,
+    )
     rollout_func: str | None = option(
         None,
         "TRL's rollout_func(prompts, trainer) -> {prompt_ids, completion_ids, logprobs, ...}, package.module:function: "
