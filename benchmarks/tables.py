@@ -6,7 +6,7 @@
 
 The name is the stem of a results file, benchmarks/results/<name>.json; its "benchmark" field picks the columns
 (loss, logits_tile, sft, grpo_step, bench_trl_integration, r1_pipeline, loss_fuzz, demo_ab, health_alarms,
-async_rollouts, tools_trl). No number inside a
+async_rollouts, tools_trl, sandbox_bounds). No number inside a
 marked block is typed by hand: edit the JSON by re-running the benchmark, then this script.
 
     python benchmarks/tables.py                    # rewrite the marked tables of README.md, docs/ and benchmarks/
@@ -696,6 +696,48 @@ def _before_after(before: list[float], after: list[float]) -> str:
     return f"{sum(before) / len(before):.2f} -> {mean:.2f} [{min(after):.2f}, {max(after):.2f}]"
 
 
+def render_sandbox_bounds(payload: dict) -> str:
+    """benchmarks/bench_sandbox_bounds.py: per attack (a row), what it reached in each setup (a column), as a
+    stdin/stdout run; then the Python tool's own cases, and the most any attack left behind after its request."""
+    setups = payload["results"]
+    lines = [["attack", *setups]]
+    attacks = list(next(iter(setups.values()))["sandbox"])
+    for attack in attacks:
+        lines.append([attack, *(_bound_cell(setup["sandbox"][attack]) for setup in setups.values())])
+    for attack in ("a background thread", "abandoned call"):
+        lines.append([f"{attack} (Python tool)", *(_bound_cell(setup["tool"][attack]) for setup in setups.values())])
+    left = []
+    for setup in setups.values():
+        outcomes = [o for suite in ("sandbox", "tool") for name, o in setup[suite].items() if name != "cpu budget"]
+        most = max(o["left"] for o in outcomes), max(o["cpu_after_s"] for o in outcomes)
+        left.append(f"{most[0]} processes, {most[1]:.2f} CPU s")
+    lines.append(["after any request, at most", *left])
+    lines.append(["memory bounded per sandbox", *("yes" if s["memory_per_sandbox"] else "no" for s in setups.values())])
+    limits = payload["stamp"]["limits"]
+    note = (
+        f"Limits: wall_s {limits['wall_s']:g}, memory_bytes {mib(limits['memory_bytes'])} MiB, disk_bytes "
+        f"{mib(limits['disk_bytes'])} MiB, nproc {limits['nproc']}; each child of the memory attack holds 200 MiB. "
+        f"Measured on {where(payload['stamp'])}, kernel {payload['stamp']['kernel']}."
+    )
+    return table(lines) + "\n\n" + note
+
+
+def _bound_cell(outcome: dict) -> str:
+    """What one attack reached (its count where it reports one, else "contained"), or the verdict where it got
+    through."""
+    if outcome["verdict"] != "contained":
+        return f"**{outcome['verdict']}**".replace("|", "/")
+    words = outcome["report"].split()
+    if outcome["report"].startswith("wall "):  # the CPU budget: spinners given 1 CPU second
+        return f"stopped at {outcome['cpu_after_s']:.2f} CPU s ({outcome['report']})"
+    if words[:1] == ["segments"]:  # "segments <bytes> shm <bytes>"
+        return f"System V: {int(words[1]) // MiB} MiB; /dev/shm: {mib(int(words[3]))} MiB"
+    if words[:1] == ["reset"]:
+        return outcome["report"]
+    counted = [w for w in words if w.isdigit()]
+    return f"{words[0]} {counted[0]}" if counted and words[0].isalpha() else "contained"
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "loss": render_loss,
     "logits_tile": render_logits_tile,
@@ -708,6 +750,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "health_alarms": render_health_alarms,
     "async_rollouts": render_async_rollouts,
     "tools_trl": render_tools_trl,
+    "sandbox_bounds": render_sandbox_bounds,
 }
 
 

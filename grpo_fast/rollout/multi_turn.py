@@ -6,7 +6,7 @@ Per step, every row's n rollouts start together. Each rollout has its own enviro
 row; text the reset returns is appended to the prompt's last user message) and its own tools (the run's plain
 tools and its environment's methods), rendered into its prompt by the chat template. A round is one engine call
 for every rollout still going (turns of different rollouts are batched, never one call per rollout), then the
-tool calls of all of them, rollouts in parallel on a thread pool, one rollout's calls in order.
+tool calls of all of them, one rollout's calls in order (where they run: grpo_fast.rollout.tools.ToolRunner).
 
 The completion trained on is the turns' sampled ids with the tool-result blocks between them, concatenated as ids
 (grpo_fast.rollout.chat_turns: nothing is re-tokenised); `Completion.sampled` marks the inserted tokens, which stay
@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec, ToolEpisode
@@ -66,7 +65,8 @@ class _Rollout:
 
 class MultiTurn:
     """Multi-turn rollouts with `tools` (grpo_fast.rollout.tools.Tool) and, optionally, `environments` (see module
-    doc). `timeout`: seconds per tool call; `workers`: rollouts whose tool calls run at once."""
+    doc). `timeout`: seconds per tool call; `workers`: rollouts whose tool calls run at once (1: in the calling
+    thread, as TRL runs them)."""
 
     def __init__(
         self,
@@ -79,13 +79,12 @@ class MultiTurn:
         max_completion_length: int,
         max_model_len: int,
         timeout: float,
-        workers: int = 8,
+        workers: int = 1,
     ) -> None:
         self.prompts, self.chat, self.tools, self.environments = prompts, chat, list(tools), environments
         self.max_iterations = max_iterations
         self.max_completion_length, self.max_model_len = max_completion_length, max_model_len
-        self.runner = ToolRunner(timeout)
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool-rollout")
+        self.runner = ToolRunner(timeout, workers)
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tools: two tools share a name ({sorted(names)})")
@@ -102,16 +101,14 @@ class MultiTurn:
             turn += 1
             calling = [i for i in going if self._wants_tools(rollouts[i], turn)]
             start = time.perf_counter()
-            list(self.pool.map(self._run_tools, [rollouts[i] for i in calling]))
+            self.runner.map(self._run_tools, [rollouts[i] for i in calling])
             seconds_tools += time.perf_counter() - start
             going = [i for i in calling if rollouts[i].finish == "stop"]
-        for r in rollouts:
-            self._finish(r)
+        self._finish(rollouts)
         completions = [r.completion() for r in rollouts]
         return RolloutOutput([r.prompt_ids for r in rollouts], completions, seconds_tools=seconds_tools)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
         self.runner.close()
         if self.environments is not None:
             self.environments.close()
@@ -123,8 +120,7 @@ class MultiTurn:
         messages = self.prompts.messages(row["prompt"])
         tools = {t.name: t for t in self.tools}
         if environment is not None:
-            kwargs = {k: v for k, v in row.items() if k != "environment"} if self.environments.routed else row
-            observation = environment.reset(**kwargs)
+            observation = self.environments.reset(environment, row)
             if observation is not None:
                 last = messages[-1]
                 messages = [*messages[:-1], {**last, "content": f"{last['content']}{observation}"}]
@@ -188,17 +184,20 @@ class MultiTurn:
         r.sampled += [False] * len(suffix)
 
     def _call(self, r: _Rollout):
-        return lambda call: self.runner.call(r.tools, call)
+        if r.environment is None:
+            return lambda call: self.runner.call(r.tools, call)
+        return lambda call: self.environments.call(r.environment, self.runner, r.tools, call)
 
     def _budget(self, r: _Rollout) -> int:
         room = min(self.max_completion_length - len(r.ids), self.max_model_len - len(r.prompt_ids) - len(r.ids))
         return max(room, 1)
 
-    def _finish(self, r: _Rollout) -> None:
-        get_reward = getattr(r.environment, "get_reward", None)
-        if callable(get_reward):
-            value = get_reward()
-            r.episode.environment_reward = None if value is None else float(value)
+    def _finish(self, rollouts: list[_Rollout]) -> None:
+        """The environments' rewards of the finished rollouts (grpo_fast.rollout.environments)."""
+        if self.environments is not None:
+            rewards = self.environments.rewards([r.environment for r in rollouts], self.runner)
+            for r, value in zip(rollouts, rewards, strict=True):
+                r.episode.environment_reward = value
 
     def _text(self, ids: list[int]) -> str:
         return self.chat.tokenizer.decode(ids, skip_special_tokens=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from grpo_fast.registry import Registry
-from grpo_fast.rollout.chat_turns import ChatFormat
+from grpo_fast.rollout.chat_turns import ChatFormat, prepare_tool_template
 from grpo_fast.rollout.environments import Environments
 from grpo_fast.rollout.generation import CustomRollouts, Rollouts, SingleTurn
 from grpo_fast.rollout.multi_turn import MultiTurn
@@ -19,7 +19,7 @@ from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.rollout.tools import Tool
 
 TOOLS = Registry("tool", {"multiply": "grpo_fast.rollout.builtin_tools:multiply"})
-ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rewards.code.python_tool:PythonEnvironment"})
+ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rollout.python_tool:PythonEnvironment"})
 
 
 def build_rollouts(
@@ -46,9 +46,10 @@ def build_rollouts(
         return SingleTurn(prompts)
     if rollout.mode != "sync":
         raise ValueError(f"rollout.mode: tools and environments run with rollout.mode sync, got {rollout.mode!r}")
+    prompts.chat_template = prepare_tool_template(tokenizer)  # TRL's, for every prompt of a run with tools
     return MultiTurn(
         prompts,
-        ChatFormat(tokenizer),
+        ChatFormat(tokenizer, chat_template=prompts.chat_template, template_kwargs=prompts.template_kwargs),
         [Tool.of(fn) for fn in funcs],
         None if factory is None else Environments.of(factory),
         max_iterations=rollout.max_tool_calling_iterations,
