@@ -48,7 +48,7 @@ KINDS = (  # (kind, regular expression on a kernel's name), the first match wins
     ("TRL Triton folds", r"_forward_kernel|_backward_kernel"),
     ("GEMM", r"gemm|gemv|cutlass|xmma|nvjet|wgmma|cublas|(^|[_:])mm(_|$)|addmm|matmul|bmm"),
     ("other Triton", r"^triton_|_kernel$"),
-    ("elementwise / copy / reduction", r"elementwise|vectorized|unrolled|copy|fill|reduce|scatter|gather|index|cat"),
+    ("elementwise / copy / reduction", r"elementwise|vectorized|unrolled|copy|memcpy|memset|fill|reduce|scatter"),
 )
 TRITON_MODULES = (
     "grpo_fast.kernels.linear_logprobs",
