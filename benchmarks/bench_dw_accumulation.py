@@ -201,25 +201,29 @@ def main() -> int:
     names = [b for b in available_backends(device) if b in ("torch", "cpu", "cuda")]
     print(f"N={n} H={h} V={v} {args.dtype} on {device}; backends {names}", flush=True)
     result = {"shape": [n, h, v], "dtype": args.dtype, "env": environment_stamp(device)}
+
+    def save() -> None:  # after each part, so that a kill keeps what finished
+        if args.out:
+            write_json(args.out, result)
+
     if "gemm" not in args.skip:
         result["gemm"] = gemm_baseline(n, h, v, dtype, device, args.repeats, args.warmup)
+        save()
     if "isolated" not in args.skip:
-        result["isolated"] = [
-            row
-            for name in names
-            for row in isolated(
-                get_backend(name, device), n, h, v, dtype, device, args.repeats, args.warmup, args.isolated_extra
-            )
-        ]
-    sn, sh, sv = (int(x) for x in args.step_shape.split(",")) if args.step_shape else (n, h, v)
-    result["step_shape"] = [sn, sh, sv]
-    batch = make_batch(sn, sh, sv, dtype, args.device)
-    config = GRPOLossConfig(loss_type="dapo", epsilon_high=0.28, entropy_coef=0.01)
+        result["isolated"] = []
+        for name in names:
+            backend = get_backend(name, device)
+            timing = (args.repeats, args.warmup, args.isolated_extra)
+            result["isolated"] += isolated(backend, n, h, v, dtype, device, *timing)
+            save()
     if "step" not in args.skip:
+        sn, sh, sv = (int(x) for x in args.step_shape.split(",")) if args.step_shape else (n, h, v)
+        result["step_shape"] = [sn, sh, sv]
+        batch = make_batch(sn, sh, sv, dtype, args.device)
+        config = GRPOLossConfig(loss_type="dapo", epsilon_high=0.28, entropy_coef=0.01)
         result["step"], grads = steps(names, batch, config, device, args.repeats, args.warmup, args.rounds)
         result["agreement"] = agreement(grads)
-    if args.out:
-        write_json(args.out, result)
+        save()
     return 0
 
 

@@ -21,7 +21,7 @@ import time
 
 from grpo_fast.bench.common import environment_stamp, time_call, write_json
 from grpo_fast.rewards import RewardPool, code_tests, math_accuracy
-from grpo_fast.rewards.code import isolation
+from grpo_fast.sandbox import isolation
 
 
 def math_batch(n: int) -> tuple[list[str], list[str], list[str]]:

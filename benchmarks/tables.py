@@ -6,7 +6,7 @@
 
 The name is the stem of a results file, benchmarks/results/<name>.json; its "benchmark" field picks the columns
 (loss, logits_tile, sft, grpo_step, bench_trl_integration, r1_pipeline, loss_fuzz, demo_ab, health_alarms,
-async_rollouts, tools_trl). No number inside a
+async_rollouts, tools_trl, sandbox_bounds). No number inside a
 marked block is typed by hand: edit the JSON by re-running the benchmark, then this script.
 
     python benchmarks/tables.py                    # rewrite the marked tables of README.md, docs/ and benchmarks/
@@ -24,6 +24,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -79,8 +80,10 @@ def where(stamp: dict) -> str:
 
 
 def render_loss(payload: dict) -> str:
-    """One row per (shape, variant): median, p20-p80, ratio to the GEMMs and to naive, peak extra memory."""
-    header = ["lm_head", "N", "dtype", "variant", "median ms", "p20-p80 ms", "x 3 GEMMs", "vs naive", "extra MiB"]
+    """One row per (shape, variant): median, p20-p80, ratio to the GEMMs, speed-up over naive, Liger and TRL (their
+    time over the row's, in the same run), peak extra memory (and its share of naive's)."""
+    header = ["lm_head", "N", "dtype", "variant", "median ms", "p20-p80 ms", "x 3 GEMMs", "vs naive", "vs Liger",
+              "vs TRL", "extra MiB"]  # fmt: skip
     lines = [header]
     order = list(LOSS_LABELS)
     rows = sorted(payload["results"], key=lambda r: (r["H"], r["V"], r["N"], r["dtype"], _rank(order, r["variant"])))
@@ -89,19 +92,43 @@ def render_loss(payload: dict) -> str:
         label = LOSS_LABELS.get(r["variant"].partition("@")[0], r["variant"])
         label += f" @ {r['variant'].partition('@')[2]} MiB" if "@" in r["variant"] else ""
         if "median_s" not in r:
-            lines.append([shape, str(r["N"]), r["dtype"], label, r["status"], "", "", "", ""])
+            lines.append([shape, str(r["N"]), r["dtype"], label, _status(r), *[""] * (len(header) - 5)])
             continue
         extra = r.get("peak_extra_bytes")
         share = r.get("peak_extra_vs_naive")
         memory = "" if extra is None else mib(extra) + ("" if share is None else f" ({100 * share:.1f}%)")
+        peers = [_speedup(payload["results"], r, peer) for peer in ("liger", "trl")]
         lines.append([
             shape, str(r["N"]), r["dtype"], label, ms(r["median_s"]), f"{ms(r['p20_s'])}-{ms(r['p80_s'])}",
-            _ratio(r.get("ratio_to_gemm3"), ""), _ratio(r.get("speedup_vs_naive"), "x"), memory,
+            _ratio(r.get("ratio_to_gemm3"), ""), _ratio(r.get("speedup_vs_naive"), "x"), *peers, memory,
         ])  # fmt: skip
     runs = payload["runs"]
     origin = f"`{runs[0]['command']}` on {where(runs[0]['environment'])}"
     origin += "".join(f"; then `{run['command']}` (commit {run['environment'].get('commit')})" for run in runs[1:])
     return table(lines) + f"\n\n{payload['config']['loss_type']} loss, forward+backward. From {origin}."
+
+
+def _status(row: dict, brief: bool = False) -> str:
+    """A row's status on one line, without the table's column separator (an error's text may hold either); brief:
+    its first two parts ("error: InternalTorchDynamoError")."""
+    text = " ".join(row["status"].split()).replace("|", "/")
+    return ": ".join(text.split(": ")[:2]) if brief else text
+
+
+def _same_shape(rows: list[dict], row: dict, variant: str) -> dict | None:
+    return next((r for r in rows if r["variant"] == variant and _shape(r) == _shape(row)), None)
+
+
+def _shape(row: dict) -> tuple:
+    return row["N"], row["H"], row["V"], row["dtype"]
+
+
+def _speedup(rows: list[dict], row: dict, peer: str) -> str:
+    """How many times faster `row` ran than `peer` at its shape ("" for the peer itself or when either has no time)."""
+    other = _same_shape(rows, row, peer)
+    if row["variant"] == peer or other is None or "median_s" not in other:
+        return ""
+    return f"{other['median_s'] / row['median_s']:.2f}x"
 
 
 def _rank(order: list[str], variant: str) -> int:
@@ -257,6 +284,163 @@ def render_headline(results: Path) -> str:
     return table(lines)
 
 
+GPU_LOSS = "bench_loss_cuda.json"
+GPU_GOAL_N = 16384
+OURS = ("torch", "cpu", "cuda", "triton")
+PEER_NAMES = {
+    "gemm3": "three cuBLAS GEMMs (speed of light)",
+    "naive": "naive full logits",
+    "liger": "Liger-Kernel",
+    "trl": "TRL's fused head + its loss",
+}
+
+
+class Goal(NamedTuple):
+    """A goal of the GPU loss, a ratio within one run: `ours` against `versus` by `measure` ("time": ours / versus,
+    "speed-up": versus / ours, "memory": ours' peak extra over versus'), met at or below (time, memory) or at or
+    above (speed-up) `limit`."""
+
+    text: str
+    ours: str
+    versus: str
+    measure: str
+    limit: float
+
+    def value(self, ours: dict, versus: dict) -> float | None:
+        key = "peak_extra_bytes" if self.measure == "memory" else "median_s"
+        if ours.get(key) is None or versus.get(key) is None:
+            return None
+        return versus[key] / ours[key] if self.measure == "speed-up" else ours[key] / versus[key]
+
+    def met(self, value: float) -> bool:
+        return value >= self.limit if self.measure == "speed-up" else value <= self.limit
+
+    def cell(self, value: float) -> str:
+        return f"{100 * value:.1f}%" if self.measure == "memory" else f"{value:.2f}x"
+
+
+GPU_GOALS = (
+    Goal("`triton` fwd+bwd ≤ 1.5x three cuBLAS GEMMs", "triton", "gemm3", "time", 1.5),
+    Goal("`cuda` fwd+bwd ≤ 1.25x three cuBLAS GEMMs", "cuda", "gemm3", "time", 1.25),
+    Goal("`cuda` ≥ 1.5x faster than Liger-Kernel's chunked loss", "cuda", "liger", "speed-up", 1.5),
+    Goal("`triton` ≥ 1.5x faster than Liger-Kernel's chunked loss", "triton", "liger", "speed-up", 1.5),
+    Goal("`cuda` ≥ 1.25x faster than TRL 1.16's head with its loss", "cuda", "trl", "speed-up", 1.25),
+    Goal("`triton` ≥ 1.25x faster than TRL 1.16's head with its loss", "triton", "trl", "speed-up", 1.25),
+    Goal("`cuda` extra memory ≤ 1/20 of naive's", "cuda", "naive", "memory", 0.05),
+    Goal("`triton` extra memory ≤ 1/20 of naive's", "triton", "naive", "memory", 0.05),
+)
+"""The issue's goals for the loss on a GPU, each measured at N = GPU_GOAL_N in bf16 for every lm_head of the run."""
+
+
+def _gpu_goal_rows(results: Path) -> tuple[dict, dict[str, dict[str, dict]]]:
+    """The GPU loss payload and its rows at N = GPU_GOAL_N in bf16, by lm_head and variant."""
+    payload = json.loads((results / GPU_LOSS).read_text())
+    heads: dict[str, dict[str, dict]] = {}
+    for r in payload["results"]:
+        if r["N"] == GPU_GOAL_N and r["dtype"] == "bf16":
+            heads.setdefault(r["model"], {})[r["variant"]] = r
+    return payload, heads
+
+
+def _variant_name(row: dict) -> str:
+    return PEER_NAMES.get(row["variant"], f"`{row['variant']}`")
+
+
+def _goal_cell(goal: Goal, rows: dict[str, dict]) -> tuple[str, bool | None]:
+    """A goal's cell at one lm_head and whether it is met (None: not measured, the cell says why)."""
+    ours, versus = rows.get(goal.ours), rows.get(goal.versus)
+    value = None if ours is None or versus is None else goal.value(ours, versus)
+    if value is None:
+        why = next((r for r in (ours, versus) if r is not None and "status" in r), None)
+        return "not measured" + (f" ({_variant_name(why)}: {_status(why, brief=True)})" if why else ""), None
+    return goal.cell(value) + ("" if goal.met(value) else " (missed)"), goal.met(value)
+
+
+def render_gpu_goals(results: Path) -> str:
+    """One row per goal: its ratio at each lm_head (N = GPU_GOAL_N, bf16) and how many of the measured heads meet it."""
+    payload, heads = _gpu_goal_rows(results)
+    lines = [[f"goal (N={GPU_GOAL_N}, bf16)", *heads, "met"]]
+    for goal in GPU_GOALS:
+        cells = [_goal_cell(goal, rows) for rows in heads.values()]
+        measured = [met for _, met in cells if met is not None]
+        lines.append([goal.text, *(cell for cell, _ in cells), f"{sum(measured)} of {len(measured)} measured"])
+    return table(lines) + (
+        f"\n\nRatios of the rows of benchmarks/results/{GPU_LOSS} (the table above), measured side by side in one "
+        f"run on {where(payload['runs'][0]['environment'])}."
+    )
+
+
+def render_headline_gpu(results: Path) -> str:
+    """README's GPU table: at N = GPU_GOAL_N for each lm_head of the GPU run, grpo_fast's fastest backend against
+    the three GEMMs, naive logits, Liger-Kernel and TRL (time and memory ratios: ours over theirs)."""
+    payload, heads = _gpu_goal_rows(results)
+    lines = [[f"what ({payload['runs'][0]['environment'].get('gpu')})", "grpo_fast", "the alternative", "ratio",
+              "source"]]  # fmt: skip
+    for head, rows in heads.items():
+        timed = [rows[v] for v in OURS if "median_s" in rows.get(v, {})]
+        if not timed:
+            continue
+        ours = min(timed, key=lambda r: r["median_s"])
+        what = f"loss fwd+bwd, {head} lm_head (H={ours['H']} V={ours['V']}), N={ours['N']} bf16"
+        mine = f"`{ours['variant']}`: {ms(ours['median_s'])} ms, {mib(ours['peak_extra_bytes'])} MiB extra"
+        for peer, name in PEER_NAMES.items():
+            other = rows.get(peer)
+            if other is None:
+                continue
+            if "median_s" not in other:
+                lines.append([what, mine, f"{name}: {_status(other)}", "", GPU_LOSS])
+                continue
+            memory = other.get("peak_extra_bytes")
+            theirs = f"{name}: {ms(other['median_s'])} ms" + (f", {mib(memory)} MiB" if memory else "")
+            ratio = f"{ours['median_s'] / other['median_s']:.2f}x time"
+            ratio += f", {ours['peak_extra_bytes'] / memory:.3f}x memory" if memory else ""
+            lines.append([what, mine, theirs, ratio, GPU_LOSS])
+    return table(lines)
+
+
+GPU_CHECK = ROOT / "benchmarks" / "gpu_check.sh"
+GPU_CHECK_RUNS = ("gpu_check_summary_cuda.json",)
+"""The summaries of gpu_check.sh's runs on a GPU in benchmarks/results/, oldest first."""
+
+
+def _phase_limits(script: Path = GPU_CHECK) -> dict[str, tuple[int, str]]:
+    """Each phase of gpu_check.sh with its limit and whether the full run has it ("full") or ONLY must name it."""
+    text = script.read_text()
+    limits = {}
+    for variable, kind in (("PHASES", "full"), ("ON_DEMAND", "only")):
+        for item in re.search(rf'^{variable}="([^"]*)"', text, re.M).group(1).split():
+            name, _, limit = item.partition(":")
+            limits[name] = (int(limit), kind)
+    return limits
+
+
+def render_gpu_check_phases(results: Path) -> str:
+    """gpu_check.sh's phases: each one's limit now (from the script), and per GPU run its limit, seconds, status."""
+    runs = [json.loads((results / name).read_text()) for name in GPU_CHECK_RUNS if (results / name).exists()]
+    limits = _phase_limits()
+    header = ["phase", "limit now (s)", "in the run"]
+    for run in runs:
+        header += [f"{run['commit']}: limit (s)", "ran (s)", "status"]
+    lines = [header]
+    for name, (limit, kind) in limits.items():
+        line = [name, str(limit), "every" if kind == "full" else "when ONLY names it"]
+        for run in runs:
+            phase = next((p for p in run["phases"] if p["phase"] == name), None)
+            line += ["", "", ""] if phase is None else [str(phase["limit_s"]), str(phase["seconds"]), phase["status"]]
+        lines.append(line)
+    full = sum(limit for limit, kind in limits.values() if kind == "full")
+    only = sum(limit for name, (limit, kind) in limits.items() if kind == "only" or name == "machine")
+    return (
+        table(lines)
+        + (
+            f"\n\nLimits of the full run: {full} s; of the machine and the ONLY phases: {only} s. "
+            + "".join(
+                f"Run {r['commit']}: {r['elapsed_s']} s of {r['budget_s']}, {r['facts'].get('gpu')}. " for r in runs
+            )
+        ).rstrip()
+    )
+
+
 def _seed_ratios(runs: list[dict], variant: str) -> list[float]:
     """A variant's mean step time over the sync run's of the same seed, for each seed both ran."""
     sync = {r["seed"]: r["step_seconds_mean"] for r in runs if r["variant"] == "sync"}
@@ -338,7 +522,12 @@ def _fuzz_worst(worst: dict | None) -> str:
     return f"{worst['error']:.2e} ({worst['ratio']:.2g}) {worst['quantity']}; {what}: `{worst['command']}`"
 
 
-COMPOSITES: dict[str, Callable[[Path], str]] = {"headline": render_headline}
+COMPOSITES: dict[str, Callable[[Path], str]] = {
+    "headline": render_headline,
+    "headline_gpu": render_headline_gpu,
+    "gpu_goals": render_gpu_goals,
+    "gpu_check_phases": render_gpu_check_phases,
+}
 """Tables drawn from several results files, by marker name."""
 
 
@@ -508,6 +697,48 @@ def _before_after(before: list[float], after: list[float]) -> str:
     return f"{sum(before) / len(before):.2f} -> {mean:.2f} [{min(after):.2f}, {max(after):.2f}]"
 
 
+def render_sandbox_bounds(payload: dict) -> str:
+    """benchmarks/bench_sandbox_bounds.py: per attack (a row), what it reached in each setup (a column), as a
+    stdin/stdout run; then the Python tool's own cases, and the most any attack left behind after its request."""
+    setups = payload["results"]
+    lines = [["attack", *setups]]
+    attacks = list(next(iter(setups.values()))["sandbox"])
+    for attack in attacks:
+        lines.append([attack, *(_bound_cell(setup["sandbox"][attack]) for setup in setups.values())])
+    for attack in ("a background thread", "abandoned call"):
+        lines.append([f"{attack} (Python tool)", *(_bound_cell(setup["tool"][attack]) for setup in setups.values())])
+    left = []
+    for setup in setups.values():
+        outcomes = [o for suite in ("sandbox", "tool") for name, o in setup[suite].items() if name != "cpu budget"]
+        most = max(o["left"] for o in outcomes), max(o["cpu_after_s"] for o in outcomes)
+        left.append(f"{most[0]} processes, {most[1]:.2f} CPU s")
+    lines.append(["after any request, at most", *left])
+    lines.append(["memory bounded per sandbox", *("yes" if s["memory_per_sandbox"] else "no" for s in setups.values())])
+    limits = payload["stamp"]["limits"]
+    note = (
+        f"Limits: wall_s {limits['wall_s']:g}, memory_bytes {mib(limits['memory_bytes'])} MiB, disk_bytes "
+        f"{mib(limits['disk_bytes'])} MiB, nproc {limits['nproc']}; each child of the memory attack holds 200 MiB. "
+        f"Measured on {where(payload['stamp'])}, kernel {payload['stamp']['kernel']}."
+    )
+    return table(lines) + "\n\n" + note
+
+
+def _bound_cell(outcome: dict) -> str:
+    """What one attack reached (its count where it reports one, else "contained"), or the verdict where it got
+    through."""
+    if outcome["verdict"] != "contained":
+        return f"**{outcome['verdict']}**".replace("|", "/")
+    words = outcome["report"].split()
+    if outcome["report"].startswith("wall "):  # the CPU budget: spinners given 1 CPU second
+        return f"stopped at {outcome['cpu_after_s']:.2f} CPU s ({outcome['report']})"
+    if words[:1] == ["segments"]:  # "segments <bytes> shm <bytes>"
+        return f"System V: {int(words[1]) // MiB} MiB; /dev/shm: {mib(int(words[3]))} MiB"
+    if words[:1] == ["reset"]:
+        return outcome["report"]
+    counted = [w for w in words if w.isdigit()]
+    return f"{words[0]} {counted[0]}" if counted and words[0].isalpha() else "contained"
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "loss": render_loss,
     "logits_tile": render_logits_tile,
@@ -520,6 +751,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "health_alarms": render_health_alarms,
     "async_rollouts": render_async_rollouts,
     "tools_trl": render_tools_trl,
+    "sandbox_bounds": render_sandbox_bounds,
 }
 
 

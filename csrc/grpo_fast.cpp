@@ -1,4 +1,5 @@
-// grpo_fast._C: the epilogue ops of the chunked layer-1 backends "cpu" and "cuda" (the one binding file).
+// grpo_fast._C: the epilogue ops of the chunked layer-1 backends "cpu" and "cuda": the schemas, the CPU
+// implementations and the Python module (the CUDA implementations are in epilogue_cuda_ops.cpp).
 //
 // Registered as torch.library custom ops (schemas below; fake implementations live in
 // grpo_fast/backends/native.py so torch.compile traces through them):
@@ -12,7 +13,9 @@
 // logits is the tempered tile x = (h Wᵀ + b) / τ written by the caller's GEMM; z = x, or with softcap
 // κ > 0 (in the tile's units: the model's cap / τ) z = κ tanh(x / κ), and grad writes ∂L/∂x = dz (1 − tanh²).
 // Statistics and upstream gradients are fp32 (fp64 for fp64 tiles). The CPU kernels are in cpu/epilogue_cpu.h
-// (OpenMP over rows through at::parallel_for, one pass per op); the CUDA ones in cuda/.
+// (OpenMP over rows through at::parallel_for, one pass per op); the CUDA ones in cuda/. Token ids outside
+// [0, V) raise on CPU (checked as each row is read); on CUDA, where checking them before the launch would cost a
+// synchronisation per op, their row's logp and dz are NaN (the Python front ends check ids once per call).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>

@@ -1,16 +1,18 @@
-// Input checks shared by the CPU and CUDA implementations of the grpo_fast epilogue ops.
-// Every violation raises a Python exception (TORCH_CHECK* -> RuntimeError / ValueError / TypeError).
+// Input checks shared by the CPU and CUDA implementations of the grpo_fast epilogue ops (grpo_fast.cpp,
+// epilogue_cuda_ops.cpp: both compiled by the C++ compiler, never by nvcc). Every violation raises a Python
+// exception (TORCH_CHECK* -> RuntimeError / ValueError / TypeError) naming the op and the argument.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <string>
 
 namespace grpo_fast {
 
-// logits [R, V] (fp32 | fp64 on CPU; fp32 | fp16 | bf16 | fp64 on CUDA), contiguous; targets [R] int64 on the same device.
+// logits [R, V] (fp32 | fp64 on CPU; fp32 | fp16 | bf16 on CUDA), contiguous; targets [R] int64 on the same device.
 inline void check_tile(const char* op, const at::Tensor& logits, const at::Tensor& targets) {
   TORCH_CHECK_VALUE(logits.dim() == 2, op, ": logits: expected a 2-d tile [R, V], got shape ", logits.sizes());
   TORCH_CHECK_VALUE(logits.size(1) > 0, op, ": logits: expected a vocabulary of at least 1, got shape ",
@@ -42,10 +44,14 @@ inline at::ScalarType stats_dtype(const at::Tensor& logits) {
   return logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-// The soft cap κ of the tile (0 = off).
+// The soft cap κ of the tile (0 = off): a normal fp32 value, since the fp32 kernels (CPU and CUDA) read it as one:
+// a κ past FLT_MAX would round to inf (NaN logits) and one below FLT_MIN to 0 or a denormal (no cap at all, or an
+// overflowing 1 / κ). fp64 tiles get the same range.
 inline void check_softcap(const char* op, double softcap) {
-  TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, op,
-                    ": softcap: expected a finite value >= 0 (0 = off), got ", softcap);
+  constexpr double lowest = std::numeric_limits<float>::min(), highest = std::numeric_limits<float>::max();
+  TORCH_CHECK_VALUE(softcap == 0.0 || (softcap >= lowest && softcap <= highest), op,
+                    ": softcap: expected 0 (off) or a value in [", lowest, ", ", highest,
+                    "] (the kernels' fp32 range), got ", softcap);
 }
 
 inline void check_grad_inputs(const char* op, const at::Tensor& logits, const at::Tensor& targets,

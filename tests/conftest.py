@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # the marker, not a keyword: a checkout in a directory named gpu
             item.add_marker(skip_gpu)
 
 

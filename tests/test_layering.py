@@ -24,7 +24,7 @@ LAYERS = (
     ("data", "distributed"),
     ("loss",),
     ("backends",),
-    ("kernels",),
+    ("kernels", "sandbox"),
     ("config_fields", "registry", "machine", "errors"),
 )
 """From the top (imports others) to the bottom (imports no other package of grpo_fast)."""

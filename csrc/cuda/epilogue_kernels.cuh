@@ -19,8 +19,9 @@
 // e = e^{−2|x|/κ}: tanh(|x| / κ) = (1 − e) / (1 + e) and 1 − tanh² = 4e / (1 + e)² (precise where tanh
 // saturates). Without kSoftcap the kernels are the plain ones (a template flag: no cost when off).
 //
-// An out-of-range target (outside [0, V)) cannot raise from a kernel: stats writes NaN to its logp and
-// grad adds no one-hot term; the Python front ends validate token ids before any launch.
+// An out-of-range target (outside [0, V)) cannot raise from a kernel and is not checked before the launch (that
+// would cost a synchronisation per op): stats writes NaN to its logp and grad NaN over its row unless the row is
+// masked (gℓ = gH = 0), so the loss and its gradient show it; the Python front ends check token ids per call.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -210,6 +211,7 @@ __global__ void __launch_bounds__(kThreads)
   const float c = gl + gh * entropy[row];
   const int64_t y = targets[row];
   const bool masked = gl == 0.0f && gh == 0.0f;
+  const bool bad_target = !masked && (y < 0 || y >= vocab);  // its logp is NaN (stats): so is its gradient
   const float inv_cap = kSoftcap ? 1.0f / cap : 0.0f;
   int64_t tail_begin = 0;
   if (kVector) {
@@ -221,7 +223,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int k = 0; k < kPack; ++k) {
         const float x = Convert<T>::to_float(p.v[k]);
-        const float d = masked ? 0.0f : tile_grad<kSoftcap>(x, i * kPack + k == y, row_lse, c, gl, gh, cap, inv_cap);
+        const float d = masked       ? 0.0f
+                        : bad_target ? NAN
+                                     : tile_grad<kSoftcap>(x, i * kPack + k == y, row_lse, c, gl, gh, cap, inv_cap);
         p.v[k] = Convert<T>::from_float(d);
       }
       zp[i] = p;
@@ -230,7 +234,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   for (int64_t i = tail_begin + threadIdx.x; i < vocab; i += kThreads) {
     const float x = Convert<T>::to_float(z[i]);
-    const float d = masked ? 0.0f : tile_grad<kSoftcap>(x, i == y, row_lse, c, gl, gh, cap, inv_cap);
+    const float d = masked ? 0.0f : bad_target ? NAN : tile_grad<kSoftcap>(x, i == y, row_lse, c, gl, gh, cap, inv_cap);
     z[i] = Convert<T>::from_float(d);
   }
 }

@@ -60,14 +60,20 @@ class Epilogue(Protocol):
 
 class TorchEpilogue:
     """The epilogue in plain PyTorch ops, fp32 throughout. Rows go in blocks so that the temporaries (the
-    exponentials; with a soft cap also tanh) stay within `temp_bytes` whatever the tile size."""
+    exponentials; with a soft cap also tanh) stay within a budget whatever the tile size: `temp_bytes` on CPU,
+    where a block of a few MiB stays in cache, and `accelerator_temp_bytes` on a GPU, where every op of a
+    block is a kernel launch of ~15 µs of host time: 4 MiB blocks were 3 rows of a 152k vocabulary, ~20
+    launches per 3 rows, and the epilogue ran launch-bound at 12x the three GEMMs (benchmarks/NOTES.md,
+    "First GPU run")."""
 
-    def __init__(self, temp_bytes: int = 4 << 20):
+    def __init__(self, temp_bytes: int = 4 << 20, accelerator_temp_bytes: int = 256 << 20):
         self.temp_bytes = temp_bytes
+        self.accelerator_temp_bytes = accelerator_temp_bytes
 
     def _blocks(self, z, softcap):
         temporaries = 3 if softcap else 2
-        return row_slices(z.shape[0], self.temp_bytes // (temporaries * z.shape[1] * z.element_size()))
+        budget = self.temp_bytes if z.device.type == "cpu" else self.accelerator_temp_bytes
+        return row_slices(z.shape[0], budget // (temporaries * z.shape[1] * z.element_size()))
 
     def stats(self, z, targets, softcap=0.0):
         out = torch.empty(3, z.shape[0], dtype=z.dtype, device=z.device)

@@ -9,7 +9,8 @@
           (trl.kernels.ChunkedLogProbFunction, its vocabulary tile, log_probs and entropy as GRPOTrainer asks for
           them, only the completion tokens on CUDA as the patched forward scores them), with TRL's own
           GRPOTrainer._compute_loss on top
-  liger   Liger-Kernel's LigerFusedLinearGRPOLoss (torch.compile'd on CUDA, as Liger's default)
+  liger   Liger-Kernel's LigerFusedLinearGRPOLoss (torch.compile'd on CUDA, as Liger's default; compiled afresh
+          for each shape)
 
 A peer that is not installed gets a row saying so, and so does `cuda` when grpo_fast._C was built without its
 CUDA kernels. Shapes are N tokens times an lm_head [V, H]: --models names
@@ -173,6 +174,11 @@ def _grpo_fast_step(name, batch, config, hidden, weight):
 
 def _liger_step(name, batch, config, hidden, weight):
     from liger_kernel.chunked_loss import LigerFusedLinearGRPOLoss
+
+    # Each shape compiles from scratch, as in a process of its own: the recompile for a second shape (automatic
+    # dynamic shapes) died in torch 2.11 creating a guard at the Qwen head, N = 16384 (N·V > 2^31; Dynamo's
+    # IndexError in produce_guards_verbose), which says nothing about Liger's speed.
+    torch._dynamo.reset()
 
     module = LigerFusedLinearGRPOLoss(
         beta=config.beta,

@@ -3,8 +3,14 @@
 A checkpoint directory `step-000010/` holds the HF model (safetensors, loadable with `from_pretrained`; for a
 PEFT model its adapters, as PEFT's `save_pretrained` writes them), the tokenizer, `train_config.json` (the
 run's config and LoRA settings, compared on resume) and `trainer_state.pt` (optimizer, scheduler, RNG states,
-step, data position). `trainer_state.pt` holds tensors and plain Python values only and is read with
-`torch.load(weights_only=True)`: loading a checkpoint never runs code from it.
+step, data position; the optimizer state only when one process wrote it), when several ranks wrote it `sharded/`
+(their model and optimizer shards, grpo_fast.core.sharded_checkpoint), and, written last,
+`checkpoint_files.json`: every other file's size.
+
+Loading a checkpoint never runs code from it. Its files are checked against that manifest before any is read
+(`verify_files`: a file added, removed or resized since it was written refuses it); `trainer_state.pt` holds
+tensors and plain Python values only and is read with `torch.load(weights_only=True)`; the weights are
+safetensors; anything else is refused with `UnsafeCheckpointError`, and nothing of the checkpoint is changed.
 
 Also here: which config changes a resumed run may make (`compare_configs`), and what an earlier run left in
 an output directory (`earlier_run_files`, `clear_earlier_run`; the run signature a run writes there when it
@@ -44,7 +50,8 @@ MANIFEST = "checkpoint_files.json"  # written last: every other file's size, che
 
 
 class UnsafeCheckpointError(RuntimeError):
-    """A trainer_state.pt that holds more than tensors and plain Python values: refused unread."""
+    """A checkpoint whose files differ from its manifest, or whose trainer state or sharded state holds more than
+    tensors and plain Python values: refused before anything of it is used."""
 
 
 # -- writing ------------------------------------------------------------------------------------------------
@@ -123,7 +130,13 @@ def save_checkpoint(
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Renames the written `tmp` to `final`, replacing an earlier checkpoint of the same step."""
+    """Renames the written `tmp` to `final`, replacing an earlier checkpoint of the same step. An incomplete
+    directory of that name (a copy cut short: no writer of ours publishes one) is not deleted but kept beside it as
+    `<name>.incomplete-<pid>`."""
+    if final.exists() and not is_complete(final):
+        kept = final.with_name(f"{final.name}.incomplete-{os.getpid()}")
+        os.replace(final, kept)
+        logger.warning("%s was incomplete (files missing or cut short): kept as %s", final, kept.name)
     if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
         old = final.parent / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
@@ -167,7 +180,7 @@ def is_complete(path: str | Path) -> bool:
     try:
         sizes = json.loads(manifest.read_text())
         return all((path / name).is_file() and (path / name).stat().st_size >= size for name, size in sizes.items())
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError):
         return False
 
 
@@ -265,24 +278,62 @@ def _legacy_numpy_globals() -> list:
 
 
 def load_trainer_state(path: str | Path) -> dict:
-    """trainer_state.pt of the checkpoint `path`, read with weights_only=True (tensors and plain Python
-    values; numpy arrays of older checkpoints). Raises UnsafeCheckpointError for anything else."""
+    """trainer_state.pt of the checkpoint `path` (its files checked first, `verify_files`), read with
+    weights_only=True (tensors and plain Python values; numpy arrays of older checkpoints). Raises
+    UnsafeCheckpointError for anything else."""
+    verify_files(path)
     file = Path(path) / TRAINER_STATE
     try:
         with torch.serialization.safe_globals(_legacy_numpy_globals()):
             return torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        reason = next((line.strip() for line in str(exc).splitlines() if "WeightsUnpickler error" in line), str(exc))
-        reason = reason.split(". Please")[0]  # not torch's advice on how to allow it anyway
         raise UnsafeCheckpointError(
-            f"{file}: refused, it holds objects other than tensors and plain Python values ({reason}); a "
-            "grpo_fast checkpoint never does, so it was not written by this trainer or was altered"
+            f"{file}: refused, it holds objects other than tensors and plain Python values ({refusal_reason(exc)}); "
+            "a grpo_fast checkpoint never does, so it was not written by this trainer or was altered"
         ) from None
+
+
+def refusal_reason(exc: pickle.UnpicklingError) -> str:
+    """What torch's weights_only unpickler refused, in one line (without its advice on how to load it anyway)."""
+    reason = next((line.strip() for line in str(exc).splitlines() if "WeightsUnpickler error" in line), str(exc))
+    return reason.split(". Please")[0]
+
+
+def verify_files(path: str | Path) -> None:
+    """Checks checkpoint `path` against its manifest before any of its files is read: every file its writer
+    listed is there with the size it was written with, and there is no other file (a `sharded/` directory or
+    weights added later would otherwise be loaded). Raises UnsafeCheckpointError naming the differences,
+    without changing anything. A checkpoint written before manifests has nothing to check."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not manifest.exists():
+        return
+    try:
+        listed = json.loads(manifest.read_text())
+        if not isinstance(listed, dict) or not all(isinstance(v, int) for v in listed.values()):
+            raise ValueError("expected an object of file sizes")
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UnsafeCheckpointError(f"{manifest}: unreadable ({str(exc)[:200]}); the checkpoint was altered") from None
+    present = _file_sizes(path)
+    problems = [f"{name}: missing" for name in sorted(listed.keys() - present.keys())]
+    problems += [
+        f"{name}: {present[name]} bytes, written with {listed[name]}"
+        for name in sorted(listed.keys() & present.keys())
+        if present[name] != listed[name]
+    ]
+    problems += [f"{name}: not written by the trainer" for name in sorted(present.keys() - listed.keys())]
+    if problems:
+        raise UnsafeCheckpointError(
+            f"checkpoint {path}: refused, its files differ from the manifest its writer left ({MANIFEST}): "
+            f"{'; '.join(problems[:10])}. It was altered after it was written; nothing was read from it. Remove what "
+            "was added (or restore the checkpoint from a copy) to resume from it."
+        )
 
 
 def load_model_weights(model, path: str | Path) -> None:
     """Loads the checkpoint's safetensors into an existing model in place (same architecture); for a PEFT
-    model, the adapter weights its `save_pretrained` wrote."""
+    model, the adapter weights its `save_pretrained` wrote. The files are checked first (`verify_files`)."""
+    verify_files(path)
     if hasattr(model, "peft_config"):
         _load_adapter_weights(model, Path(path))
         return
@@ -422,9 +473,16 @@ def _jsonable(value):
 def saved_run_config(path: str | Path) -> dict | None:
     """The checkpoint's train_config.json; for a checkpoint written before it existed, the config kept in
     its trainer state (no LoRA settings); None when neither is there."""
+    verify_files(path)
     file = Path(path) / RUN_CONFIG
     if file.exists():
-        return json.loads(file.read_text())
+        try:
+            saved = json.loads(file.read_text())
+        except (ValueError, RecursionError):
+            saved = None
+        if not (isinstance(saved, dict) and isinstance(saved.get("config"), dict)):
+            raise UnsafeCheckpointError(f"{file}: refused, it is not the run signature a grpo_fast checkpoint holds")
+        return saved
     config = load_trainer_state(path).get("config")
     return None if config is None else {"config": _jsonable(config)}
 
@@ -541,8 +599,8 @@ def unsaved_progress_mismatch(output_dir: str | Path, signature: dict) -> str | 
     try:
         saved = json.loads((out / RUN_CONFIG).read_text())
         diff = compare_configs(saved, signature)
-    except (ValueError, KeyError, TypeError) as exc:
-        return f"its {RUN_CONFIG} cannot be read ({exc})"
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        return f"its {RUN_CONFIG} cannot be read ({type(exc).__name__}: {str(exc)[:200]})"
     changes = diff.incompatible + diff.other
     if changes:
         return "it is another run: " + "; ".join(map(str, changes))

@@ -36,7 +36,7 @@ def load_tree(
     if isinstance(source, dict):
         data = copy.deepcopy(source)
     elif source is not None:
-        data = _read_yaml(source)
+        data = read_yaml(source)
         data = {} if data is None else data
     if not isinstance(data, dict):
         raise ValueError(f"config: expected a mapping, got {type(data).__name__}")
@@ -96,17 +96,44 @@ def _first_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:200]
 
 
-def _read_yaml(source: str | Path):
-    """The YAML file `source` as Python data; ValueError naming the file for bytes that are not UTF-8 text
-    or text that is not YAML."""
+MAX_YAML_VALUES = 1_000_000
+"""The most values a config file may hold once its aliases are expanded (a config is copied, compared and written
+as JSON, each alias as often as it is used: nine levels of nine aliases are 387 million values from 400 bytes)."""
+
+
+def read_yaml(source: str | Path):
+    """The YAML file `source` as Python data, read with PyYAML's safe loader (plain values only: a `!!python/...`
+    tag is an error, never a call); ValueError naming the file for bytes that are not UTF-8 text, text that is not
+    YAML, nesting deeper than the parser goes, or aliases that expand past MAX_YAML_VALUES."""
     try:
         text = Path(source).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"config file {source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if (size := _expanded_size(node, {})) > MAX_YAML_VALUES:
+            raise ValueError(f"config file {source}: its aliases expand to more than {MAX_YAML_VALUES} values ({size})")
+        return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ValueError(f"config file {source}: not valid YAML ({_first_line(exc)})") from None
+    except RecursionError:
+        raise ValueError(f"config file {source}: nested deeper than the YAML parser goes") from None
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values `node` holds with every alias expanded (each shared node counted once per use, computed
+    once)."""
+    if id(node) not in sizes:
+        children = node.value if isinstance(node, yaml.SequenceNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
+    return sizes[id(node)]
 
 
 # -- the reference of every key ----------------------------------------------------------------------------

@@ -17,19 +17,22 @@ logger = logging.getLogger(__name__)
 
 def read_jsonl(path: str | Path) -> list[dict]:
     """The records of a JSONL journal (metrics.jsonl, audit.jsonl). A last line that is not JSON is what a
-    process killed while appending leaves: it is dropped, with a warning. Any other line that is not JSON
-    raises ValueError naming the file and line."""
+    process killed while appending leaves: it is dropped, with a warning. Any other line that is not a JSON
+    object (or nests past the parser's recursion) raises ValueError naming the file and line."""
     path = Path(path)
     lines = [(i, line) for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
     records = []
     for i, line in lines:
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
             if i == lines[-1][0]:
-                logger.warning("%s:%d: dropping a partly written last line (%s)", path, i, exc)
+                logger.warning("%s:%d: dropping a partly written last line (%s)", path, i, type(exc).__name__)
                 break
-            raise ValueError(f"{path}:{i}: not JSON ({exc}); fix or remove the line") from None
+            raise ValueError(f"{path}:{i}: not JSON ({str(exc)[:200]}); fix or remove the line") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}:{i}: expected a JSON object, got {type(record).__name__}; fix or remove the line")
+        records.append(record)
     return records
 
 

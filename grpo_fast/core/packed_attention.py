@@ -133,15 +133,21 @@ def implementation(model: torch.nn.Module) -> str | None:
 def attention_path(model: torch.nn.Module, requested: str = "auto") -> str:
     """The attention path of the model's packed rows (see the module doc) for `requested` ("auto": the model's
     own when it is variable-length, else per_sequence where the model's attention is sdpa or eager, else
-    block_mask; "model": the model's own, variable-length or not; "per_sequence")."""
+    block_mask; "model": the model's own, variable-length or not; "per_sequence"). A model under gradient
+    checkpointing never gets per_sequence (its recomputation in the backward would run the model's own)."""
     if requested not in ("auto", "model", "per_sequence"):
         raise ValueError(f"run.packed_attention: expected auto, model or per_sequence, got {requested!r}")
     name = implementation(model) or ""
+    # Gradient checkpointing recomputes a layer's forward in the backward, after packed_hidden has given the model
+    # its own attention back: the per-sequence path would be recomputed as another (and fail torch's check).
+    checkpointed = getattr(model, "is_gradient_checkpointing", False)
+    if requested == "per_sequence" and checkpointed:
+        raise ValueError("run.packed_attention: per_sequence does not run under model.gradient_checkpointing")
     if requested == "per_sequence":
         return "per_sequence"
     if "flash" in name:
         return "varlen"
-    return "per_sequence" if requested == "auto" and name in _SPLITTABLE else "block_mask"
+    return "per_sequence" if requested == "auto" and name in _SPLITTABLE and not checkpointed else "block_mask"
 
 
 @contextmanager

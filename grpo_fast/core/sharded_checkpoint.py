@@ -6,12 +6,16 @@ given back with `get_state_dict` / `set_state_dict`, which key the optimizer sta
 does not depend on how parameters were grouped or sharded.
 
 DCP reads its metadata with `pickle`; here it is read with an unpickler that builds only the metadata
-classes DCP writes (`SafeMetadataReader`), so loading a checkpoint never runs code from it. The tensor
-files hold raw tensor bytes.
+classes DCP writes (`SafeMetadataReader`). The shards hold tensors, which DCP reads with
+`torch.load(weights_only=True)`, and non-tensor values (the optimizer's hyperparameters), which DCP's default
+planner would read with `weights_only=False`: here they are read with `weights_only=True`
+(`_PlainValuesLoadPlanner`). Loading a checkpoint never runs code from it: anything else is refused with
+`UnsafeCheckpointError`.
 """
 
 from __future__ import annotations
 
+import io
 import pickle
 import warnings
 from pathlib import Path
@@ -19,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from grpo_fast.core.checkpoint import UnsafeCheckpointError
+from grpo_fast.core.checkpoint import UnsafeCheckpointError, refusal_reason
 
 SHARDED_DIR = "sharded"
 """The DCP directory inside a checkpoint (model and optimizer)."""
@@ -71,6 +75,31 @@ def _reader(path: str | Path):
     return SafeMetadataReader(str(path))
 
 
+def _plain_values_planner():
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class _PlainValuesLoadPlanner(DefaultLoadPlanner):
+        """DefaultLoadPlanner whose non-tensor entries are read with `weights_only=True`."""
+
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            key = read_item.dest_index.fqn
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError as exc:
+                raise UnsafeCheckpointError(
+                    f"entry {key!r} refused, it holds objects other than tensors and plain Python values "
+                    f"({refusal_reason(exc)}); a grpo_fast checkpoint never does, so it was not written by this "
+                    "trainer or was altered"
+                ) from None
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[key], obj)
+            else:
+                self.state_dict[key] = obj
+
+    return _PlainValuesLoadPlanner()
+
+
 def save_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Writes the model's and optimizer's state (this rank's shards) under `path`; every rank must call it."""
     import torch.distributed.checkpoint as dcp
@@ -98,7 +127,13 @@ def load_sharded(path: str | Path, model: nn.Module, optimizer: torch.optim.Opti
     state = {"model": model_state, "optimizer": optim_state}
     with warnings.catch_warnings():  # in a single process DCP warns that it loads without a process group
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=reader)
+        try:
+            dcp.load(state, storage_reader=reader, planner=_plain_values_planner())
+        except dcp.CheckpointException as exc:  # every rank gets every rank's failures: all refuse alike
+            refusals = [e for e, _ in exc.failures.values() if isinstance(e, UnsafeCheckpointError)]
+            if refusals:
+                raise UnsafeCheckpointError(f"{path}: {refusals[0]}") from None
+            raise
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 

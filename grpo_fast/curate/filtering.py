@@ -16,15 +16,37 @@ from grpo_fast.curate.pass_rates import in_band
 
 
 def read_pass_rates(path: str | Path) -> list[dict]:
-    """The records of a pass_rates.jsonl ({"row_index", "pass_rate", "num_samples", "row"})."""
+    """The records of a pass_rates.jsonl ({"row_index", "pass_rate", "num_samples", "row"}). A line that is not
+    JSON, or not an object with a `pass_rate` in [0, 1] and a `row` object, is a ValueError naming the file, the
+    line and what was expected."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"pass rates file not found: {path} (write it with `grpo-fast sample`)")
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    for r in records:
-        if not {"pass_rate", "row"} <= r.keys():
-            raise ValueError(f"{path}: expected records with 'pass_rate' and 'row', got keys {sorted(r)}")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+            raise ValueError(f"{path}, line {number}: not JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+        if (problem := _record_problem(record)) is not None:
+            raise ValueError(f"{path}, line {number}: {problem}")
+        records.append(record)
     return records
+
+
+def _record_problem(record) -> str | None:
+    """What is wrong with one pass-rates record, or None."""
+    if not isinstance(record, dict) or not {"pass_rate", "row"} <= record.keys():
+        keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+        return f"expected a record with 'pass_rate' and 'row', got {keys}"
+    rate = record["pass_rate"]
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+        return f"pass_rate: expected a number in [0, 1], got {rate!r}"
+    if not isinstance(record["row"], dict):
+        return f"row: expected a dataset row (a JSON object), got {type(record['row']).__name__}"
+    return None
 
 
 def filter_pass_rates(

@@ -2,8 +2,9 @@
 where it stopped without duplicates.
 
 Each chunk's records are written in one `write` and fsynced. On reading, an unparsable line (the
-partial write of a killed run) and every record of a chunk that is not complete are discarded, and the
-file is rewritten without them: a resumed run redoes exactly the chunks that did not finish.
+partial write of a killed run, or anything that is not a record of a chunk) and every record of a chunk
+that is not complete are discarded, and the file is rewritten without them: a resumed run redoes exactly
+the chunks that did not finish.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ def read_complete_chunks(path: Path, chunk_size: Callable[[int], int]) -> list[d
         for line in f:
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 continue  # the torn last line of a killed run
-            by_chunk[record["chunk"]].append(record)
+            if isinstance(record, dict) and type(record.get("chunk")) is int:
+                by_chunk[record["chunk"]].append(record)
     records = [r for c, rs in sorted(by_chunk.items()) if len(rs) == chunk_size(c) for r in rs]
     write_atomic(path, "".join(dumps(r) + "\n" for r in records))
     return records

@@ -186,7 +186,15 @@ def _check_settings(out: Path, config, num_rows: int, overwrite: bool) -> None:
         for name in (JOURNAL, "pass_rates.jsonl", "sft.jsonl", "summary.json"):
             (out / name).unlink(missing_ok=True)
     elif path.exists():
-        saved = json.loads(path.read_text())
+        try:
+            saved = json.loads(path.read_text())
+        except ValueError:
+            saved = None
+        if not isinstance(saved, dict):
+            raise ValueError(
+                f"sample.output_dir {out}: its {SETTINGS} is not the settings a sampling run writes; use another "
+                "output directory, or overwrite it (--overwrite)"
+            )
         changed = sorted(k for k in settings.keys() | saved.keys() if settings.get(k) != saved.get(k))
         if changed:
             raise ValueError(

@@ -92,11 +92,26 @@ def countdown_dataset(n: int, seed: int = 0, num_numbers: int = 3, max_number: i
     return rows
 
 
-def integer_literals(expr: str) -> list[int] | None:
-    """The integer literals of an expression in source order, or None when it does not parse or has others."""
+MAX_EXPRESSION_CHARS = 64
+"""The longest arithmetic expression parsed: a countdown answer uses a handful of numbers, far fewer characters. A
+longer text is no answer; parsing it could exhaust Python's recursion (3000 `-` then `1` nests 3000 deep)."""
+
+
+def _parse_arithmetic(expr: str) -> ast.Expression | None:
+    """The syntax tree of `expr`, or None when it is longer than MAX_EXPRESSION_CHARS or does not parse."""
+    if len(expr) > MAX_EXPRESSION_CHARS:
+        return None
     try:
-        tree = ast.parse(expr, mode="eval")
+        return ast.parse(expr, mode="eval")
     except (SyntaxError, ValueError):
+        return None
+
+
+def integer_literals(expr: str) -> list[int] | None:
+    """The integer literals of an expression in source order, or None when it does not parse (or is longer than
+    MAX_EXPRESSION_CHARS) or has others."""
+    tree = _parse_arithmetic(expr)
+    if tree is None:
         return None
     constants = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)]
     if any(type(v) is not int for v in constants):
@@ -105,12 +120,10 @@ def integer_literals(expr: str) -> list[int] | None:
 
 
 def arithmetic_value(expr: str) -> int | None:
-    """Integer value of an expression of non-negative int literals, + - * and parentheses; else None."""
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except (SyntaxError, ValueError):
-        return None
-    if len(expr) > 64:
+    """Integer value of an expression of non-negative int literals, + - * and parentheses, at most
+    MAX_EXPRESSION_CHARS long; else None."""
+    tree = _parse_arithmetic(expr)
+    if tree is None:
         return None
 
     def ev(node):

@@ -28,8 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from grpo_fast.core.config_tree import read_yaml
 from grpo_fast.curate.journal import write_atomic
 from grpo_fast.pipeline.stages import STAGE_KINDS, StageResult, check_stage_config
 
@@ -55,7 +54,7 @@ class PipelineConfig:
 
 def load_pipeline_config(source: str | Path | dict) -> PipelineConfig:
     """A PipelineConfig from a YAML file or a dict; ValueError naming the stage and key on a bad entry."""
-    data = source if isinstance(source, dict) else yaml.safe_load(Path(source).read_text()) or {}
+    data = source if isinstance(source, dict) else read_yaml(source) or {}
     unknown = sorted(set(data) - {"output_dir", "stages"})
     if unknown:
         raise ValueError(f"pipeline: unknown key(s) {unknown}; valid keys: ['output_dir', 'stages']")

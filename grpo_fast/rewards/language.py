@@ -50,7 +50,9 @@ LANGUAGE_SCRIPTS = {
     **{script: (script,) for script in SCRIPT_RANGES},
 }
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
-_NOT_PROSE = re.compile(r"```.*?```|\$\$.*?\$\$|\$[^$]*\$|\\[a-zA-Z]+(?:\{[^{}]*\})*|<[^>]+>", re.DOTALL)
+# A tag holds no "<": each "<" is tried once, to the next "<" or ">" (`<[^>]+>` scanned to the end of the text from
+# every "<" of a completion with many and no ">": quadratic).
+_NOT_PROSE = re.compile(r"```.*?```|\$\$.*?\$\$|\$[^$]*\$|\\[a-zA-Z]+(?:\{[^{}]*\})*|<[^<>]+>", re.DOTALL)
 
 
 def script_of(char: str) -> str | None:

@@ -18,8 +18,13 @@ or one longer than `max_answer_chars` earns nothing; a slot that lists several v
 and does not equal a single reference value; a slot with several operands joined otherwise earns
 nothing (`joined_operands`): by "or" (`4 \\lor 5`, `4 \\vee 5`, `4 or 5`), by text (`4 \\text{ (or } 5)`;
 a unit after one value, `5\\text{ cm}^2`, is fine), by `=` unless each side but the last is a
-variable (`x = 5` counts as 5, `4 = 5` and `2+2=4` earn nothing), or a number right before a
-parenthesized number (`4(5)`, which math-verify would read as the mixed number 4 + 5 = 9).
+variable (`x = 5` counts as 5, `4 = 5` and `2+2=4` earn nothing), or side by side with nothing that
+makes one value of them (grpo_fast.rewards.answer_shape): spacing (`4 \\; 5`, `4\\quad 5`, `{4}{5}`, which
+math-verify would read as the mixed number 4 + 5 = 9), an arrow, relation, logic sign or line break
+(`4 \\to 5`, `4 \\mid 5`, `4 \\land 5`, `4 \\equiv 5`, `4 \\\\ 5`, of which it would keep one), a
+parenthesized number (`4(5)`). A value next to a command value (`2\\sqrt{3}`) must mean their product:
+`4\\sqrt{25}`, which math-verify adds up to 9 like a mixed number, earns nothing; a mixed number
+(`4\\frac{1}{2}`, an integer then a proper fraction of integers) is one value.
 
 Percentages follow math-verify: `p\\%` is equivalent to both p and p/100, so `5\\%` matches a reference
 of 5 and one of 0.05.
@@ -43,6 +48,7 @@ from typing import Any
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
+from grpo_fast.rewards.answer_shape import explicit_products, joined_values
 from grpo_fast.rewards.extract import answer_slots, normalize_slot
 from grpo_fast.rewards.pool import RewardPool
 from grpo_fast.rewards.registry import reward
@@ -131,7 +137,11 @@ def score_answer(
     final = slots[-1].content.strip().strip("$").strip().rstrip(".")
     if not final or len(final) > max_answer_chars or joined_operands(final):
         return 0.0
-    return float(_verify(gold, _parse_slot(final, timeout_s), timeout_s))
+    answer = _parse_slot(final, timeout_s)
+    products = explicit_products(final)
+    if products is not None and not _same_value(answer, _parse_slot(products, timeout_s), timeout_s):
+        return 0.0  # math-verify reads a juxtaposition as a sum (its mixed numbers): `4\sqrt{25}` is not 9
+    return float(_verify(gold, answer, timeout_s))
 
 
 _TEXT = re.compile(r"\\(?:text\w*|mathrm|mbox|operatorname)\s*\{[^{}]*\}")
@@ -140,13 +150,12 @@ _UNIT_POWER = re.compile(r"^\s*\^\s*(?:\{[^{}]*\}|\w)")
 _OR = re.compile(r"\\(?:lor|vee)(?![A-Za-z])|(?<![A-Za-z\\])or(?![A-Za-z])")
 _EQUALS = re.compile(r"(?<![<>!\\])=(?!=)")
 _VARIABLE = re.compile(r"^\s*(?:\\[A-Za-z]+|[A-Za-z])(?:_\{?\w+\}?)?(?:\([^()]*\))?\s*$")
-_JUXTAPOSED = re.compile(r"\d\s*\(\s*[-+]?\d+(?:\.\d+)?\s*\)")
 
 
 def joined_operands(content: str) -> str | None:
-    """Why a final answer holds several operands joined by or / text / `=` (see module doc), or None."""
-    if _JUXTAPOSED.search(content):
-        return "a number next to a parenthesized number"
+    """Why a final answer holds several operands joined by or / text / `=` / nothing (see module doc), or None."""
+    if why := joined_values(content):
+        return why
     if _OR.search(_TEXT.sub(" ", content)):
         return "operands joined by or"
     parts = [_UNIT_POWER.sub("", _SPACING.sub(" ", part)) for part in _TEXT.split(content)]
@@ -197,6 +206,11 @@ def _parse(text: str, timeout_s: int) -> list:
 
 def _verify(gold: list, answer: list, timeout_s: int) -> bool:
     return bool(answer) and verify(gold, answer, timeout_seconds=timeout_s)
+
+
+def _same_value(first: list, second: list, timeout_s: int) -> bool:
+    """Whether two parses are the same expression (their sympy values, not their texts)."""
+    return bool(first) and bool(second) and verify(first[:1], second[:1], timeout_seconds=timeout_s)
 
 
 def _score_in_worker(texts: list[str], references: list[Any], options: dict) -> list[float | None]:

@@ -12,6 +12,9 @@ service to run it) is not a score at all, and is loud.
   than `max_infra_failures` have happened; called directly, the verifier's caller sees the exception.
 - `VerifierStartupError`: the verifier's start-up check (a known-correct and a known-wrong sample
   through the real machinery) failed: nothing it would score can be trusted.
+- `VerifierConfigError`: the verifier's options or files cannot work (a learned reward model's path that does
+  not load): a ValueError naming the option, and an InfrastructureError, so that it is never scored as the
+  completions' failure.
 """
 
 from __future__ import annotations
@@ -38,3 +41,7 @@ class ProgramFailure(float):
 
 class VerifierStartupError(InfrastructureError):
     """A verifier's start-up check failed: the message names the check and the cause."""
+
+
+class VerifierConfigError(VerifierStartupError, ValueError):
+    """A verifier's options or files cannot work, whatever it is given to score: the message names the option."""

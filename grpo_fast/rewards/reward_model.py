@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from grpo_fast.data.tokenizer import load_tokenizer
+from grpo_fast.rewards.outcomes import VerifierConfigError
 from grpo_fast.rewards.pool import in_worker
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.text import completion_text
@@ -64,10 +66,10 @@ def reward_model(
     score at the last token that is not its pad token.
     """
     if not path:
-        raise ValueError("reward_model: path: the reward model's directory or hub name is required")
+        raise VerifierConfigError("reward_model: path: the reward model's directory or hub name is required")
     for name, value in (("batch_size", batch_size), ("max_length", max_length)):
         if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"reward_model: {name}: expected a positive integer, got {value!r}")
+            raise VerifierConfigError(f"reward_model: {name}: expected a positive integer, got {value!r}")
     model, tokenizer = load_reward_model(path, device, dtype)
     ids = [_encode(tokenizer, p, c, max_length) for p, c in zip(prompts, completions, strict=True)]
     return [scale * s + shift for s in _score(model, ids, batch_size)]
@@ -81,6 +83,10 @@ def load_reward_model(path: str, device: str = "auto", dtype: str = "auto") -> t
     when CUDA is available and its free memory exceeds GPU_ROOM times the model's size; else CPU. A log
     line says which and why. The model's `config.pad_token_id` is set when missing (the tokenizer's pad
     token, else its eos token): sequence classifiers find the last token of each padded row with it.
+
+    Its weights load as transformers loads them: safetensors, or `.bin` files with `torch.load(weights_only=True)`,
+    and no code of the directory (no `trust_remote_code`). A model that cannot be loaded, or whose options are
+    invalid, raises VerifierConfigError (an InfrastructureError: loud, never the completions' failure).
     """
     key = (str(path), device, dtype)
     if key not in _LOADED:
@@ -95,21 +101,29 @@ def _load(path: str, device: str, dtype: str) -> tuple[Any, Any]:
         try:
             torch.device(device)
         except RuntimeError as err:
-            raise ValueError(f"reward_model: device: expected 'auto' or a torch device, got {device!r}") from err
+            raise VerifierConfigError(
+                f"reward_model: device: expected 'auto' or a torch device, got {device!r}"
+            ) from err
     if dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise ValueError(f"reward_model: dtype: expected 'auto' or a torch dtype name, got {dtype!r}")
-    tokenizer = load_tokenizer(path)
+        raise VerifierConfigError(f"reward_model: dtype: expected 'auto' or a torch dtype name, got {dtype!r}")
+    try:
+        tokenizer = load_tokenizer(path)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
+        )
+    except (OSError, ValueError, pickle.UnpicklingError) as exc:
+        reason = " ".join(str(exc).split())[:500]
+        raise VerifierConfigError(
+            f"reward_model: path: {path} cannot be loaded ({type(exc).__name__}: {reason})"
+        ) from exc
     tokenizer.truncation_side = "left"  # keep the end of the completion (see reward_model)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, dtype=dtype if dtype == "auto" else getattr(torch, dtype)
-    )
     labels = model.config.num_labels
     if labels > 2:
-        raise ValueError(f"reward_model: {path} has {labels} labels; expected 1 (a score) or 2 (bad, good)")
+        raise VerifierConfigError(f"reward_model: {path} has {labels} labels; expected 1 (a score) or 2 (bad, good)")
     if model.config.pad_token_id is None:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if pad is None:
-            raise ValueError(
+            raise VerifierConfigError(
                 f"reward_model: {path}: neither the model config nor the tokenizer names a pad or eos token"
             )
         model.config.pad_token_id = pad

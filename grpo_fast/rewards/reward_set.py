@@ -9,7 +9,9 @@ text. A function with a required `max_completion_length` parameter gets the roll
 
 Where a function runs: in the run's `RewardPool` (worker processes with a per-completion timeout; a
 verifier that hangs, crashes or raises costs that completion's reward, counted in the step's
-`reward/<name>/failures`), or in the trainer's process (no isolation, no inter-process traffic). A spec's
+`reward/<name>/failures`), or in the trainer's process (no timeout or process isolation, no inter-process
+traffic; a function that raises there costs the completion it raised on its failure reward, counted the same way:
+nothing a completion holds can stop the step, only an InfrastructureError does). A spec's
 `in_process: true` or `false` fixes the place; without it a function is scored in the pool until the workers
 have measured it on one batch, and moves in-process when it is cheap there (`is_cheap`: each call costs less
 than a few round trips to a worker), which is logged once. A function that cannot be pickled for a worker (a
@@ -37,9 +39,9 @@ from dataclasses import dataclass
 import torch
 
 from grpo_fast.rewards.checks import release_verifiers
-from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name
-from grpo_fast.rewards.outcomes import ProgramFailure
-from grpo_fast.rewards.pool import RewardPool, Scores
+from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name, select_columns
+from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure
+from grpo_fast.rewards.pool import RewardPool, Scores, lowest_reward
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.rewards.routing import RoutedReward, unrouted
 
@@ -238,11 +240,12 @@ class RewardSet:
         per_func = torch.full((len(rows), len(self.funcs)), math.nan)
         call_seconds = [0.0] * len(self.funcs)
         counts: Counter = Counter()
-        for j, fn in enumerate(self.funcs):
+        for j in range(len(self.funcs)):
             if self.in_process[j]:
                 start = time.perf_counter()
-                values = call_reward(fn, prompts, completions, table, local_kwargs)
+                values, failed = self._score_here(j, prompts, completions, table, local_kwargs)
                 per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
+                counts[f"{self.names[j]}/failures"] += failed
                 counts[f"{self.names[j]}/program_failures"] += sum(isinstance(v, ProgramFailure) for v in values)
                 call_seconds[j] = time.perf_counter() - start
         pooled = [j for j, local in enumerate(self.in_process) if not local]
@@ -251,6 +254,43 @@ class RewardSet:
             funcs = [self.funcs[j] for j in pooled]
             future = self._get_pool().submit(funcs, prompts, completions, table, call_kwargs)
         return PendingScores(per_func, call_seconds, pooled, future, self.names, +counts, self._place)
+
+    def _score_here(
+        self, j: int, prompts: list, completions: list, table: dict[str, list], kwargs: dict
+    ) -> tuple[list[float | None], int]:
+        """(rewards, how many completions failed) of function j in this process, failures as the pool treats them:
+        an exception a completion may have caused (anything but InfrastructureError, which stays loud) costs that
+        completion alone its failure reward, a ProgramFailure. The batch is one call; when it raises, each
+        completion is called alone to find which did it. A missing column raises, as in the pool."""
+        fn = self.funcs[j]
+        select_columns(fn, {**kwargs, **table})
+        try:
+            return call_reward(fn, prompts, completions, table, kwargs), 0
+        except InfrastructureError:
+            raise
+        except Exception:  # noqa: BLE001 - whose fault it was is found one completion at a time
+            pass
+        values: list[float | None] = []
+        failed = 0
+        for i in range(len(completions)):
+            one = {k: v[i : i + 1] for k, v in table.items()}
+            one_kwargs = {k: v[i : i + 1] if k == "environments" else v for k, v in kwargs.items()}
+            try:
+                values += call_reward(fn, prompts[i : i + 1], completions[i : i + 1], one, one_kwargs)
+            except InfrastructureError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the completion's doing: scored as a failure, never raised
+                message = f"{type(exc).__name__}: {exc}"[-300:]
+                values.append(ProgramFailure(self._failure_reward(fn), f"error: {message}"))
+                failed += 1
+                logger.warning("reward %s failed on completion %d (error): %s", self.names[j], i, message)
+        return values, failed
+
+    def _failure_reward(self, fn) -> float:
+        """The reward of a completion `fn` failed on: reward.failure_reward, else the function's lowest reward (as the
+        pool scores it)."""
+        configured = self._pool_options["failure_reward"]
+        return lowest_reward(fn) if configured is None else configured
 
     def pool_seconds(self, scored: ScoredBatch) -> float:
         """The seconds the pool's workers would need for `scored`'s batch with the functions pooled now: their

@@ -51,7 +51,7 @@ from grpo_fast.rewards.text import broadcast_column, completion_texts
 
 log = logging.getLogger(__name__)
 
-_SQL_FENCE = re.compile(r"```sql[^\n]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_SQL_FENCE = re.compile(r"```sql[^\n`]*\n(.*?)```", re.DOTALL | re.IGNORECASE)  # no "`" in its info string
 _ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
 # String literals, quoted identifiers and comments, which may contain anything (parentheses, "order by").
 _OPAQUE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`|\[[^\]]*\]|--[^\n]*|/\*.*?(?:\*/|$)", re.DOTALL)

@@ -32,8 +32,9 @@ def exact_match_reward(prompts, completions, answer, **_) -> list[float]:
     ),
 )
 def countdown_reward(prompts, completions, numbers, target, **_) -> list[float]:
-    """1.0 when the completion is an arithmetic expression (+ - * and parentheses) that uses exactly the
-    given numbers, each once, and evaluates to the target; else 0.0."""
+    """1.0 when the completion is an arithmetic expression (+ - * and parentheses, at most
+    grpo_fast.data.tasks.MAX_EXPRESSION_CHARS characters) that uses exactly the given numbers, each once, and
+    evaluates to the target; else 0.0."""
     out = []
     for c, nums, tgt in zip(completions, numbers, target, strict=True):
         expr = completion_text(c).strip()

@@ -14,8 +14,10 @@ Generation pauses only for the transfer and the load. The trainer stages version
 loaded v.
 
 The trainer starts the engine process itself (`launch: spawn`), or waits for one started apart, on any host that
-reaches its `address` (`launch: external`, `grpo-fast engine --connect HOST:PORT`): messages and weights travel
-over TCP, nothing is shared but the address.
+reaches its `address` (`launch: external`, `grpo-fast engine --connect HOST:PORT --secret-file FILE`): messages
+and weights travel over TCP, nothing is shared but the address and the run's secret. The link listens on loopback
+unless `address` names another interface, and serves only peers that prove the secret; its messages are the
+dataclasses of grpo_fast.rollout.async_messages (grpo_fast.rollout.link_store, engine_link).
 
 With `engines` > 1 several engine processes generate side by side (data parallel): each takes the next index as it
 connects, gets every `engines`-th prompt the trainer sends and seeds of its own, and receives every weight version
@@ -40,31 +42,24 @@ import logging
 import math
 import multiprocessing as mp
 import os
-import pickle
 import queue
-import socket
 import time
 import traceback
+import typing
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-import torch.distributed as dist
 
 from grpo_fast.config_fields import ConfigSection, build, option
+from grpo_fast.rollout.async_messages import CONTROL, FROM_ENGINE, PROMPTS, Failure, Group, Prompt, Ready, Stop, Weights
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
-from grpo_fast.rollout.engine_link import (
-    BACKENDS,
-    Channel,
-    Manifest,
-    WeightLink,
-    WeightSender,
-    connect_store,
-    host_store,
-    parse_address,
-)
+from grpo_fast.rollout.engine_link import BACKENDS, Manifest, WeightLink, WeightSender
+from grpo_fast.rollout.link_auth import SECRET_ENV, LinkClosed, new_secret, parse_secret, write_secret_file
+from grpo_fast.rollout.link_codec import LinkProtocolError, decode, encode, from_plain, to_plain
+from grpo_fast.rollout.link_store import Channel, LinkServer, connect_link, parse_address
 from grpo_fast.rollout.partial import ROUND_SEEDS, PartialGroup, PartialOptions, PartialRollouts
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES
 from grpo_fast.rollout.rollouts import rollouts_from_recipe
@@ -107,13 +102,13 @@ class AsyncOptions(ConfigSection):
     launch: str = option(
         "spawn",
         "spawn: the trainer starts the engine process on its own host; external: the trainer waits for one started "
-        "apart, on this host or another, with `grpo-fast engine --connect HOST:PORT` (HOST:PORT as logged)",
+        "apart, on this host or another, with `grpo-fast engine --connect HOST:PORT --secret-file FILE` (as logged)",
         choices=LAUNCHES,
     )
     address: str = option(
         "",
-        "HOST:PORT where the trainer listens for its engine process (the port on every interface; empty: this "
-        "host, a free port, as logged). Set it for launch external on another host, e.g. node0:29600",
+        "HOST:PORT where the trainer listens for its engine processes (that interface only; empty: loopback, a free "
+        "port, as logged). Set it for an engine on another host, e.g. node0:29600; peers must hold the run's secret",
     )
     weight_backend: str = option(
         "auto",
@@ -123,10 +118,10 @@ class AsyncOptions(ConfigSection):
     )
 
     def listen_address(self) -> tuple[str, int]:
-        """(host, port) of the trainer's store (port 0: a free one), the host being what the engine connects to."""
+        """(host, port) the trainer's link listens on (port 0: a free one): loopback unless `address` names one."""
         if self.address:
             return parse_address(self.address, "rollout.async_engine.address")
-        return ("127.0.0.1" if self.launch == "spawn" else socket.gethostname()), 0
+        return "127.0.0.1", 0
 
 
 @dataclass(frozen=True)
@@ -169,6 +164,22 @@ class EngineSetup:
     version: int
     timeout_seconds: float
     engines: int = 1
+
+    def to_plain(self) -> dict:
+        """The setup as plain data (grpo_fast.rollout.link_codec), what crosses the link."""
+        return to_plain(self)
+
+    @classmethod
+    def from_plain(cls, plain) -> EngineSetup:
+        """The setup from `to_plain`'s data, every field checked against its type, the pool's keyword arguments
+        against PartialRollouts' parameters; LinkProtocolError naming the first that does not fit."""
+        setup = from_plain(plain, cls, "setup")
+        hints = typing.get_type_hints(PartialRollouts.__init__)
+        unknown = sorted(set(setup.pool_kwargs) - (set(hints) - {"sampling", "dist", "return"}))
+        if unknown:
+            raise LinkProtocolError(f"setup.pool_kwargs: unknown keyword(s) {unknown} of PartialRollouts")
+        pool = {k: from_plain(v, hints[k], f"setup.pool_kwargs.{k}") for k, v in setup.pool_kwargs.items()}
+        return dataclasses.replace(setup, pool_kwargs=pool)
 
 
 def build_engine(spec: EngineSpec) -> tuple[RolloutEngine, Callable[[Iterable], object], object]:
@@ -216,6 +227,7 @@ def _config_view(data: dict) -> SimpleNamespace:
 def run_engine(
     address: str,
     *,
+    secret: bytes,
     parent: int | None = None,
     cores: set[int] | None = None,
     model_dir: str | None = None,
@@ -223,29 +235,23 @@ def run_engine(
     threads: int | None = None,
     connect_seconds: float = 600.0,
 ) -> None:
-    """The engine process, connected to the trainer's store at `address`: rounds of partial rollouts without end
-    (see module doc). Puts ("ready",) on the group queue once it holds the weights, then ("group", state, counts)
-    for each complete group, counts since the last one (with "busy_seconds" generating, "idle_seconds" waiting for
-    prompts or for room in the queue); ("error", traceback) on a failure. Stops on the trainer's word, or when the
-    trainer is gone (`parent`, its pid when spawned by it; any launch: its store no longer answers).
+    """The engine process, connected to the trainer's link at `address` with the run's `secret`: rounds of partial
+    rollouts without end (see module doc). Puts Ready on the group queue once it holds the weights, then a Group
+    for each complete group, with the counts since the last one ("busy_seconds" generating, "idle_seconds" waiting
+    for prompts or for room in the queue); Failure on a failure. Stops on the trainer's word, or when the trainer is
+    gone (`parent`, its pid when spawned by it; any launch: its link is closed).
 
     model_dir, devices, threads: this host's, when they differ from the trainer's settings (the weights are the
     trainer's in any case); cores: the CPU cores of its own."""
-    try:
-        store = connect_store(address, connect_seconds)
-    except dist.DistError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RuntimeError(
-            f"rollout.mode async: no trainer answered at {address} in {connect_seconds:g} s ({first_line})"
-        ) from None
-    setup: EngineSetup = pickle.loads(store.get("setup"))
+    store = connect_link(address, secret, connect_seconds)
+    setup = EngineSetup.from_plain(decode(store.get("setup")))
     index = store.add("engine_index", 1) - 1  # in the order the engine processes connect
     if index >= setup.engines:
         raise RuntimeError(
             f"rollout.mode async: the trainer at {address} has its {setup.engines} engine process(es) "
             "(rollout.async_engine.engines); this one is not needed"
         )
-    groups = Channel(store, "groups", setup.queue_groups)
+    groups = Channel(store, "groups", FROM_ENGINE, setup.queue_groups)
     try:
         devices = setup.devices if devices is None else devices
         if devices:  # before CUDA starts in this process
@@ -267,16 +273,16 @@ def run_engine(
         engine, load, tokenizer = build_engine(spec)
         load(weights)
         kind = rollouts_from_recipe(spec.rollouts, tokenizer)
-        groups.put(("ready",))
+        groups.put(Ready())
         try:
             _generate(engine, load, kind, setup, store, link, groups, parent, index)
         finally:
             kind.close()
             engine.close()
-    except dist.DistNetworkError:  # the trainer's store is gone, and with it the trainer
+    except LinkClosed:  # the trainer's link is closed, and with it the trainer gone
         logger.info("rollout.mode async: the trainer at %s is gone; the engine process stops", address)
     except BaseException:  # noqa: BLE001 - every other failure goes back to the trainer, which raises it
-        groups.put(("error", traceback.format_exc()))
+        groups.put(Failure(traceback.format_exc()))
         raise
 
 
@@ -285,7 +291,8 @@ def _generate(
 ) -> None:
     """The round loop of engine process `index` (its `engine`, `load` for the weights, the rollout `kind`), until the
     trainer says stop or is gone."""
-    sampling, prompts, control = setup.sampling, Channel(store, f"prompts/{index}"), Channel(store, f"control/{index}")
+    sampling, prompts = setup.sampling, Channel(store, f"prompts/{index}", PROMPTS)
+    control = Channel(store, f"control/{index}", CONTROL)
     pool = PartialRollouts(
         **setup.pool_kwargs,
         sampling=lambda max_tokens, s: dataclasses.replace(sampling, max_tokens=max_tokens, seed=s),
@@ -298,10 +305,10 @@ def _generate(
         if parent is not None and os.getppid() != parent:
             return version, True
         for message in control.drain():
-            if message[0] == "stop":
+            if isinstance(message, Stop):
                 return version, True
             load(link.receive())
-            version = message[1]
+            version = message.version
             store.set(f"loaded/{index}", str(version))
         return version, False
 
@@ -310,7 +317,7 @@ def _generate(
     while not stop:
         version, stop = take_control(version)
         pool.enforce_staleness(version, counts)
-        counts["started"] += pool.start(prompts.drain())
+        counts["started"] += pool.start([(p.row, p.prompt_ids, p.data) for p in prompts.drain()])
         if not any(m.running for g in pool.groups for m in g.members):
             time.sleep(POLL_SECONDS)  # nothing to generate: wait for prompts
             counts["idle_seconds"] += POLL_SECONDS
@@ -330,7 +337,7 @@ def _generate(
                 break
             if setup.engines > 1:
                 counts[f"groups_engine_{index}"] += 1
-            groups.put(("group", pool.group_state(group), dict(counts)))
+            groups.put(Group(pool.group_state(group), dict(counts)))
             counts = Counter()
 
 
@@ -339,7 +346,11 @@ class AsyncRollouts:
 
     pool_kwargs: PartialRollouts' options, num_generations, max_completion_length, max_staleness and stale;
     sampling: the run's SamplingSpec (n = 1); weights: the trainer's (name, tensor) pairs at version `version`,
-    staged here; `start` starts the processes (launch spawn) or waits for them (external)."""
+    staged here; `start` starts the processes (launch spawn) or waits for them (external).
+
+    The link's secret is $GRPO_FAST_LINK_SECRET when set, else a new one: handed to each spawned process through
+    its spawn pipe, or (launch external) written to `secret_file` (mode 0600, removed at `close`), whose path
+    `engine_command` names."""
 
     def __init__(
         self,
@@ -354,8 +365,13 @@ class AsyncRollouts:
         self.options, self.max_staleness, self.spec = options, pool_kwargs["max_staleness"], spec
         self.partial: PartialOptions = pool_kwargs["options"]
         host, port = options.listen_address()
-        self.store = host_store(port, options.timeout_seconds)
-        self.address = f"{host}:{self.store.port}"
+        text = os.environ.get(SECRET_ENV)
+        self.secret = new_secret().encode() if text is None else parse_secret(text, f"${SECRET_ENV}")
+        self.server = LinkServer(host, port, self.secret, options.timeout_seconds)
+        external = text is None and options.launch == "external"
+        self.secret_file = write_secret_file(self.secret.decode()) if external else None
+        self.store = self.server.store
+        self.address = f"{host}:{self.server.port}"
         engine_has_gpus = bool(options.devices) or options.launch == "external"
         self.sender = WeightSender(
             self.store,
@@ -367,9 +383,9 @@ class AsyncRollouts:
             options.engines,
         )
         engines = range(options.engines)
-        self.prompts = [Channel(self.store, f"prompts/{k}") for k in engines]
-        self.control = [Channel(self.store, f"control/{k}") for k in engines]
-        self.groups = Channel(self.store, "groups", options.queue_groups)
+        self.prompts = [Channel(self.store, f"prompts/{k}", PROMPTS) for k in engines]
+        self.control = [Channel(self.store, f"control/{k}", CONTROL) for k in engines]
+        self.groups = Channel(self.store, "groups", FROM_ENGINE, options.queue_groups)
         threads = options.threads or max(1, (os.cpu_count() or 2) // (2 * options.engines))
         setup = EngineSetup(
             spec,
@@ -385,7 +401,7 @@ class AsyncRollouts:
             options.timeout_seconds,
             options.engines,
         )
-        self.store.set("setup", pickle.dumps(setup))
+        self.store.set("setup", encode(setup.to_plain()))
         for k in engines:
             self.store.set(f"loaded/{k}", str(version))
         self.pushed = version
@@ -398,7 +414,9 @@ class AsyncRollouts:
                 mp.get_context("spawn").Process(
                     target=run_engine,
                     args=(self.address,),
-                    kwargs=dict(parent=os.getpid(), cores=set(cores[k * threads : (k + 1) * threads])),
+                    kwargs=dict(
+                        secret=self.secret, parent=os.getpid(), cores=set(cores[k * threads : (k + 1) * threads])
+                    ),
                     name=f"grpo_fast-engine-{k}",
                     daemon=True,
                 )
@@ -406,6 +424,11 @@ class AsyncRollouts:
             ]
         self.sent = 0  # prompts sent, counted by the schedule (prompts_due)
         self.dealt = 0  # prompts sent in all
+
+    def engine_command(self) -> str:
+        """The command that starts an engine process of this run apart."""
+        secret = f" --secret-file {self.secret_file}" if self.secret_file else f" (with ${SECRET_ENV} as set here)"
+        return f"grpo-fast engine --connect {self.address}{secret}"
 
     def _own_cores(self, threads: int) -> set[int]:
         """On CPU, the engines' cores: the last `threads` of the trainer's, which keeps the others (restored at
@@ -425,16 +448,20 @@ class AsyncRollouts:
             process.start()
             logger.info("rollout.mode async: engine process %d started (%s)", process.pid, self.spec)
         if not self.processes:
+            notes = [" (that file holds the run's secret: copy it keeping its mode 0600)"] if self.secret_file else []
+            if self.server.loopback:
+                notes.append("; the link listens on loopback: for another host, set rollout.async_engine.address")
             logger.warning(
-                "rollout.mode async: waiting %g s for %d engine process(es); start each with `grpo-fast engine "
-                "--connect %s` on a host that reaches this one",
+                "rollout.mode async: waiting %g s for %d engine process(es); start each with `%s` on a host that "
+                "reaches this one%s",
                 self.options.timeout_seconds,
                 self.options.engines,
-                self.address,
+                self.engine_command(),
+                "".join(notes),
             )
         self.sender.send()
         for _ in range(self.options.engines):
-            if self._next()[0] != "ready":
+            if not isinstance(self._next(), Ready):
                 raise RuntimeError("rollout.mode async: an engine process did not report ready first")
         self.ready = True
         self.sender.finish()
@@ -443,11 +470,11 @@ class AsyncRollouts:
         """Prompts the schedule has sent by the start of `step`: groups_in_flight steps ahead of the trainer."""
         return math.ceil((step + self.partial.groups_in_flight) * prompts_per_step)
 
-    def send(self, drawn: list[tuple[int, list[int]]], scheduled: bool = True) -> None:
-        """Sends (row, prompt ids) pairs, the i-th sent to engine i mod engines; `scheduled`: counted by the
+    def send(self, drawn: list[tuple], scheduled: bool = True) -> None:
+        """Sends (row, prompt ids[, row data]), the i-th sent to engine i mod engines; `scheduled`: counted by the
         schedule (prompts_due), else extra (grpo.dynamic_sampling's replacements)."""
-        for i, item in enumerate(drawn, start=self.dealt):
-            self.prompts[i % self.options.engines].put(item)
+        for i, (row, prompt_ids, *data) in enumerate(drawn, start=self.dealt):
+            self.prompts[i % self.options.engines].put(Prompt(row, list(prompt_ids), data[0] if data else None))
         self.dealt += len(drawn)
         self.sent += len(drawn) if scheduled else 0
 
@@ -471,22 +498,19 @@ class AsyncRollouts:
                 message = self.groups.get_nowait()
             except queue.Empty:
                 break
-            if message[0] == "error":
-                raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message[1]}")
-            self._receive(message, version, out, counts)
+            self._receive(self._checked(message), version, out, counts)
         return out, counts
 
-    def _receive(self, message: tuple, version: int, out: list[PartialGroup], counts: Counter) -> None:
+    def _receive(self, message: Group, version: int, out: list[PartialGroup], counts: Counter) -> None:
         """A group message into `out` (or counted as "dropped_stale"), its engine counts into `counts`."""
-        _, state, engine_counts = message
-        counts.update(engine_counts)
-        group = PartialRollouts.group_from_state(state)
+        counts.update(message.counts)
+        group = PartialRollouts.group_from_state(message.state)
         if version - group.oldest_version(version) > self.max_staleness:
             counts["dropped_stale"] += 1
         else:
             out.append(group)
 
-    def _next(self) -> tuple:
+    def _next(self) -> Ready | Group:
         """The next message of the engine process; RuntimeError when it failed, died or is silent too long."""
         deadline = time.monotonic() + self.options.timeout_seconds
         while True:
@@ -504,9 +528,14 @@ class AsyncRollouts:
                 if time.monotonic() > deadline:
                     raise RuntimeError(self._silence()) from None
                 continue
-            if message[0] == "error":
-                raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message[1]}")
-            return message
+            return self._checked(message)
+
+    @staticmethod
+    def _checked(message: Ready | Group | Failure) -> Ready | Group:
+        """`message`, unless it is the engine process's failure: then RuntimeError with its traceback."""
+        if isinstance(message, Failure):
+            raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message.traceback}")
+        return message
 
     def _dead(self) -> mp.Process | None:
         """A spawned engine process that is no longer alive, if any."""
@@ -518,7 +547,7 @@ class AsyncRollouts:
             return f"rollout.mode async: nothing from the engine process in {seconds}; it is stuck or gone"
         return (
             f"rollout.mode async: no engine process connected to {self.address} in {seconds}; start one with "
-            f"`grpo-fast engine --connect {self.address}` on a host that reaches this one"
+            f"`{self.engine_command()}` on a host that reaches this one"
         )
 
     def push_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> dict[str, float]:
@@ -551,7 +580,7 @@ class AsyncRollouts:
         t0 = time.perf_counter()
         nbytes = self.sender.stage(weights)
         for control in self.control:
-            control.put(("weights", version))
+            control.put(Weights(version))
         self.sender.send()
         self.pushed = version
         return {"sync/seconds": time.perf_counter() - t0, "sync/bytes": float(nbytes)}
@@ -562,14 +591,13 @@ class AsyncRollouts:
             message = self.groups.get(timeout=wait) if wait else self.groups.get_nowait()
         except queue.Empty:
             return
-        if message[0] == "error":
-            raise RuntimeError(f"rollout.mode async: the engine process failed:\n{message[1]}")
+        self._checked(message)
 
     def close(self, grace_seconds: float = 30.0) -> None:
         """Stops the engine processes (each finishes its round), killing a spawned one that has not stopped in
-        `grace_seconds`; an external one stops at its next round, or when this store is gone."""
+        `grace_seconds`; an external one stops at its next round, or when the link closes (here, at the end)."""
         for control in self.control:
-            control.put(("stop",))
+            control.put(Stop())
         for process in self.processes:
             if process.pid is None:  # never started
                 continue
@@ -581,3 +609,7 @@ class AsyncRollouts:
             os.sched_setaffinity(0, self._restore[0])
             torch.set_num_threads(self._restore[1])
             self._restore = None
+        self.server.close()
+        if self.secret_file is not None:
+            os.unlink(self.secret_file)
+            self.secret_file = None

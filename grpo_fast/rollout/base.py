@@ -69,6 +69,9 @@ class ToolEpisode:
     turns: int = 0
     tool_seconds: float = 0.0
     environment_reward: float | None = None
+    environment_discarded: bool = False
+    """Whether its environment was discarded (a method timed out): its reward is then the lowest of the rollouts
+    handed out with it (grpo_fast.rollout.environments)."""
     environment: object = None
     """The rollout's environment instance (TRL passes them to reward functions as `environments`)."""
 

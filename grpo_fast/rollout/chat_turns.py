@@ -15,6 +15,12 @@ call and a tool result at all, when it is built.
 
 Parsing uses transformers' response parsing (`tokenizer.parse_response`, driven by the tokenizer's declarative
 `response_template`), the tokenizer's own convention for its tool calls.
+
+What TRL's GRPOTrainer does to the tokenizer of a run with tools, `prepare_tool_template` does the same way, with
+TRL's own functions: a tokenizer without a response template gets the one TRL knows for its chat template
+(`add_response_schema`), and a chat template that is not prefix-preserving by TRL's test is replaced, for every
+rendering of the run, with TRL's training template for it (`get_training_chat_template`). Every rendering passes
+the run's chat_template_kwargs, as TRL passes them.
 """
 
 from __future__ import annotations
@@ -24,14 +30,63 @@ from collections.abc import Sequence
 _SENTINELS = ("toolname_q7", "argkey_q7", "argvalue_q7", "toolresult_q7")
 
 
-class ChatFormat:
-    """A tokenizer's chat template as multi-turn rollouts need it (see module doc); ValueError at construction
-    naming what the template lacks."""
+def prepare_tool_template(tokenizer) -> str | None:
+    """TRL's preparation of a tool run's tokenizer (see module doc): sets its response template when it has none
+    and TRL knows one for its chat template; returns TRL's prefix-preserving training template when its own chat
+    template is not prefix-preserving (None when it is). TRL is imported only for a step that needs it. Without
+    TRL, or for a template TRL does not know, the tokenizer is left as it is and ChatFormat's checks decide (its
+    prefix check stops at the end-of-turn token, where the tool-result ids are cut, as TRL cuts them)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        return None  # ChatFormat names what is missing
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        try:
+            from trl.chat_template_utils import add_response_schema
 
-    def __init__(self, tokenizer, end_of_turn_id: int | None = None) -> None:
+            add_response_schema(tokenizer)
+        except (ImportError, ValueError):  # no TRL, or a template it does not know: ChatFormat asks for one
+            pass
+    try:
+        if is_prefix_preserving(tokenizer):
+            return None
+        from trl.chat_template_utils import get_training_chat_template
+
+        return get_training_chat_template(tokenizer)
+    except Exception:  # noqa: BLE001 - no tool rendering, no TRL, no training template for it: ChatFormat decides
+        return None
+
+
+def is_prefix_preserving(tokenizer) -> bool:
+    """TRL's test (trl.chat_template_utils.is_chat_template_prefix_preserving, text models): a one-call
+    conversation renders as the start of the same conversation with a tool result and the next assistant header."""
+    call = [{"type": "function", "function": {"name": "dummy", "arguments": {}}}]
+    turn = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": call}]
+    before = tokenizer.apply_chat_template(turn, tokenize=True, return_dict=False)
+    after = tokenizer.apply_chat_template(
+        [*turn, {"role": "tool", "name": "dummy", "content": "dummy"}],
+        tokenize=True,
+        return_dict=False,
+        add_generation_prompt=True,
+    )
+    return list(after[: len(before)]) == list(before)
+
+
+class ChatFormat:
+    """A tokenizer's chat template as multi-turn rollouts need it (see module doc), rendered with `chat_template`
+    in place of the tokenizer's own when given and with `template_kwargs`; ValueError at construction naming what
+    the template lacks."""
+
+    def __init__(
+        self,
+        tokenizer,
+        end_of_turn_id: int | None = None,
+        *,
+        chat_template: str | None = None,
+        template_kwargs: dict | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.end_of_turn_id = tokenizer.eos_token_id if end_of_turn_id is None else end_of_turn_id
-        if getattr(tokenizer, "chat_template", None) is None:
+        self.chat_template, self.template_kwargs = chat_template, dict(template_kwargs or {})
+        if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("tools need a tokenizer with a chat template that renders tool calls; this one has none")
         if getattr(tokenizer, "response_template", None) is None:
             raise ValueError(
@@ -99,7 +154,12 @@ class ChatFormat:
 
     def _render(self, messages: list[dict], generation_prompt: bool = False, tokenize: bool = True, tools=None):
         out = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=tokenize
+            messages,
+            tools=tools,
+            add_generation_prompt=generation_prompt,
+            tokenize=tokenize,
+            chat_template=self.chat_template,
+            **self.template_kwargs,
         )
         if not tokenize:
             return out

@@ -1,9 +1,8 @@
-"""The link between a trainer and its engine process (rollout.mode async), which may run on another host.
-
-The trainer's main process hosts a torch.distributed TCPStore. Messages travel through it as pickled objects in
-first-in first-out queues (`Channel`), and the store's keys hold what both sides read: the run's settings and the
-weight versions the engines hold. The weights travel through a process group over the same store (`WeightLink`):
-gloo between CPU tensors, NCCL between GPUs, rank 0 the trainer, rank k the k-th engine process.
+"""The weights' side of the link between a trainer and its engine processes (rollout.mode async), which may run on
+other hosts. The messages and the run's setup go through the authenticated store of grpo_fast.rollout.link_store;
+the weights through a process group formed through that store (`WeightLink`): gloo between CPU tensors, bound to
+the link's interface, NCCL between GPUs; rank 0 the trainer, rank k the k-th engine process. No weight crosses it
+before every engine has shown that it is the group's peer of the authenticated link (`WeightLink.check_peers`).
 
 Nothing here needs the two processes to share a host, memory or a file system.
 """
@@ -11,81 +10,18 @@ Nothing here needs the two processes to share a host, memory or a file system.
 from __future__ import annotations
 
 import datetime
-import pickle
-import queue
+import secrets
 import threading
-import time
 from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
+from grpo_fast.rollout.link_store import LinkStore
 from grpo_fast.rollout.weight_check import WeightNameCheck
 
-POLL_SECONDS = 0.01
 BACKENDS = ("auto", "gloo", "nccl")
-
-
-def parse_address(address: str, argument: str) -> tuple[str, int]:
-    """ "host:port" -> (host, port); ValueError naming `argument` otherwise."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"{argument}: expected HOST:PORT (e.g. node0:29600), got {address!r}")
-    return host, int(port)
-
-
-def host_store(port: int, timeout_seconds: float) -> dist.TCPStore:
-    """The trainer's store, listening on every interface at `port` (0: a free one)."""
-    timeout = datetime.timedelta(seconds=timeout_seconds)
-    return dist.TCPStore("0.0.0.0", port, None, True, timeout=timeout, wait_for_workers=False)
-
-
-def connect_store(address: str, timeout_seconds: float) -> dist.TCPStore:
-    """A client of the trainer's store at `address`."""
-    host, port = parse_address(address, "--connect")
-    return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout_seconds))
-
-
-class Channel:
-    """A first-in first-out queue of pickled messages in `store`, under `name`. `maxsize` > 0 bounds it for its one
-    producer, which checks `full()` before `put`. `get` raises queue.Empty as `queue.Queue.get` does."""
-
-    def __init__(self, store: dist.Store, name: str, maxsize: int = 0) -> None:
-        self.store, self.name, self.maxsize = store, name, maxsize
-
-    def put(self, message: object) -> None:
-        self.store.queue_push(self.name, pickle.dumps(message))
-
-    def qsize(self) -> int:
-        return self.store.queue_len(self.name)
-
-    def full(self) -> bool:
-        return self.maxsize > 0 and self.qsize() >= self.maxsize
-
-    def get_nowait(self) -> object:
-        try:
-            return pickle.loads(self.store.queue_pop(self.name, block=False))
-        except dist.QueueEmptyError:
-            raise queue.Empty from None
-
-    def get(self, timeout: float) -> object:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return self.get_nowait()
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(POLL_SECONDS)
-
-    def drain(self) -> list:
-        """Every message waiting, oldest first."""
-        out = []
-        while True:
-            try:
-                out.append(self.get_nowait())
-            except queue.Empty:
-                return out
+WILDCARDS = ("", "0.0.0.0", "::")
 
 
 Manifest = list[tuple[str, tuple[int, ...], torch.dtype]]
@@ -103,13 +39,14 @@ def choose_backend(requested: str, device: torch.device, engine_has_gpus: bool) 
 
 class WeightLink:
     """The weights of a run, from the trainer (rank 0) to its engine processes (ranks 1 .. size - 1), one broadcast
-    per tensor in the order of `manifest` [(name, shape, dtype)]. The process group is created on first use; its
-    creation waits for every side, as does every transfer, up to `timeout_seconds`. `device`: where an engine's
-    receive buffers live (a GPU for NCCL)."""
+    per tensor in the order of `manifest` [(name, shape, dtype)]. The process group is formed through the link's
+    store on first use, gloo bound to the store's `host`, and its peers checked (`check_peers`); forming it waits
+    for every side, as does every transfer, up to `timeout_seconds`. `device`: where an engine's receive buffers
+    live (a GPU for NCCL)."""
 
     def __init__(
         self,
-        store: dist.Store,
+        store: LinkStore,
         rank: int,
         size: int,
         manifest: Manifest,
@@ -128,10 +65,39 @@ class WeightLink:
             if self.backend == "nccl":
                 options = dist.ProcessGroupNCCL.Options()
                 options._timeout = self.timeout
-                self._group = dist.ProcessGroupNCCL(store, self.rank, self.size, options)
+                group = dist.ProcessGroupNCCL(store, self.rank, self.size, options)
             else:
-                self._group = dist.ProcessGroupGloo(store, self.rank, self.size, self.timeout)
+                options = dist.ProcessGroupGloo._Options()
+                options._timeout = self.timeout
+                host, gloo = self.store.host, dist.ProcessGroupGloo
+                device = gloo.create_default_device() if host in WILDCARDS else gloo.create_device(hostname=host)
+                options._devices = [device]
+                group = dist.ProcessGroupGloo(store, self.rank, self.size, options)
+            self.check_peers(group)
+            self._group = group
         return self._group
+
+    def check_peers(self, group) -> None:
+        """Shows that the group's peers are the link's. The process group's own sockets authenticate nobody, so
+        rank 0 broadcasts a random nonce over the group that it also leaves in the authenticated store; an engine
+        compares the two (RuntimeError when they differ: its rank 0 is not the trainer) and says so through the
+        store; rank 0 sends no weight until every engine has. A stranger who took an engine's place in the group
+        gets that nonce at most, and the run stops at the timeout."""
+        nonce = torch.zeros(32, dtype=torch.uint8)
+        if self.rank == 0:
+            nonce = torch.frombuffer(bytearray(secrets.token_bytes(32)), dtype=torch.uint8)
+            self.store.set("link/nonce", nonce.numpy().tobytes())
+        sent = nonce.to(self.device)
+        group.broadcast(sent, 0).wait()
+        if self.rank == 0:
+            self.store.wait([f"link/joined/{r}" for r in range(1, self.size)], self.timeout)
+        elif sent.cpu().numpy().tobytes() != self.store.get("link/nonce"):
+            raise RuntimeError(
+                "rollout.mode async: the weights' process group is not the trainer's (its first broadcast is not the "
+                "nonce of the authenticated link); no weight taken from it"
+            )
+        else:
+            self.store.set(f"link/joined/{self.rank}", b"1")
 
     def send(self, tensors: list[torch.Tensor]) -> None:
         """Rank 0: `tensors` in the manifest's order."""
@@ -158,7 +124,7 @@ class WeightSender:
 
     def __init__(
         self,
-        store: dist.Store,
+        store: LinkStore,
         weights: Iterable[tuple[str, torch.Tensor]],
         backend: str,
         engine_has_gpus: bool,

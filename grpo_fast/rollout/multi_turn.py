@@ -6,8 +6,8 @@ Each rollout has its own environment instance (reset with its row; text the rese
 prompt's last user message), held until its rollout is handed out, and its own tools (the run's plain tools and
 its environment's methods), rendered into its prompt by the chat template. With rollout.mode sync every row's n
 rollouts start together and a round is one engine call for every rollout still going (turns of different rollouts
-are batched, never one call per rollout), then the tool calls of all of them, rollouts in parallel on a thread
-pool, one rollout's calls in order. With partial and async the same rollouts run in the rounds of
+are batched, never one call per rollout), then the tool calls of all of them, one rollout's calls in order (where
+they run: grpo_fast.rollout.tools.ToolRunner). With partial and async the same rollouts run in the rounds of
 grpo_fast.rollout.partial (the `Rollouts` contract: a turn may span rounds; `end_turns` takes each rollout whose
 turn ended), in the process that generates: the trainer's (partial) or the engine process (async), where the tools
 run and the environments live, so a tool call's latency overlaps training.
@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec, ToolEpisode
@@ -70,7 +69,8 @@ class _Agent:
 
 class MultiTurn(Rollouts):
     """Multi-turn rollouts with `tools` (grpo_fast.rollout.tools.Tool) and, optionally, `environments` (see module
-    doc). `timeout`: seconds per tool call; `workers`: rollouts whose tool calls run at once."""
+    doc). `timeout`: seconds per tool call; `workers`: rollouts whose tool calls run at once (1: in the calling
+    thread, as TRL runs them)."""
 
     calls_tools = True
     reads_rows = True
@@ -86,13 +86,12 @@ class MultiTurn(Rollouts):
         max_completion_length: int,
         max_model_len: int,
         timeout: float,
-        workers: int = 8,
+        workers: int = 1,
     ) -> None:
         self.prompts, self.chat, self.tools, self.environments = prompts, chat, list(tools), environments
         self.max_iterations, self.timeout, self.workers = max_iterations, timeout, workers
         self.max_completion_length, self.max_model_len = max_completion_length, max_model_len
-        self.runner = ToolRunner(timeout)
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tool-rollout")
+        self.runner = ToolRunner(timeout, workers)
         names = [t.name for t in self.tools]
         if len(set(names)) != len(names):
             raise ValueError(f"tools: two tools share a name ({sorted(names)})")
@@ -117,10 +116,10 @@ class MultiTurn(Rollouts):
             ended = [(m, m.extend(out, b, None)) for m, b, (out,) in zip(going, budgets, outs, strict=True)]
             seconds_tools += self.end_turns(ended)
             going, turn = [m for m in going if m.running], turn + 1
+        self.release(members)  # scored together; reused by the next call, as TRL reuses them from step to step
         completions = [m.completion() for m in members]
         for c in completions:
             c.text = c.episode.answer
-        self.release(members)  # reused by the next call, as TRL reuses them from step to step
         return RolloutOutput([m.prompt_ids for m in members], completions, seconds_tools=seconds_tools)
 
     def begin(self, row: int, data: dict | None, prompt_ids: list[int] | None, n: int) -> list[PartialCompletion]:
@@ -142,7 +141,7 @@ class MultiTurn(Rollouts):
             self._record_turn(member, stopped)
         calling = [m for m, _ in ended if self._wants_tools(m)]
         start = time.perf_counter()
-        list(self.pool.map(self._run_tools, calling))
+        self.runner.map(self._run_tools, calling)
         seconds = time.perf_counter() - start
         called = {id(m) for m in calling}
         for member, stopped in ended:
@@ -153,8 +152,18 @@ class MultiTurn(Rollouts):
         return seconds
 
     def release(self, members: list[PartialCompletion]) -> None:
-        if self.environments is not None:
-            self.environments.release([m.agent.environment for m in members if m.agent is not None])
+        """Each rollout among `members` (handed out together) whose environment was discarded gets the lowest
+        environment reward of the others (0.0 when none has one): it never gains by running its environment out of
+        time. Their instances go back to the pool."""
+        if self.environments is None:
+            return
+        episodes = [m.episode for m in members if m.episode is not None]
+        scored = [e.environment_reward for e in episodes if not e.environment_discarded]
+        floor = min((r for r in scored if r is not None), default=0.0)
+        for episode in episodes:
+            if episode.environment_discarded:
+                episode.environment_reward = floor
+        self.environments.release([m.agent.environment for m in members if m.agent is not None])
 
     def has_environment_reward(self) -> bool:
         return self.environments is not None and self.environments.has_reward()
@@ -181,7 +190,6 @@ class MultiTurn(Rollouts):
         }
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
         self.runner.close()
         if self.environments is not None:
             self.environments.close()
@@ -200,8 +208,7 @@ class MultiTurn(Rollouts):
         messages = self.prompts.messages(row["prompt"])
         tools = {t.name: t for t in self.tools}
         if environment is not None:
-            kwargs = {k: v for k, v in row.items() if k != "environment"} if self.environments.routed else row
-            observation = environment.reset(**kwargs)
+            observation = self.environments.reset(environment, row)
             if observation is not None:
                 last = messages[-1]
                 messages = [*messages[:-1], {**last, "content": f"{last['content']}{observation}"}]
@@ -257,13 +264,16 @@ class MultiTurn(Rollouts):
         m.turn_start = len(m.token_ids)
 
     def _call(self, m: PartialCompletion):
-        return lambda call: self.runner.call(m.agent.tools, call)
+        if m.agent.environment is None:
+            return lambda call: self.runner.call(m.agent.tools, call)
+        return lambda call: self.environments.call(m.agent.environment, self.runner, m.agent.tools, call)
 
     def _finish(self, m: PartialCompletion) -> None:
-        get_reward = getattr(m.agent.environment, "get_reward", None)
-        if callable(get_reward):
-            value = get_reward()
-            m.episode.environment_reward = None if value is None else float(value)
+        """A finished rollout's environment reward (grpo_fast.rollout.environments); one whose environment was
+        discarded gets its reward when it is handed out (`release`)."""
+        if m.agent.environment is not None:
+            m.episode.environment_reward = self.environments.reward(m.agent.environment, self.runner)
+            m.episode.environment_discarded = self.environments.is_discarded(m.agent.environment)
 
     def _text(self, ids: list[int]) -> str:
         return self.chat.tokenizer.decode(ids, skip_special_tokens=True)

@@ -334,4 +334,5 @@ def _episode_state(episode: ToolEpisode) -> dict:
         "turns": episode.turns,
         "tool_seconds": episode.tool_seconds,
         "environment_reward": episode.environment_reward,
+        "environment_discarded": episode.environment_discarded,
     }

@@ -8,18 +8,36 @@ from grpo_fast.rollout.base import SamplingSpec
 
 class PromptEncoder:
     """Token ids of prompts: chat messages (or a string wrapped as a user turn) through the tokenizer's chat
-    template when it has one (data.use_chat_template), plain strings as they are; training prompts cached."""
+    template when it has one (data.use_chat_template), plain strings as they are; training prompts cached.
+
+    The template renders with data.chat_template_kwargs (TRL's chat_template_kwargs, e.g. enable_thinking); a run
+    with tools sets `chat_template` to the prefix-preserving template TRL swaps in (grpo_fast.rollout.chat_turns),
+    in place of the tokenizer's own, for every prompt as TRL renders them."""
 
     def __init__(self, tokenizer, data_config, max_tokens: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.data = data_config
         self.max_tokens = max_tokens  # longest prompt the engine can complete (ValueError naming the row beyond)
+        self.chat_template: str | None = None
+        self.template_kwargs: dict = dict(getattr(data_config, "chat_template_kwargs", None) or {})
         self._cache: dict[int, list[int]] = {}
 
     def _use_chat_template(self) -> bool:
         mode = self.data.use_chat_template  # True, False or "auto"
-        has = getattr(self.tokenizer, "chat_template", None) is not None
+        has = self.chat_template is not None or getattr(self.tokenizer, "chat_template", None) is not None
         return has if mode == "auto" else mode
+
+    def render(self, messages: list[dict], *, generation_prompt: bool, tools=None) -> list[int]:
+        """The ids of `messages` through the run's chat template, with its keyword arguments."""
+        out = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            add_generation_prompt=generation_prompt,
+            tokenize=True,
+            chat_template=self.chat_template,
+            **self.template_kwargs,
+        )
+        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
     def messages(self, prompt) -> list[dict]:
         """The chat messages of a prompt: its messages (a string as one user turn), after the system prompt."""
@@ -31,9 +49,7 @@ class PromptEncoder:
     def encode(self, prompt, tools: list | None = None) -> list[int]:
         """The prompt's ids (with the generation prompt); `tools`: JSON schemas the chat template renders."""
         if isinstance(prompt, list) or self._use_chat_template():
-            messages = self.messages(prompt)
-            ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            return self.render(self.messages(prompt), generation_prompt=True, tools=tools)
         return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
     def encode_rows(self, rows: list[dict], index: list[int], cache: bool) -> list[list[int]]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 
 from grpo_fast.registry import Registry
-from grpo_fast.rollout.chat_turns import ChatFormat
+from grpo_fast.rollout.chat_turns import ChatFormat, prepare_tool_template
 from grpo_fast.rollout.contract import Capabilities
 from grpo_fast.rollout.environments import Environments
 from grpo_fast.rollout.generation import CustomRollouts, Rollouts, SingleTurn
@@ -22,7 +22,7 @@ from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.rollout.tools import Tool
 
 TOOLS = Registry("tool", {"multiply": "grpo_fast.rollout.builtin_tools:multiply"})
-ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rewards.code.python_tool:PythonEnvironment"})
+ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rollout.python_tool:PythonEnvironment"})
 
 
 def build_rollouts(
@@ -47,9 +47,10 @@ def build_rollouts(
         return CustomRollouts(lambda prompts_: custom(prompts_, trainer), tokenizer, stop_ids)
     if not funcs and factory is None:
         return SingleTurn(prompts)
+    prompts.chat_template = prepare_tool_template(tokenizer)  # TRL's, for every prompt of a run with tools
     return MultiTurn(
         prompts,
-        ChatFormat(tokenizer),
+        ChatFormat(tokenizer, chat_template=prompts.chat_template, template_kwargs=prompts.template_kwargs),
         [Tool.of(fn) for fn in funcs],
         None if factory is None else Environments.of(factory),
         max_iterations=rollout.max_tool_calling_iterations,

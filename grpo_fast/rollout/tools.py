@@ -8,18 +8,30 @@ What a call can do to the rollout: every call gets a result text for the model. 
 arguments its schema does not admit (a missing or unknown argument, a value of the wrong JSON type), a tool that
 raises, and one that runs past `timeout` each give an "error: ..." text and count as that tool's failure; none of
 them stops the step. A tool that raises grpo_fast.errors.InfrastructureError (a sandbox that cannot start: nothing
-the model did) stops it, loudly. A sync tool past its deadline keeps running in its daemon thread (Python cannot stop a
-thread): a tool that must be stoppable runs its work in a process (grpo_fast.rewards.code.python_tool does); an
-async tool past its deadline is cancelled.
+the model did) stops it, loudly.
+
+Where a call runs. Sync tools run where TRL runs them: in the trainer's thread, one call after another (a tool
+may use `signal.alarm`, which works in the main thread only). On the main thread the deadline is a real-time
+signal (`DEADLINE_SIGNAL`, never SIGALRM, so a tool's own `signal.alarm` keeps working) that raises `ToolTimeout`
+(a BaseException: `except Exception` in the tool does not swallow it) in the tool at its deadline; it interrupts
+a blocking system call (sleep, a socket read) but not C code that never returns to Python (a long sqlite query
+stops when it does), and a call that returns after its deadline counts as timed out. Off the main thread (the
+trainer itself run from another thread), and for every sync call when the user opts into parallel tool workers
+(`workers` > 1: the rollouts' calls on a thread pool), a call runs in a daemon thread of its own and, past its
+deadline, keeps running there (Python cannot stop a thread): a tool that must be stoppable runs its work in a
+process (grpo_fast.rollout.python_tool does). Async tools run on one event loop thread of the runner's, as
+TRL runs them, and are cancelled at their deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,13 +118,27 @@ class ToolResult:
 
 
 class ToolRunner:
-    """Runs tool calls with a deadline each: sync tools in a daemon thread per call, async tools on one event loop
-    thread of the runner's (started at the first async call)."""
+    """Runs tool calls with a deadline of `timeout` seconds each (see the module doc for where): sync tools in the
+    calling thread, or with `workers` > 1 the rollouts' calls on that many threads (`map`); async tools on one
+    event loop thread of the runner's (started at the first async call)."""
 
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
+    def __init__(self, timeout: float, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"rollout.tool_workers: expected at least 1, got {workers}")
+        self.timeout, self.workers = timeout, workers
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable) -> list:
+        """fn over `items` (one rollout's tool calls each): one after another in the calling thread, or on the
+        runner's `workers` threads."""
+        if self.workers == 1:
+            return [fn(item) for item in items]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tool-rollout")
+        return list(self._pool.map(fn, items))
 
     def call(self, tools: Mapping[str, Tool], call: Mapping) -> ToolResult:
         """Run one parsed tool call ({"type": "function", "function": {"name", "arguments"}}) with `tools`."""
@@ -137,23 +163,40 @@ class ToolRunner:
             return ToolResult(name, f"error: {name}: {outcome.why}", outcome.kind, seconds)
         return ToolResult(name, outcome if isinstance(outcome, str) else str(outcome), None, seconds)
 
+    def run(self, coroutine) -> Any:
+        """The result of `coroutine`, run on the runner's event loop (where its async tools run)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._event_loop()).result()
+
     def _run_sync(self, tool: Tool, arguments: Mapping) -> Any:
-        box: list = []
+        if self.workers == 1 and _DEADLINE.usable():
+            return self._run_here(tool, arguments)
+        return self._run_in_thread(tool, arguments)
 
-        def target() -> None:
+    def _run_here(self, tool: Tool, arguments: Mapping) -> Any:
+        """The call in this (the main) thread, interrupted at its deadline by DEADLINE_SIGNAL."""
+        start = time.perf_counter()
+        try:
             try:
-                box.append(tool.fn(**arguments))
-            except InfrastructureError as exc:  # ours, not the model's: raised in the caller
-                box.append(_Broken(exc))
-            except Exception as exc:  # noqa: BLE001 - a tool's exception is the model's to read
-                box.append(_Failed("raised", f"{type(exc).__name__}: {exc}"))
+                _DEADLINE.arm(self.timeout)
+                value = _outcome(tool, arguments)
+            finally:
+                _DEADLINE.disarm()
+        except ToolTimeout:
+            value = None
+        late = time.perf_counter() - start > self.timeout  # a tool that caught the interrupt and returned late, too
+        if value is None or (late and not isinstance(value[0], _Broken)):
+            return _Failed("timeout", f"timed out after {self.timeout:g} s")
+        return value[0]
 
-        thread = threading.Thread(target=target, name=f"tool-{tool.name}", daemon=True)
+    def _run_in_thread(self, tool: Tool, arguments: Mapping) -> Any:
+        box: list = []
+        thread = threading.Thread(target=lambda: box.append(_outcome(tool, arguments)), name=f"tool-{tool.name}")
+        thread.daemon = True
         thread.start()
         thread.join(self.timeout)
         if not box:
             return _Failed("timeout", f"timed out after {self.timeout:g} s")
-        return box[0]
+        return box[0][0]
 
     def _run_async(self, tool: Tool, arguments: Mapping) -> Any:
         async def bounded():
@@ -177,9 +220,78 @@ class ToolRunner:
             return self._loop
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop = None
+
+
+def _outcome(tool: Tool, arguments: Mapping) -> tuple[Any]:
+    """(the sync tool's value,), or (_Failed,) when it raised, (_Broken,) when it raised InfrastructureError."""
+    try:
+        return (tool.fn(**arguments),)
+    except InfrastructureError as exc:  # ours, not the model's: raised in the caller
+        return (_Broken(exc),)
+    except Exception as exc:  # noqa: BLE001 - a tool's exception is the model's to read
+        return (_Failed("raised", f"{type(exc).__name__}: {exc}"),)
+
+
+class ToolTimeout(BaseException):
+    """Raised in a sync tool running on the main thread when its deadline passes (a BaseException, so that the
+    tool's own `except Exception` lets it through)."""
+
+
+DEADLINE_SIGNAL = signal.SIGRTMIN + 6 if hasattr(signal, "SIGRTMIN") else None
+"""The real-time signal that interrupts a sync tool on the main thread at its deadline (SIGALRM stays the tool's)."""
+
+
+class _MainThreadDeadline:
+    """One deadline at a time for the call running on the main thread: a timer thread sends DEADLINE_SIGNAL to it,
+    whose handler raises ToolTimeout there. A signal that arrives after the call ended finds nothing armed and
+    does nothing; the handler stays installed (a no-op between calls), so a late signal never meets the default
+    action (which would end the process)."""
+
+    def __init__(self) -> None:
+        self._armed: object | None = None  # the token of the call under way
+        self._raised = False
+        self._installed = False
+        self._timer: threading.Timer | None = None
+
+    def usable(self) -> bool:
+        """Whether a call in this thread can be interrupted: the main thread, on a system with real-time signals."""
+        main = threading.current_thread() is threading.main_thread()
+        return main and DEADLINE_SIGNAL is not None and hasattr(signal, "pthread_kill")
+
+    def arm(self, seconds: float) -> None:
+        if not self._installed:
+            signal.signal(DEADLINE_SIGNAL, self._handle)
+            self._installed = True
+        token, target = object(), threading.main_thread().ident
+        self._armed, self._raised = token, False
+
+        def fire() -> None:
+            if self._armed is token:
+                signal.pthread_kill(target, DEADLINE_SIGNAL)
+
+        timer = threading.Timer(seconds, fire)
+        timer.daemon = True
+        timer.start()
+        self._timer = timer
+
+    def disarm(self) -> None:
+        self._armed = None
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _handle(self, signum, frame) -> None:
+        if self._armed is not None and not self._raised:
+            self._raised = True
+            raise ToolTimeout
+
+
+_DEADLINE = _MainThreadDeadline()
 
 
 @dataclass(frozen=True)

@@ -141,8 +141,8 @@ class SFTTrainer:
         if path is None:
             logger.warning("resume requested but no checkpoint under %s: starting fresh", self.config.run.output_dir)
             return False
+        state = ckpt.load_trainer_state(path)  # before the weights: a refused checkpoint changes nothing
         ckpt.load_model_weights(self.model, path)
-        state = ckpt.load_trainer_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.plan.load_state_dict(state["plan"])

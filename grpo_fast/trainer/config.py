@@ -29,6 +29,7 @@ from grpo_fast.rollout.partial import PartialOptions
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES
 from grpo_fast.rollout.rollouts import configured_capabilities
 from grpo_fast.rollout.vllm_engine import VLLMOptions
+from grpo_fast.sandbox import SandboxConfig
 from grpo_fast.trainer.health import ALARMS, HealthThresholds
 
 
@@ -48,6 +49,11 @@ class DataConfig(ConfigSection):
     prompt_column: str = option("prompt", "the column holding the prompts (text or chat messages)")
     use_chat_template: bool | Auto = option("auto", "encode prompts through the chat template (auto: when it has one)")
     system_prompt: str | None = option(None, "a system message put before every chat prompt")
+    chat_template_kwargs: dict = option(
+        help="keyword arguments of the chat template wherever it renders (TRL's chat_template_kwargs, e.g. "
+        "{enable_thinking: false})",
+        factory=dict,
+    )
 
 
 @dataclass
@@ -77,11 +83,10 @@ class RewardConfig(ConfigSection):
         "each one's completion is skipped, one more stops the run with an error",
         low=0,
     )
-    sandbox: dict | str | None = option(
-        None,
-        "the code sandbox of every reward that takes one (code_tests), unless its spec names its own: a backend name "
-        "(auto, namespaces, bwrap, remote) or a mapping of grpo_fast.rewards.code.backends.SandboxConfig's fields "
-        "(backend: remote, url: ... for a SandboxFusion-compatible service)",
+    sandbox: SandboxConfig = option(
+        help="the code sandbox of every reward that takes one (code_tests), unless its spec names its own "
+        "(grpo_fast.sandbox.SandboxConfig; backend: remote, url: ... for a SandboxFusion-compatible service)",
+        factory=SandboxConfig,
     )
     overlap_chunks: int | Auto = option(
         "auto",
@@ -144,7 +149,13 @@ class RolloutConfig(ConfigSection):
     tool_timeout_seconds: float = option(
         30.0, "seconds a tool call may take; past it the model reads an error", low=0, low_open=True
     )
-    tool_workers: int = option(8, "rollouts whose tool calls run at once", low=1)
+    tool_workers: int = option(
+        1,
+        "rollouts whose sync tool calls run at once: 1 runs them in the trainer's thread one after another, as TRL "
+        "does (a tool may use signal.alarm); more runs them on that many threads, each call in a daemon thread of "
+        "its own (grpo_fast.rollout.tools)",
+        low=1,
+    )
     rollout_func: str | None = option(
         None,
         "TRL's rollout_func(prompts, trainer) -> {prompt_ids, completion_ids, logprobs, ...}, package.module:function: "
@@ -470,10 +481,21 @@ def upgrade_spellings(data: dict) -> list[str]:
         warnings += move_key(data, f"rollout.{name}", f"rollout.vllm.{name}")
     warnings += move_key(data, "grpo.vllm_importance_sampling_cap", "grpo.vllm_importance_sampling_clip_max")
     warnings += upgrade_tensorboard(data)
+    warnings += _upgrade_sandbox(data)
     grpo = data.get("grpo")
     if isinstance(grpo, dict) and ("is_correction" in grpo or "is_cap" in grpo):
         warnings.append(_upgrade_is_correction(grpo))
     return warnings
+
+
+def _upgrade_sandbox(data: dict) -> list[str]:
+    """reward.sandbox as a backend name: the section with that backend."""
+    reward = data.get("reward")
+    if not isinstance(reward, dict) or not isinstance(reward.get("sandbox"), str):
+        return []
+    backend = reward["sandbox"]
+    reward["sandbox"] = {"backend": backend}
+    return [f"reward.sandbox: {backend} is the old spelling of reward.sandbox.backend: {backend}; write that"]
 
 
 def _upgrade_is_correction(grpo: dict) -> str:

@@ -59,6 +59,13 @@ def write_report(
             lines.append(f"| {label} | " + " | ".join(_fmt(v) for v in row) + " |")
     lines.append("")
 
+    failed = _tool_failures(steps)
+    if failed:
+        lines += ["## Failed tool calls", ""]
+        lines += ["Calls that gave the model an error result and the run went on (a tool that raised or timed out;"]
+        lines += ["code that crashed its interpreter or broke its sandbox): the policy's failures, counted.", ""]
+        lines += [f"- {name}: {count:g} over the run" for name, count in failed.items()] + [""]
+
     lines += ["## Alarms", ""]
     lines += [f"- step {a.step}, **{a.name}**: {a.message}" for a in alarms] or ["- none fired"]
     lines.append("")
@@ -81,6 +88,17 @@ def write_report(
     path.write_text("\n".join(lines))
     (out / "report.html").write_text(render_html("\n".join(lines)))
     return path
+
+
+def _tool_failures(steps: list[dict]) -> dict[str, float]:
+    """{tool: failed calls over the run}, from the steps' tools/<name>/failures."""
+    totals: dict[str, float] = {}
+    for record in steps:
+        for key, value in record.items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "tools" and parts[2] == "failures" and isinstance(value, (int, float)):
+                totals[parts[1]] = totals.get(parts[1], 0.0) + value
+    return dict(sorted(totals.items()))
 
 
 def render_html(markdown: str) -> str:

@@ -46,6 +46,7 @@ from grpo_fast.rewards.tasks import environment_reward
 from grpo_fast.rollout.async_rollouts import EngineSpec
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
 from grpo_fast.rollout.contract import check_plan, engine_capabilities, import_path
+from grpo_fast.rollout.environments import with_placeholder_prompts
 from grpo_fast.rollout.prompts import PromptEncoder, stop_token_ids
 from grpo_fast.rollout.registry import ROLLOUT_ENGINES, choose_engine, create_engine, engine_options
 from grpo_fast.rollout.rollouts import build_rollouts
@@ -61,6 +62,7 @@ from grpo_fast.trainer.offload import TrainerStateOffloader, memory_snapshot
 from grpo_fast.trainer.preflight import PreflightReport, run_preflight, verifier_checks
 from grpo_fast.trainer.report import write_report
 from grpo_fast.trainer.rollout_phase import RolloutPhase
+from grpo_fast.trainer.trl_args import trainer_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -100,50 +102,54 @@ class GRPOTrainer:
     rollout.tools / environment_factory / rollout_func): tools, callables the model may call; environment_factory,
     a callable giving one environment per rollout, or {name: factory} routed by the rows' `environment` column;
     rollout_func(prompts, trainer), a custom agent that returns the completions itself.
+
+    TRL's GRPOTrainer call works as it is written (grpo_fast.trainer.trl_args): `args` takes TRL's GRPOConfig
+    (each field honoured or refused by name; docs/trl.md) or a TrainConfig (`config`'s other name);
+    `processing_class` is `tokenizer`'s; reward_funcs may be None when the environments score the rollouts
+    (get_reward); without train_dataset, or for rows without a prompt, an environment's reset() supplies the
+    prompt. reward_processing_classes, optimizers, quantization_config and peft_config are refused when given.
     """
 
     def __init__(
         self,
         model,
-        reward_funcs,
-        train_dataset,
+        reward_funcs=None,
+        train_dataset=None,
         config: TrainConfig | None = None,
         eval_dataset=None,
         tokenizer=None,
         engine: RolloutEngine | None = None,
         callbacks: Sequence[Callable] = (),
         *,
+        args=None,
+        processing_class=None,
         tools: Sequence[Callable] | None = None,
         environment_factory=None,
         rollout_func: Callable | None = None,
+        reward_processing_classes=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
     ) -> None:
-
-        self.config = cfg = config or TrainConfig()
+        _check_positional(train_dataset, callbacks)
+        refused = {"reward_processing_classes": reward_processing_classes, "optimizers": optimizers}
+        refused.update(quantization_config=quantization_config, peft_config=peft_config)
+        rows = None if train_dataset is None else len(train_dataset)
+        cfg, tokenizer, weights = trainer_arguments(model, config, args, tokenizer, processing_class, rows, **refused)
+        self.config = cfg
         self.dist = init_distributed()
         if self.dist.enabled:
             check_distributed_config(cfg, self.dist.world_size)
         set_seed(cfg.run.seed)
-        if isinstance(model, str):
-            cfg.model.path = cfg.model.path or model
-            check_model_path(model)
-            model = load_policy(cfg.model, model)
-        if cfg.model.gradient_checkpointing:  # before sharding: FSDP wraps the checkpointed layers
-            model.config.use_cache = False
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        ref_model = None
-        if self.dist.enabled:
-            device = torch.device("cuda", self.dist.local_rank) if torch.cuda.is_available() else torch.device("cpu")
-            if cfg.loss.beta > 0:  # the frozen reference, sharded like the policy
-                ref_model = shard_policy(copy.deepcopy(model).eval().requires_grad_(False), device)
-            model = shard_policy(model, device)
+        model, ref_model = self._load_model(model)
         self.model = model
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.path or model.name_or_path)
         if self.tokenizer.pad_token_id is None:  # a tokenizer passed in
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._set_up_rollouts(tools, environment_factory, rollout_func)
-        self.rewards = self._reward_set(reward_funcs)
-        self.train_rows = _as_rows(train_dataset)
-        self.eval_rows = _as_rows(eval_dataset) if eval_dataset is not None else None
+        self.rewards = self._reward_set(reward_funcs, weights)
+        self.train_rows = self._rows(train_dataset, "train_dataset")
+        self.eval_rows = self._rows(eval_dataset) if eval_dataset is not None else None
         if cfg.run.eval_max_prompts and self.eval_rows:
             self.eval_rows = self.eval_rows[: cfg.run.eval_max_prompts]
         self.output_dir = Path(cfg.run.output_dir)
@@ -180,6 +186,48 @@ class GRPOTrainer:
         self.skipped_steps = 0  # steps whose loss or gradient was non-finite (their update skipped)
         self.bad_steps_in_row = 0
 
+    def _load_model(self, model) -> tuple:
+        """(policy, frozen reference or None) from `model` (an object, or a path loaded with the model section):
+        gradient checkpointing on when configured; sharded with FSDP2 under torchrun (the reference too)."""
+        cfg = self.config
+        if isinstance(model, str):
+            cfg.model.path = cfg.model.path or model
+            check_model_path(model)
+            model = load_policy(cfg.model, model)
+        if cfg.model.gradient_checkpointing:  # before sharding: FSDP wraps the checkpointed layers
+            model.config.use_cache = False
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        ref_model = None
+        if self.dist.enabled:
+            device = torch.device("cuda", self.dist.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+            if cfg.loss.beta > 0:  # the frozen reference, sharded like the policy
+                ref_model = shard_policy(copy.deepcopy(model).eval().requires_grad_(False), device)
+            model = shard_policy(model, device)
+        return model, ref_model
+
+    @property
+    def processing_class(self):
+        """The tokenizer, under TRL's name (a rollout_func reads trainer.processing_class)."""
+        return self.tokenizer
+
+    def _rows(self, dataset, argument: str = "eval_dataset") -> list[dict]:
+        """The rows of a dataset; with environments, rows without a prompt get TRL's placeholder (reset() supplies
+        the prompt), and without a train_dataset one step's worth of placeholder rows drive the loop."""
+        environments = getattr(self.rollouts, "environments", None)
+        if dataset is None and environments is None:
+            raise ValueError(f"{argument}: required unless an environment_factory supplies the prompts (reset())")
+        if dataset is None:
+            if environments.routed:
+                raise ValueError(
+                    f"{argument}: several environments ({{name: factory}}) need rows whose `environment` column "
+                    "routes each to its own; pass a dataset, or a single factory"
+                )
+            dataset = [{} for _ in range(self.config.run.prompts_per_step)]
+        rows = dataset.to_list() if hasattr(dataset, "to_list") else list(dataset)
+        if environments is not None:
+            rows = with_placeholder_prompts(rows)
+        return _as_rows(rows)
+
     def _set_up_rollouts(self, tools, environment_factory, rollout_func) -> None:
         """The prompt encoder, the stop tokens, and how a step's completions are produced (`rollouts`: one engine
         call per prompt, multi-turn with tools and environments, or a rollout function)."""
@@ -204,24 +252,37 @@ class GRPOTrainer:
             engine = engine_capabilities(name, ROLLOUT_ENGINES.get(name))
         check_plan(scheduler, self.rollouts.capabilities, engine, world_size=self.dist.world_size)
 
-    def _reward_set(self, reward_funcs) -> RewardSet:
-        """The run's rewards: `reward_funcs`, and the environments' own reward (weight 1, as TRL adds it) when they
-        define get_reward."""
-        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        weights = self.config.reward.weights
+    def _reward_set(self, reward_funcs, weights: list | None = None) -> RewardSet:
+        """The run's rewards: `reward_funcs` (None: none of its own), and the environments' own reward (weight 1, as
+        TRL adds it) when they define get_reward; `weights`: TRL's reward_weights, else the config's."""
+        funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs] * bool(reward_funcs)
+        weights = self.config.reward.weights if weights is None else list(weights)
+        if weights is not None and reward_funcs is not None and len(weights) != len(funcs):
+            raise ValueError(f"reward_weights: {len(weights)} weights for {len(funcs)} reward functions")
         if self.rollouts.has_environment_reward():
             funcs, weights = funcs + [environment_reward], None if weights is None else [*weights, 1.0]
-        rewards = RewardSet.from_config(self.config, funcs, weights)
+        if not funcs:
+            raise ValueError(
+                "reward_funcs: no reward source; pass reward functions, or an environment_factory whose "
+                "environments define get_reward()"
+            )
         if self.config.rollout.scheduler.engine_process and self.rollouts.calls_tools:
-            live = [n for n, fn in zip(rewards.names, rewards.funcs, strict=True) if _takes_environments(fn)]
+            live = [fn.__name__ if hasattr(fn, "__name__") else repr(fn) for fn in funcs if _takes_environments(fn)]
             if live:
-                rewards.close()
                 raise ValueError(
                     f"rollout.mode async: reward function(s) {live} take `environments`, the environment instances, "
                     "which live in the engine process with their rollouts (a group brings its conversations and "
                     "environment_reward, not the instances); use rollout.mode partial, or score from the conversations"
                 )
-        return rewards
+        return RewardSet.from_config(self.config, funcs, weights)
+
+    def save_model(self, output_dir: str | None = None) -> None:
+        """The model and its tokenizer in Hugging Face format under `output_dir` (default run.output_dir), as
+        transformers' Trainer.save_model writes them. Every rank must call it."""
+        directory = Path(output_dir or self.config.run.output_dir)
+        self._write_hf_model(directory)
+        if self.dist.is_main:
+            self.tokenizer.save_pretrained(directory)
 
     # -- the rollout engine -----------------------------------------------------------------------------
 
@@ -440,8 +501,13 @@ class GRPOTrainer:
     def _load_checkpoint(self, path: Path) -> None:
         """The loading half of `resume` (its config already checked)."""
         state = ckpt.load_trainer_state(path)  # before the weights: a refused checkpoint changes nothing
-        if (path / SHARDED_DIR).is_dir():  # written by several ranks: any world size loads it
+        if "optimizer" not in state:  # written by several ranks: model and optimizer in its shards, any world size
             load_sharded(path / SHARDED_DIR, self.model, self.optimizer)
+        elif (path / SHARDED_DIR).exists():
+            raise ckpt.UnsafeCheckpointError(
+                f"checkpoint {path}: refused, one process wrote it (its trainer state holds the optimizer) but it "
+                f"has a {SHARDED_DIR}/ directory, which only several ranks write: it was altered"
+            )
         elif self.dist.enabled:
             load_full_checkpoint(self.model, self.optimizer, path, state["optimizer"])
         else:
@@ -703,10 +769,22 @@ def _takes_environments(fn) -> bool:
 
 
 def _as_rows(dataset) -> list[dict]:
-
     if dataset is None:
         return []
     return validate_prompt_rows(dataset.to_list() if hasattr(dataset, "to_list") else dataset)
+
+
+def _check_positional(train_dataset, callbacks) -> None:
+    """TypeError for a TRL call that passed its config third (grpo_fast's third argument is train_dataset, TRL's is
+    args), ValueError for a callback that is not a callable (transformers' TrainerCallback objects)."""
+    if isinstance(train_dataset, TrainConfig) or hasattr(train_dataset, "generation_batch_size"):
+        raise TypeError("train_dataset: got a config; pass it by name, args=... (TRL's third argument is args)")
+    for i, callback in enumerate(callbacks or ()):
+        if not callable(callback):
+            raise ValueError(
+                f"callbacks[{i}]: expected a callable (trainer, rollout, metrics), got {type(callback).__name__} "
+                "(transformers' TrainerCallback objects are not supported)"
+            )
 
 
 def _progress(total: int, initial: int, enabled: bool):

@@ -159,6 +159,11 @@ def _tile():
         (lambda z, y, v: (z, torch.randint(0, 10, (8,))[::2]), RuntimeError, "targets: expected a contiguous"),
         (lambda z, y, v: (z, torch.full((4,), 10)), ValueError, r"token ids in \[0, 10\), got 10"),
         (lambda z, y, v: (z, torch.full((4,), -1)), ValueError, r"token ids in \[0, 10\), got -1"),
+        (lambda z, y, v: (z, y, float("inf")), ValueError, r"softcap: expected 0 \(off\) or a value in"),
+        (lambda z, y, v: (z, y, -1.0), ValueError, r"softcap: expected 0 \(off\) or a value in"),
+        (lambda z, y, v: (z, y, 1e39), ValueError, r"softcap: .* \(the kernels' fp32 range\), got 1e\+39"),
+        (lambda z, y, v: (z, y, 1e-39), ValueError, r"softcap: .* \(the kernels' fp32 range\), got 1e-39"),
+        (lambda z, y, v: (z.double(), y, 1e39), ValueError, r"softcap: .* \(the kernels' fp32 range\)"),
     ],
 )
 def test_stats_rejects_bad_inputs(make, error, match):
@@ -174,11 +179,12 @@ def test_stats_rejects_bad_inputs(make, error, match):
         (4, torch.zeros(8)[::2], RuntimeError, "grad_logp: expected a contiguous"),
         (5, torch.zeros(4, 1), ValueError, r"grad_entropy: expected shape \[R=4\]"),
         (1, torch.full((4,), 11), ValueError, r"token ids in \[0, 10\)"),
+        (6, 1e39, ValueError, r"softcap: .* \(the kernels' fp32 range\), got 1e\+39"),
     ],
 )
 def test_grad_rejects_bad_inputs(position, value, error, match):
     z, y, v = _tile()
-    args = [z, y, v, v.clone(), v.clone(), v.clone()]
+    args = [z, y, v, v.clone(), v.clone(), v.clone(), 0.0]
     args[position] = value
     with pytest.raises(error, match=match):
         ops.logprob_grad_(*args)

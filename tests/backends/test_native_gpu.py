@@ -52,14 +52,75 @@ def test_ops_match_fp64(native, dtype, vocab):
     assert (dz[0] == 0).all()
 
 
-def test_bad_inputs_raise(native):
-    z = torch.randn(4, 10, device="cuda")
-    with pytest.raises(RuntimeError, match="targets: expected device"):
-        torch.ops.grpo_fast.logprob_stats(z, torch.zeros(4, dtype=torch.int64))
-    with pytest.raises(TypeError, match="expected dtype torch.float32, torch.float16 or torch.bfloat16"):
-        torch.ops.grpo_fast.logprob_stats(z.double(), torch.zeros(4, dtype=torch.int64, device="cuda"))
-    with pytest.raises(RuntimeError, match="contiguous"):
-        torch.ops.grpo_fast.logprob_stats(z.t(), torch.zeros(10, dtype=torch.int64, device="cuda"))
+# Every argument of both ops, each way it can be wrong: a clear error before any launch (the first GPU run died of
+# a segmentation fault in the old binding's contiguity case). Separate cases, so that `pytest -v` names the one
+# that fails. make(z, y, v): the arguments from a good [4, 10] fp32 tile z, targets y and a row vector v.
+def _cuda_ids(n, step=1):
+    return torch.randint(0, 10, (n * step,), device="cuda")[::step]
+
+
+STATS_BAD_INPUTS = {
+    "targets on the CPU": (lambda z, y, v: (z, y.cpu()), RuntimeError, "targets: expected device cuda"),
+    "logits on the CPU": (lambda z, y, v: (z.cpu(), y), RuntimeError, "logits: expected a CUDA tensor"),
+    "fp64 logits": (lambda z, y, v: (z.double(), y), TypeError, "expected dtype torch.float32, torch.float16 or"),
+    "int64 logits": (lambda z, y, v: (z.long(), y), TypeError, "expected dtype torch.float32, torch.float16 or"),
+    "transposed logits": (lambda z, y, v: (z.t(), _cuda_ids(10)), RuntimeError, "logits: expected a contiguous"),
+    "1-d logits": (lambda z, y, v: (z[0], _cuda_ids(10)), ValueError, "expected a 2-d tile"),
+    "3-d logits": (lambda z, y, v: (z[None], y), ValueError, "expected a 2-d tile"),
+    "empty vocabulary": (lambda z, y, v: (z[:, :0], y), ValueError, "vocabulary of at least 1"),
+    "short targets": (lambda z, y, v: (z, y[:3]), ValueError, r"targets: expected shape \[R=4\]"),
+    "int32 targets": (lambda z, y, v: (z, y.int()), TypeError, "targets: expected dtype torch.int64"),
+    "strided targets": (lambda z, y, v: (z, _cuda_ids(4, 2)), RuntimeError, "targets: expected a contiguous"),
+    "softcap past fp32": (lambda z, y, v: (z, y, 1e39), ValueError, r"softcap: .*fp32 range"),
+    "softcap NaN": (lambda z, y, v: (z, y, float("nan")), ValueError, "softcap: expected 0"),
+    "negative softcap": (lambda z, y, v: (z, y, -1.0), ValueError, "softcap: expected 0"),
+}
+GRAD_BAD_INPUTS = {  # logprob_grad_(logits, targets, lse, entropy, grad_logp, grad_entropy, softcap)
+    "lse on the CPU": (2, lambda v: v.cpu(), RuntimeError, "lse: expected device cuda"),
+    "fp64 entropy": (3, lambda v: v.double(), TypeError, "entropy: expected dtype Float"),
+    "short grad_logp": (4, lambda v: v[:3], ValueError, r"grad_logp: expected shape \[R=4\]"),
+    "strided grad_logp": (4, lambda v: torch.zeros(8, device="cuda")[::2], RuntimeError, "grad_logp: expected a cont"),
+    "2-d grad_entropy": (5, lambda v: v[:, None], ValueError, r"grad_entropy: expected shape \[R=4\]"),
+    "grad_entropy on the CPU": (5, lambda v: v.cpu(), RuntimeError, "grad_entropy: expected device cuda"),
+    "targets on the CPU": (1, lambda v: torch.zeros(4, dtype=torch.int64), RuntimeError, "targets: expected device"),
+    "softcap past fp32": (6, lambda v: 1e39, ValueError, r"softcap: .*fp32 range"),
+}
+
+
+def _cuda_tile():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    z = torch.randn(4, 10, device="cuda", generator=gen)
+    return z, torch.randint(0, 10, (4,), device="cuda", generator=gen), torch.zeros(4, device="cuda")
+
+
+@pytest.mark.parametrize("case", list(STATS_BAD_INPUTS))
+def test_stats_rejects_bad_inputs(native, case):
+    make, error, match = STATS_BAD_INPUTS[case]
+    with pytest.raises(error, match=match):
+        torch.ops.grpo_fast.logprob_stats(*make(*_cuda_tile()))
+
+
+@pytest.mark.parametrize("case", list(GRAD_BAD_INPUTS))
+def test_grad_rejects_bad_inputs(native, case):
+    position, make, error, match = GRAD_BAD_INPUTS[case]
+    z, y, v = _cuda_tile()
+    args = [z, y, v, v.clone(), v.clone(), v.clone(), 0.0]
+    args[position] = make(v)
+    with pytest.raises(error, match=match):
+        torch.ops.grpo_fast.logprob_grad_(*args)
+
+
+def test_out_of_range_targets_give_nan_rows(native):
+    """Token ids outside [0, V) are not checked before a launch on CUDA (a synchronisation per op): their row's logp
+    and gradient are NaN, a masked row's gradient stays 0, every other row is untouched."""
+    z, y, _ = _cuda_tile()
+    y[1], y[2] = 10, -1
+    logp, entropy, lse = torch.ops.grpo_fast.logprob_stats(z, y)
+    assert torch.isnan(logp[1:3]).all() and torch.isfinite(logp[[0, 3]]).all() and torch.isfinite(lse).all()
+    gl = torch.tensor([1.0, 1.0, 0.0, 1.0], device="cuda")  # row 2 masked
+    dz = z.clone()
+    torch.ops.grpo_fast.logprob_grad_(dz, y, lse, entropy, gl, None)
+    assert torch.isnan(dz[1]).all() and (dz[2] == 0).all() and torch.isfinite(dz[[0, 3]]).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16])

@@ -52,3 +52,48 @@ def test_every_known_results_file_renders(tables):
     for path in sorted(tables.RESULTS.glob("*.json")):
         if json.loads(path.read_text()).get("benchmark") in tables.RENDERERS:
             assert tables.render(path).startswith("| "), path
+
+
+def _loss_row(variant, n, median=None, extra=None, status=None, model="m"):
+    row = {"variant": variant, "model": model, "N": n, "H": 8, "V": 32, "dtype": "bf16", "flops_per_step": 1}
+    if status is not None:
+        return row | {"status": status}
+    row |= {"median_s": median, "p20_s": median, "p80_s": median}
+    return row | ({} if extra is None else {"peak_extra_bytes": extra})
+
+
+def _loss_payload(rows):
+    stamp = {"gpu": "GPU-X", "commit": "abc", "date": "d", "torch": "2.11"}
+    return {"benchmark": "loss", "config": {"loss_type": "dapo"}, "runs": [{"command": "c", "environment": stamp}],
+            "results": rows}  # fmt: skip
+
+
+def test_an_error_row_stays_one_table_row(tables):
+    """A variant's error text may end in a newline or hold '|' (Liger's did): its row must stay one table row."""
+    rows = [_loss_row("gemm3", 16384, 0.1), _loss_row("liger", 16384, status="error: IndexError: a | b\n")]
+    text = tables.render_loss(_loss_payload(rows)).split("\n\n")[0]
+    widths = {line.count("|") for line in text.splitlines()}
+    assert len(widths) == 1 and all(line.startswith("| ") for line in text.splitlines()[2:]), text
+
+
+def test_gpu_goals_and_headline_are_the_runs_ratios(tables, tmp_path):
+    rows = [
+        _loss_row("gemm3", 16384, 0.100),
+        _loss_row("cuda", 16384, 0.120, extra=40),  # 1.20x the GEMMs (goal <= 1.25: met)
+        _loss_row("triton", 16384, 0.200, extra=40),  # 2.00x (goal <= 1.5: missed)
+        _loss_row("naive", 16384, 0.130, extra=1000),  # memory 4.0% of naive's: met
+        _loss_row("trl", 16384, 0.096, extra=50),  # cuda 0.80x as fast: missed
+        _loss_row("liger", 16384, status="error: InternalTorchDynamoError: IndexError: list index out of range\n"),
+        _loss_row("cuda", 4096, 0.001, extra=1),  # another N: not a goal's row
+    ]
+    (tmp_path / tables.GPU_LOSS).write_text(json.dumps(_loss_payload(rows)))
+    goals = {line.split(" | ")[0][2:]: line for line in tables.render_gpu_goals(tmp_path).splitlines()}
+    assert "| 1.20x | 1 of 1 measured |" in goals["`cuda` fwd+bwd ≤ 1.25x three cuBLAS GEMMs"]
+    assert "| 2.00x (missed) | 0 of 1 measured |" in goals["`triton` fwd+bwd ≤ 1.5x three cuBLAS GEMMs"]
+    assert "| 0.80x (missed) |" in goals["`cuda` ≥ 1.25x faster than TRL 1.16's head with its loss"]
+    assert "| 4.0% | 1 of 1 measured |" in goals["`cuda` extra memory ≤ 1/20 of naive's"]
+    liger = goals["`cuda` ≥ 1.5x faster than Liger-Kernel's chunked loss"]
+    assert "not measured (Liger-Kernel: error: InternalTorchDynamoError) | 0 of 0 measured" in liger
+    headline = tables.render_headline_gpu(tmp_path)
+    assert "| `cuda`: 120 ms, 0.0 MiB extra | three cuBLAS GEMMs (speed of light): 100 ms | 1.20x time |" in headline
+    assert "naive full logits: 130 ms, 0.0 MiB | 0.92x time, 0.040x memory |" in headline

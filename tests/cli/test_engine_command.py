@@ -22,7 +22,8 @@ def test_a_nonpositive_thread_count_names_threads():
         main(["engine", "--connect", "127.0.0.1:1", "--threads", "0"])
 
 
-def test_no_trainer_listening_is_an_error_within_the_wait():
+def test_no_trainer_listening_is_an_error_within_the_wait(monkeypatch):
+    monkeypatch.setenv("GRPO_FAST_LINK_SECRET", "s" * 32)
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

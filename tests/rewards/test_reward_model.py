@@ -5,6 +5,7 @@ every expected score is a direct forward of that model on one text, unpadded and
 
 from __future__ import annotations
 
+import json
 import math
 import pickle
 
@@ -13,6 +14,7 @@ import torch
 
 from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, random_causal_lm
 from grpo_fast.rewards import reward_model as rm_module
+from grpo_fast.rewards.outcomes import InfrastructureError
 from grpo_fast.rewards.reward_model import reward_model
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 from grpo_fast.rewards.routing import RoutedReward
@@ -202,6 +204,47 @@ def test_bad_options_are_errors_that_name_them(rm, tmp_path):
     three = _save(tmp_path / "three_labels", num_labels=3)[0]
     with pytest.raises(ValueError, match="has 3 labels; expected 1"):
         reward_model(["p"], ["c"], path=three)
+
+
+class _TouchesAFile:
+    """Unpickled, creates `marker` (what a payload in a weights file would do, harmlessly)."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return eval, (f"__import__('pathlib').Path({self.marker!r}).touch()",)
+
+
+def test_a_reward_model_whose_weights_carry_a_payload_is_refused_loudly_in_process(tmp_path):
+    """Weights as a pickle (`pytorch_model.bin`) with a payload: transformers reads it with weights_only=True, the
+    payload never runs, and the failure is an InfrastructureError that names the path, raised by the in-process
+    scoring (not the completions' failure reward, which its guard gives to what a completion causes)."""
+    path, model, _ = _save(tmp_path / "rm", num_labels=1)
+    marker = tmp_path / "payload-ran"
+    (tmp_path / "rm" / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "extra": _TouchesAFile(marker)}, tmp_path / "rm" / "pytorch_model.bin")
+    rewards = RewardSet([{"name": "reward_model", "path": path, "device": "cpu", "in_process": True}], workers=0)
+    with pytest.raises(InfrastructureError, match=f"reward_model: path: {path} cannot be loaded.*Weights only"):
+        rewards.submit([{"prompt": "p"}], ["c"], [[1]], STATE)
+    assert not marker.exists()
+
+
+def test_a_reward_model_directory_never_runs_its_own_code(tmp_path):
+    """A config.json and tokenizer_config.json whose `auto_map` names a module in the directory: without
+    trust_remote_code, transformers builds its own classes and the module is never imported."""
+    path, model, tokenizer = _save(tmp_path / "rm", num_labels=1)
+    marker = tmp_path / "module-ran"
+    (tmp_path / "rm" / "custom.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    for name, key in (
+        ("config.json", "AutoModelForSequenceClassification"),
+        ("tokenizer_config.json", "AutoTokenizer"),
+    ):
+        file = tmp_path / "rm" / name
+        file.write_text(json.dumps({**json.loads(file.read_text()), "auto_map": {key: "custom.Custom"}}))
+    scores = reward_model(["p"], ["c"], path=path, device="cpu")
+    assert not marker.exists()
+    assert scores == pytest.approx([float(_direct(model, tokenizer, "pc")[0])], abs=1e-5)
 
 
 def test_auto_device_takes_the_gpu_only_with_room(rm, monkeypatch):

@@ -15,10 +15,13 @@ import uuid
 import pytest
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code import SandboxLimits, ShellRunner, extract_code, isolation
+from grpo_fast.rewards.code import ShellRunner, extract_code
 from grpo_fast.rewards.code.cases import parse_assert, parse_cases
 from grpo_fast.rewards.code.programs import close_idle
+from grpo_fast.sandbox import SandboxLimits, isolation
+from grpo_fast.testing import processes
 
+processes.adopt_orphans()  # a process that detaches itself from a sandbox stays this process's descendant
 LIMITS = SandboxLimits(wall_s=2.0, memory_bytes=1 << 30)
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
 ADD = "def add(a, b):\n    return a + b\n"
@@ -33,20 +36,10 @@ def score(program: str, tests=ADD_TESTS, **kw) -> float | None:
 
 
 def sandbox_processes() -> list[int]:
-    """PIDs of processes owned by a sandbox uid (>= 200000), i.e. anything a run left behind (the idle
-    judges and sandboxes set up ahead are stopped first)."""
+    """PIDs of the processes that a sandbox of this test process left behind (the idle judges and sandboxes set
+    up ahead are stopped first); other programs' sandboxes on the host are not this test's to see."""
     close_idle()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/status") as f:
-                    uid = next(int(line.split()[1]) for line in f if line.startswith("Uid:"))
-            except (OSError, StopIteration):
-                continue
-            if uid >= 200_000:
-                pids.append(int(entry))
-    return pids
+    return processes.sandbox_processes()
 
 
 def test_correct_and_wrong_programs():
@@ -64,7 +57,7 @@ def test_setup_statements_and_non_literal_expectations():
     tests = [
         "s = Stack()\ns.push(3)\nassert s.pop() == 3",
         "assert evens(5) == list(range(0, 5, 2))",
-        "assert len(evens(4)) == len(evens(3))",
+        "assert len(evens(4)) == len(range(0, 4, 2))",
         "assert all(x % 2 == 0 for x in evens(9))",
         "assert evens(3) == [0]",
     ]
@@ -251,7 +244,7 @@ def test_a_sandbox_set_up_ahead_and_used_after_its_deadline_still_scores(monkeyp
     launcher's set-up and call-runner answers wait in the pipe past their deadlines. They are read, not taken
     for a launcher that never answered (an InfrastructureError that stopped the run)."""
     import grpo_fast.rewards.code.programs as programs
-    import grpo_fast.rewards.code.sandbox as sandbox
+    import grpo_fast.sandbox.session as sandbox
 
     monkeypatch.setattr(sandbox, "_SETUP_S", 0.2)
     monkeypatch.setattr(programs, "_START_S", 0.2)

@@ -4,7 +4,9 @@ program that shows the tests are judgeable:
 1. expected values reach the program: the test's setup binds them next to the inputs it needs;
 2. program objects decide the verdict: a method of a returned value, a name the test does not import,
    a comparison in a setup statement;
-3. failure pays: an answer that breaks the caller, a program that outlasts the reward pool's timeout.
+3. failure pays: an answer that breaks the caller, a program that outlasts the reward pool's timeout, a
+   program that is not valid text (a lone surrogate);
+4. the program chooses both sides: a test that compares only program values (`f(x) == g(x)`).
 
 Every wrong program here returns nothing right by itself: whatever it earns, it stole or forged.
 """
@@ -18,6 +20,7 @@ import pytest
 from test_rewards_code import UNSANDBOXED, sandbox_processes, score
 
 from grpo_fast.rewards import RewardPool, code_tests
+from grpo_fast.rewards.code.cases import parse_assert
 
 # ---- 1. expected values reach the program ----
 
@@ -186,5 +189,52 @@ def test_code_tests_called_directly_never_raises_on_program_output():
         "import os\ndef f(x):\n    os.write(1, b'\\xff\\xfe' * 100000)\n    return float('nan')\n",
         "def f(x):\n    return {frozenset({1}): [bytearray(b'x'), 1j, range(3)]}\n",
     ]
-    tests = ["assert f(1) == 2", "assert f(2) != f(2)", "assert str(f(3)) == '1'"]
-    assert [score(program, tests) for program in programs] == [0.0, 0.0, pytest.approx(1 / 3), 0.0]
+    tests = ["assert f(1) == 2", "assert f(2) != 2", "assert str(f(3)) == '1'"]
+    assert [score(program, tests) for program in programs] == [0.0, 0.0] + [pytest.approx(1 / 3)] * 2
+
+
+def test_a_lone_surrogate_scores_the_failure_reward_not_none():
+    """A completion is text the policy chose: one that is not valid UTF-8 (a lone surrogate) is a wrong program, in
+    the reward pool as called directly; the verifier stays up (its next program scores)."""
+    program = "def f(x):\n    return x + 1  # \ud800\n"
+    spec = {"limits": {"wall_s": 2.0, "memory_bytes": 1 << 30}, "allow_unsandboxed": UNSANDBOXED}
+    io_tests = [{"input": "1", "output": "2"}]
+    assert score(program, ["assert f(1) == 2"]) == 0.0 and score("print(2)  # \ud800\n", io_tests) == 0.0
+    with RewardPool(workers=1, timeout=30.0) as pool:
+        scores = pool.score(
+            [functools.partial(code_tests, **spec)],
+            ["p"] * 2,
+            [program, "f = lambda x: x + 1"],
+            {"tests": [["assert f(1) == 2"]] * 2},
+        )
+    assert scores.rewards == [[0.0, 1.0]] and scores.failures == []
+
+
+# ---- 4. the program chooses both sides ----
+
+BOTH_SIDES = [
+    "assert f(3) == g(3)",
+    "r = f(3)\nassert r == g(3)",
+    "assert f(1) + f(2) == f(3)",
+    "def same(a, b):\n    return a == b\nassert same(f(3), g(3))",
+    "assert f(3) == EXPECTED",
+]
+
+
+def test_tests_that_compare_only_program_values_fail_for_every_program():
+    """A wrong program that makes both sides equal would pass them: they are refused when the tests are read (a
+    warning names each), so they pay no program. Comparisons with a value of the test's own still judge."""
+    wrong = "f = g = lambda x: 0\nEXPECTED = 0\n"
+    assert [score(wrong, [test]) for test in BOTH_SIDES] == [0.0] * len(BOTH_SIDES)
+    assert all(
+        parse_assert(test).problem.startswith("it compares values that all come from the program")
+        for test in BOTH_SIDES
+    )
+    judged = [
+        "assert f(3) == 6",
+        "for got, want in zip(f([1, 2]), [2, 4]):\n    assert got == want",
+        "res = f([1, 2])\nfor i in range(len(res)):\n    assert res[i] == [2, 4][i]",
+        "for i, v in enumerate(f([1, 2])):\n    assert v == [2, 4][i]",
+    ]
+    right = "def f(x):\n    return [2 * v for v in x] if isinstance(x, list) else 2 * x\n"
+    assert score(right, judged) == 1.0 and score(wrong, judged) == 0.0

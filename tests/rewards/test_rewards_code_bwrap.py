@@ -9,9 +9,7 @@ namespaces; the unprivileged test also needs root here, to become `nobody`, and 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import tempfile
 import uuid
 from pathlib import Path
@@ -21,7 +19,8 @@ from test_rewards_code import ADD, ADD_TESTS, sandbox_processes
 from test_rewards_code_attacks import LEAKY_SETUPS, THIEF
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code.isolation import probe
+from grpo_fast.sandbox import probe
+from grpo_fast.testing.unprivileged import can_run_as_nobody, delegated_cgroup, run_as_nobody
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITS = {"wall_s": 2.0, "memory_bytes": 1 << 30}
@@ -61,60 +60,55 @@ def add(a, b):
 """
     assert bwrap([hostile], ADD_TESTS) == [0.0]
     assert not target.exists()
-    assert sandbox_processes() == []
-    assert not any(b"sleep\x0060" in p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if _readable(p))
-
-
-def _readable(path: Path) -> bool:
-    try:
-        path.read_bytes()
-    except OSError:
-        return False
-    return True
+    assert sandbox_processes() == []  # the sleep daemon included: it is this process's descendant while it lives
 
 
 UNPRIVILEGED = """
 import json, os, sys
-from grpo_fast.rewards.code import code_tests, isolation
-secret = sys.argv[1]
+from grpo_fast.rewards.code import code_tests
+from grpo_fast.sandbox import isolation
+secret, sandbox = sys.argv[1], json.loads(sys.argv[2])
 hunter = (
     "import glob\\nfound = ''\\n"
     "for path in glob.glob('/home/*/*') + glob.glob('/root/*') + [%r]:\\n"
     "    try:\\n        found = found or open(path).read()\\n    except OSError:\\n        pass\\n"
     "def add(a, b):\\n    return found\\n"
 ) % secret
-rewards = code_tests(
-    ["p"] * 3,
-    ["def add(a, b):\\n    return a + b\\n", "def add(a, b):\\n    return a - b\\n", hunter],
-    [["assert add(1, 2) == 3", "assert add(2, 2) == 4"]] * 3,
-    limits={"wall_s": 5.0, "memory_bytes": 1 << 30},
-)
+try:
+    rewards = code_tests(
+        ["p"] * 3,
+        ["def add(a, b):\\n    return a + b\\n", "def add(a, b):\\n    return a - b\\n", hunter],
+        [["assert add(1, 2) == 3", "assert add(2, 2) == 4"]] * 3,
+        limits={"wall_s": 5.0, "memory_bytes": 1 << 30},
+        sandbox=sandbox,
+    )
+except Exception as exc:
+    rewards = f"{type(exc).__name__}: {exc}"
 print(json.dumps({"uid": os.geteuid(), "isolation": isolation(), "rewards": rewards}))
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run the scorer as the unprivileged user nobody")
-@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="needs a system Python at /usr/bin/python3")
+@pytest.mark.skipif(can_run_as_nobody() is not None, reason=str(can_run_as_nobody()))
 def test_the_code_reward_works_without_root():
-    """The scorer runs as `nobody` (no capabilities, no namespaces of its own): it picks bwrap, scores
-    right, and a program cannot read a file that `nobody` can read outside the sandbox."""
-    with tempfile.TemporaryDirectory(dir="/tmp") as scratch:  # pytest's tmp_path is not nobody's to read
-        _score_as_nobody(Path(scratch))
+    """The scorer runs as `nobody` (no capabilities, no namespaces of its own): it picks bwrap, scores right, and a
+    program cannot read a file that `nobody` can read outside the sandbox. Without a control group it refuses to
+    run programs bounded per process only, unless the config allows that; with one delegated to it, it runs them
+    in it."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as scratch, delegated_cgroup() as group:
+        secret = Path(scratch) / "secret.txt"
+        secret.write_text(f"SECRET-{uuid.uuid4().hex}")
+        secret.chmod(0o644)
+        Path(scratch).chmod(0o755)
+        refused = _score_as_nobody(secret, {})
+        assert refused["rewards"].startswith("InfrastructureError: code sandbox (bwrap): no control group can bound")
+        assert "sandbox.allow_per_process_memory" in refused["rewards"]
+        allowed = _score_as_nobody(secret, {"allow_per_process_memory": True})
+        assert allowed == {"uid": 65534, "isolation": "bwrap", "rewards": [1.0, 0.0, 0.0]}
+        if group is not None:
+            assert _score_as_nobody(secret, {"cgroup": group})["rewards"] == [1.0, 0.0, 0.0]
 
 
-def _score_as_nobody(tmp_path: Path) -> None:
-    secret = tmp_path / "secret.txt"
-    secret.write_text(f"SECRET-{uuid.uuid4().hex}")
-    secret.chmod(0o644)
-    script = tmp_path / "score.py"
-    script.write_text(UNPRIVILEGED)
-    script.chmod(0o644)
-    tmp_path.chmod(0o755)
-    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
-    env = {"PATH": os.defpath, "HOME": "/tmp", "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
-    done = subprocess.run(
-        [*drop, "/usr/bin/python3", str(script), str(secret)], capture_output=True, text=True, env=env, timeout=300
-    )
+def _score_as_nobody(secret: Path, sandbox: dict) -> dict:
+    done = run_as_nobody(UNPRIVILEGED, str(secret), json.dumps(sandbox), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"uid": 65534, "isolation": "bwrap", "rewards": [1.0, 0.0, 0.0]}
+    return json.loads(done.stdout.strip().splitlines()[-1])

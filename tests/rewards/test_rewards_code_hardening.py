@@ -22,7 +22,7 @@ import pytest
 from test_rewards_code import ADD, ADD_TESTS, LIMITS, UNSANDBOXED, needs_namespaces, sandbox_processes
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code import SandboxLimits, isolation, run_sandboxed
+from grpo_fast.sandbox import SandboxLimits, isolation, run_sandboxed
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -37,7 +37,7 @@ def run(program: str, limits: SandboxLimits = LIMITS) -> dict:
 
 def _cgroups_available() -> bool:
     try:
-        from grpo_fast.rewards.code import cgroups
+        from grpo_fast.sandbox import cgroups
     except ImportError:
         return True
     return cgroups.parents() is not None
@@ -113,15 +113,16 @@ def test_memory_is_bounded_for_the_sandbox_as_a_whole():
 
 
 @sandboxed
-def test_sysv_ipc_objects_do_not_outlive_the_sandbox():
+def test_sysv_ipc_is_refused_and_nothing_reaches_the_host():
+    """System V objects outlive their processes and a detached segment counts in no address space: refused."""
     key = int.from_bytes(os.urandom(3), "big") + 1
     program = f"""
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
-print(libc.shmget({key}, 1 << 20, 0o1666) >= 0, libc.msgget({key}, 0o1666) >= 0)
+print(libc.shmget({key}, 1 << 20, 0o1666), libc.msgget({key}, 0o1666), libc.semget({key}, 1, 0o1666))
 """
     try:
-        assert run(program)["stdout"].split() == ["True", "True"]
+        assert run(program)["stdout"].split() == ["-1", "-1", "-1"]
         for table in ("shm", "msg"):
             keys = [line.split()[0] for line in Path(f"/proc/sysvipc/{table}").read_text().splitlines()[1:]]
             assert str(key) not in keys, f"a sandbox's SysV {table} object is still on the host"

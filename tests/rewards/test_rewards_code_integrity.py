@@ -14,8 +14,8 @@ import uuid
 import pytest
 from test_rewards_code import sandbox_processes, score
 
-from grpo_fast.rewards.code import PythonRunner, SandboxLimits, isolation
-from grpo_fast.rewards.code.sandbox import Session
+from grpo_fast.rewards.code import PythonRunner
+from grpo_fast.sandbox import SandboxLimits, Session, isolation
 
 LEVEL = isolation()  # the unsandboxed levels run these benign programs as they are
 
@@ -26,9 +26,10 @@ TESTS = [
     "assert abs(area(2) - 12.566) < 1e-3",
     "import math\nassert math.isclose(area(1), 3.1416, rel_tol=1e-3)",
     "def g(x):\n    return x * x\nassert f(3) == g(3)",
-    "assert f(3) == h(3)",
+    "assert f(3) == h(3)",  # both sides the program's: refused, it fails for every program
     "assert f(2) == 4",
 ]
+RIGHT_SCORE = 7 / 8
 RIGHT = """
 def is_prime(n):
     return n > 1 and all(n % d for d in range(2, int(n ** 0.5) + 1))
@@ -47,7 +48,7 @@ def is_prime(n):
     return True
 
 def area(r):
-    return True
+    return 3.1416  # area(1), the one value an attack's object may be told (its float())
 
 def f(x):
     return True
@@ -55,7 +56,7 @@ def f(x):
 def h(x):
     return True
 """
-WRONG_SCORE = 3 / 8  # is_prime(7), is_prime(13), f(3) == h(3)
+WRONG_SCORE = 3 / 8  # is_prime(7), is_prime(13), isclose(area(1), 3.1416)
 
 _EVERY_FD = """
 import json as _json, os as _os
@@ -215,7 +216,7 @@ def h(x):
 
 
 def test_right_and_wrong_functions():
-    assert score(RIGHT, TESTS) == 1.0
+    assert score(RIGHT, TESTS) == pytest.approx(RIGHT_SCORE)
     assert score(WRONG, TESTS) == pytest.approx(WRONG_SCORE)
 
 
@@ -323,7 +324,7 @@ def test_a_server_is_answered_only_in_turn_and_replaced_after_any_failure(mode, 
     with Session(LEVEL, SandboxLimits(wall_s=1.0, output_bytes=1 << 20), python, {}) as session:
         for i in range(3):
             if not serving:
-                started = session.request({"op": "start", "argv": [python, "-I", "-c", _FAKE_RUNNER, mode]}, 2.0)
+                started = session.request({"op": "start", "argv": [python, "-I", "-c", _FAKE_RUNNER, mode]}, 30.0)
                 assert started == {"started": True}
             answer = session.request({"op": "ask", "line": f"request {i}"}, 1.0)
             serving = "reply" in answer

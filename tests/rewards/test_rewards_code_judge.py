@@ -16,9 +16,10 @@ import pytest
 from test_rewards_code import LIMITS, UNSANDBOXED, score
 
 from grpo_fast.rewards import code_tests
-from grpo_fast.rewards.code import isolation, programs
+from grpo_fast.rewards.code import programs
 from grpo_fast.rewards.code.cases import parse_assert
 from grpo_fast.rewards.code.wire import MAX_DEPTH, WireError, decode, dumps, encode, loads
+from grpo_fast.sandbox import isolation
 
 LEVEL = isolation()
 

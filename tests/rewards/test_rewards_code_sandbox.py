@@ -13,13 +13,13 @@ from test_rewards_code import LIMITS, UNSANDBOXED, needs_namespaces, sandbox_pro
 
 from grpo_fast.rewards import code_tests
 from grpo_fast.rewards.checks import check_verifiers
-from grpo_fast.rewards.code import ShellRunner, isolation, run_sandboxed
-from grpo_fast.rewards.code.backends import BACKENDS
+from grpo_fast.rewards.code import ShellRunner
 from grpo_fast.rewards.outcomes import VerifierStartupError
 from grpo_fast.rewards.registry import reward_from_spec
 from grpo_fast.rewards.routing import RoutedReward
+from grpo_fast.sandbox import BACKENDS, isolation, run_sandboxed
 
-isolation_module = sys.modules["grpo_fast.rewards.code.isolation"]
+isolation_module = sys.modules["grpo_fast.sandbox.isolation"]
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (runs programs as another uid)")
 
 # escape(): a child that leaves the run's process group and session (with double=True: the grandchild of
@@ -131,8 +131,10 @@ def test_start_up_checks_name_the_backend_and_stop_a_broken_verifier():
     routed = RoutedReward(reward_from_spec(spec), {"kind": "code"})
     checked = check_verifiers([reward_from_spec(spec), routed, reward_from_spec("math_accuracy")])
     status = checked["code_tests"]
-    assert list(checked) == ["code_tests"] and status.text.startswith(f"sandbox backend {isolation()}")
-    assert status.metrics == {f"sandbox/{isolation()}": 1.0} and status.unsafe == (isolation() not in BACKENDS)
+    assert list(checked) == ["code_tests"] and status.text.startswith(f"sandbox backend {isolation()}, ")
+    whole = status.metrics.pop("sandbox/memory_per_sandbox") == 1.0  # a control group bounds each sandbox
+    assert status.metrics == {f"sandbox/{isolation()}": 1.0} and status.unsafe == (not whole)
+    assert ("bounded per sandbox" in status.text) == whole and (isolation() in BACKENDS or not whole)
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"

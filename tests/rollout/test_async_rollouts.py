@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -97,7 +98,7 @@ def test_an_engine_process_beyond_the_configured_number_is_turned_away(model_dir
     remote = _remote(model_dir, build_tiny_model(TOK, seed=5))
     try:
         with pytest.raises(RuntimeError, match=r"has its 1 engine process\(es\) .*this one is not needed"):
-            run_engine(remote.address, connect_seconds=10.0)
+            run_engine(remote.address, secret=remote.secret, connect_seconds=10.0)
         remote.send(_prompts(2))
         groups, _, _ = remote.collect(2, version=0)
         assert len(groups) == 2
@@ -134,17 +135,21 @@ def _check_sampled_by_pushed_weights(remote: AsyncRollouts, models: dict) -> Cou
 def test_an_engine_started_apart_takes_its_weights_over_tcp(model_dir, tmp_path):
     """launch external: `grpo-fast engine --connect` from another process, as on another host, with its own copy of
     a different model (seed 7): it samples with the trainer's weights, versions 0 and 1, all received over the
-    link. Closed, the trainer's side stops it, and it exits cleanly."""
+    link, with the secret in the file the trainer wrote (mode 0600). Closed, the trainer's side stops it, and it exits
+    cleanly; the secret's file is gone."""
     models = {0: build_tiny_model(TOK, seed=5), 1: build_tiny_model(TOK, seed=6)}
     own_copy = save_tiny(build_tiny_model(TOK, seed=7), TOK, tmp_path / "engine_host_model")
     remote = _remote(model_dir, models[0], launch="external", start=False)
+    secret_file = remote.secret_file
+    assert stat.S_IMODE(os.stat(secret_file).st_mode) == 0o600
     command = [sys.executable, "-m", "grpo_fast.cli", "engine", "--connect", remote.address, "--threads", "1"]
-    engine = subprocess.Popen([*command, "--model-dir", str(own_copy)])
+    engine = subprocess.Popen([*command, "--secret-file", remote.secret_file, "--model-dir", str(own_copy)])
     try:
         remote.start()
         _check_sampled_by_pushed_weights(remote, models)
     finally:
         remote.close()
+    assert not os.path.exists(secret_file)
     try:
         assert engine.wait(timeout=60) == 0
     finally:
@@ -157,7 +162,7 @@ def test_no_engine_started_apart_is_an_error_naming_the_command(model_dir):
         with pytest.raises(
             RuntimeError,
             match=r"no engine process connected to (\S+:\d+) in 1 s(.|\n)*"
-            r"grpo-fast engine --connect \1`",
+            r"grpo-fast engine --connect \1 --secret-file \S+`",
         ):
             remote.start()
     finally:
@@ -217,10 +222,12 @@ def test_a_silent_engine_process_times_out(model_dir):
 def test_a_push_with_a_weight_missing_renamed_or_repeated_is_refused():
     """The staged copy takes a push only when it names every weight once (WeightNameCheck); a refused push announces
     nothing, so the engine keeps the last weights."""
-    from grpo_fast.rollout.engine_link import WeightSender, host_store
+    from grpo_fast.rollout.engine_link import WeightSender
+    from grpo_fast.rollout.link_store import LinkServer
 
     weights = list(trainer_weights(build_tiny_model(TOK, seed=5)))
-    sender = WeightSender(host_store(0, 5.0), weights, "gloo", False, 5.0)
+    server = LinkServer("127.0.0.1", 0, b"k" * 32, 5.0)
+    sender = WeightSender(server.store, weights, "gloo", False, 5.0)
     before = {name: t.clone() for name, t in sender.staged.items()}
     (first, tensor), rest = weights[0], weights[1:]
     for push, problem in (
@@ -232,3 +239,4 @@ def test_a_push_with_a_weight_missing_renamed_or_repeated_is_refused():
             sender.stage(push)
     assert sender.stage(weights) == sum(t.numel() * t.element_size() for _, t in weights)
     assert all(torch.equal(sender.staged[name], before[name]) for name in before)
+    server.close()

@@ -55,11 +55,13 @@ def _rollout_func(prompts, trainer):
 
 
 def _cells():
-    for scheduler in SCHEDULERS:
-        for kind in KINDS:
-            for engine in ENGINES:
-                marks = [pytest.mark.slow] if (scheduler, kind, engine) in SLOW else []
-                yield pytest.param(scheduler, kind, engine, marks=marks, id=f"{scheduler}-{kind}-{engine}")
+    """Every cell; those that build an in-process vLLM engine of their own last: closing one tears down vLLM's
+    process-wide parallel state, which the session's shared engine (the other vllm cells) still needs."""
+    cells = [(s, k, e) for s in SCHEDULERS for k in KINDS for e in ENGINES]
+    cells.sort(key=lambda cell: cell[1] == "multi_turn" and cell[2] == "vllm")
+    for scheduler, kind, engine in cells:
+        marks = [pytest.mark.slow] if (scheduler, kind, engine) in SLOW else []
+        yield pytest.param(scheduler, kind, engine, marks=marks, id=f"{scheduler}-{kind}-{engine}")
 
 
 def _setup(kind: str, engine: str, request, tmp_path):

@@ -3,6 +3,7 @@ Each returns a value that shows what it was given."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -19,6 +20,18 @@ def slow_length(prompts, completions, completion_ids, **_):
     """completion_length after 5 ms per completion: more than a cheap function costs (is_cheap)."""
     time.sleep(0.005 * len(completions))
     return [float(len(ids)) for ids in completion_ids]
+
+
+def nesting_depth(prompts, completions, **_):
+    """The nesting depth of each completion's JSON, by a recursive walk (a verifier with the recursion bug of a
+    recursive-descent parser: a completion nested deeply enough raises RecursionError); raises ValueError on text that
+    is not JSON."""
+
+    def depth(value) -> int:
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        return 1 + max(map(depth, children), default=0)
+
+    return [float(depth(json.loads(completion_text(c)))) for c in completions]
 
 
 def global_step(prompts, completions, trainer_state, **_):

@@ -5,6 +5,7 @@ skipped)."""
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import sys
@@ -114,12 +115,14 @@ def test_the_next_steps_groups_are_scored_while_this_step_trains(tmp_path):
 
 
 @pytest.mark.slow  # ~20 s; the engine started apart is in CI through tests/rollout/test_async_rollouts.py
-def test_async_training_with_the_engine_started_apart(tmp_path):
-    """launch external at a fixed address: the engine process is `grpo-fast engine --connect`, started before the
-    trainer listens (it waits for it), and it exits cleanly when the run ends."""
+def test_async_training_with_the_engine_started_apart(tmp_path, monkeypatch):
+    """launch external at a fixed address, the link's secret in $GRPO_FAST_LINK_SECRET on both sides: the engine
+    process is `grpo-fast engine --connect`, started before the trainer listens (it waits for it), and it exits
+    cleanly when the run ends."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("GRPO_FAST_LINK_SECRET", secrets.token_hex(32))
     command = [sys.executable, "-m", "grpo_fast.cli", "engine", "--connect", address, "--connect-seconds", "120"]
     engine = subprocess.Popen(command)
     try:

@@ -176,11 +176,14 @@ def test_an_incomplete_checkpoint_directory_is_skipped_on_resume(tmp_path, tiny_
             state.write_bytes(state.read_bytes()[:100])
         else:
             state.unlink()
+    damaged = {p.name: p.read_bytes() for p in (root / "step-000002").iterdir()}
     assert latest_checkpoint(root).name == "step-000001"
     assert [p.name for p in list_checkpoints(root)] == ["step-000001"]
     trainer = _train_in_process(config, out, monkeypatch, "run.max_steps=2", "run.resume=true")
     assert trainer.resumed_from == root / "step-000001" and trainer.step == 2
     assert [p.name for p in list_checkpoints(root)] == ["step-000001", "step-000002"]  # the broken one replaced
+    (kept,) = root.glob("step-000002.incomplete-*")  # ... but not deleted: what a user saved is never lost
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == damaged
 
 
 def test_async_run_killed_twice_resumes_and_leaves_no_engine_process(tmp_path, tiny_dir):

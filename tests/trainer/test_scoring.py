@@ -9,9 +9,17 @@ import threading
 
 import pytest
 import torch
-from scoring_verifiers import chat_shaped, column_value, completion_length, global_step, misbehaving, slow_length
+from scoring_verifiers import (
+    chat_shaped,
+    column_value,
+    completion_length,
+    global_step,
+    misbehaving,
+    slow_length,
+)
 
 from grpo_fast.rewards import overlong_penalty
+from grpo_fast.rewards.outcomes import InfrastructureError
 from grpo_fast.rewards.reward_set import RewardSet, TrainerState
 
 STATE = TrainerState(global_step=7, max_steps=10)
@@ -81,6 +89,51 @@ def test_a_failing_verifier_costs_one_reward_each_and_is_counted():
     assert first == [1.0, 0.0, 0.0, 0.0, 1.0]  # a hang, a crash, a raise: the lowest reward, never a skip
     torch.testing.assert_close(scored.per_func[:, 1], torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
     assert scored.failures == {"misbehaving/failures": 3, "misbehaving/program_failures": 3}
+
+
+@pytest.mark.parametrize("failure_reward", [None, -1.0])
+def test_a_completion_that_makes_an_in_process_verifier_raise_costs_its_reward_alone_as_in_the_pool(failure_reward):
+    """A completion nested past the recursion limit, and one that is not JSON, raise in the verifier: in-process,
+    each costs only its own reward (the function's lowest, or reward.failure_reward), counted as the pool counts it;
+    the other completions and functions are scored as usual, and both places give the same scores and counts."""
+    texts = ["[1]", "[" * 100_000, '{"a": [2]}', "not json", "[[[3]]]"]
+    rows = [{"prompt": "p"}] * len(texts)
+    scored = {}
+    for place in (False, True):
+        specs = [{"name": "scoring_verifiers:nesting_depth", "in_process": place}, completion_length]
+        rewards = RewardSet(specs, workers=1, failure_reward=failure_reward)
+        try:
+            scored[place] = _score(rewards, rows, texts)
+        finally:
+            rewards.close()
+        assert rewards.in_process[0] is place
+    low = 0.0 if failure_reward is None else failure_reward
+    expected = torch.tensor([[2.0, 1.0], [low, 2.0], [3.0, 3.0], [low, 4.0], [4.0, 5.0]])
+    for place in (False, True):
+        torch.testing.assert_close(scored[place].per_func, expected)
+        assert scored[place].failures == {"nesting_depth/failures": 2, "nesting_depth/program_failures": 2}
+
+
+def test_an_infrastructure_error_in_process_stays_loud():
+    def service(prompts, completions, **_):  # a closure: scored in-process
+        if "down" in completions:
+            raise InfrastructureError("the judge service is down")
+        return [1.0] * len(completions)
+
+    rewards = RewardSet([service], workers=2)
+    assert _score(rewards, [{"prompt": "p"}], ["up"]).per_func.tolist() == [[1.0]]
+    with pytest.raises(InfrastructureError, match="judge service is down"):
+        _score(rewards, [{"prompt": "p"}] * 2, ["up", "down"])
+
+
+def test_without_workers_a_raising_completion_costs_its_reward_alone():
+    def picky(prompts, completions, **_):  # a closure: scored in-process
+        return [1.0 / (len(c) - 3) for c in completions]  # ZeroDivisionError on a 3-character completion
+
+    rewards = RewardSet([picky], workers=0)
+    scored = _score(rewards, [{"prompt": "p"}] * 3, ["abcd", "abc", "abcde"])
+    assert scored.per_func.tolist() == [[1.0], [0.0], [0.5]] and rewards._pool is None
+    assert scored.failures == {"picky/failures": 1, "picky/program_failures": 1}
 
 
 def test_length_rewards_need_no_glue():

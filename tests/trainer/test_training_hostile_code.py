@@ -49,8 +49,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_fast.rewards.code import isolation
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.sandbox import isolation
 
 pytestmark = pytest.mark.skipif(
     isolation() != "namespaces", reason="code_tests runs programs only in the namespaces sandbox (root + unshare)"

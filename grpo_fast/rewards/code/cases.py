@@ -18,7 +18,10 @@ which set up its environment; nothing else of the test.
 
 A test that would hand program output to code execution in the judge (eval, exec, compile,
 __import__, breakpoint, or the modules of `_CODE_MODULES`) cannot be judged: it fails for every
-program, with a warning.
+program, with a warning. So does a test that compares values which all come from the program
+(`f(x) == g(x)`, `f(3) == f(3)`, `f(3) == EXPECTED` with EXPECTED the program's, a test variable or a
+helper's argument bound to a program value): a wrong program chooses both sides and passes
+(`program_only_comparison`).
 """
 
 from __future__ import annotations
@@ -105,13 +108,13 @@ def parse_assert(test: str) -> AssertCase:
         raise ValueError(f"tests: not valid Python: {test!r:.200} ({exc})") from None
     if not any(isinstance(node, (ast.Assert, ast.Raise)) for node in ast.walk(tree)):
         raise ValueError(f"tests: each test needs an assert statement: {test!r:.200}")
-    problem = _code_execution(tree)
-    if problem:
-        log.warning("code_tests: this test fails for every program, it cannot be judged (%s): %.300r", problem, test)
-        return AssertCase(test, problem=problem)
     free = sorted(_free_names(test) - _BUILTINS)
     known = tuple((name, KNOWN[name]) for name in free if name in KNOWN)
     program = tuple(name for name in free if name not in KNOWN)
+    problem = _code_execution(tree) or program_only_comparison(tree, set(program))
+    if problem:
+        log.warning("code_tests: this test fails for every program, it cannot be judged (%s): %.300r", problem, test)
+        return AssertCase(test, problem=problem)
     return AssertCase(test, program, known, _prelude(tree))
 
 
@@ -127,6 +130,84 @@ def _code_execution(tree: ast.AST) -> str | None:
             if module.split(".")[0] in _CODE_MODULES:
                 return f"it imports {module}"
     return None
+
+
+def program_only_comparison(tree: ast.Module, program: set[str]) -> str | None:
+    """Why the test compares values that all come from the program (see module doc), or None. A value comes from
+    the program when it reads a program name or a test name bound from such a value (assignments, loop and `with`
+    targets, comprehensions, `:=`, and the parameters of a helper called with one; an unpacked tuple, `zip` and
+    `enumerate` element by element), flow-insensitively; an index (`expected[i]`) carries no value of its own."""
+    tainted, helpers = set(program), _helper_parameters(tree)
+    while True:
+        grown = set(tainted)
+        for node in ast.walk(tree):
+            for target, value in _bindings(node):
+                if _carries(value, grown):
+                    grown |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in helpers:
+                if any(_carries(arg, grown) for arg in [*node.args, *(k.value for k in node.keywords)]):
+                    grown |= helpers[node.func.id]
+        if grown == tainted:
+            break
+        tainted = grown
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and all(_carries(o, tainted) for o in [node.left, *node.comparators]):
+            return f"it compares values that all come from the program: {ast.unparse(node)[:120]}"
+    return None
+
+
+def _helper_parameters(tree: ast.Module) -> dict[str, set[str]]:
+    """{name of a function the test defines: its parameter names}."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = node.args
+            names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg] if a}
+            if not isinstance(node, ast.Lambda):
+                found[node.name] = names
+    return found
+
+
+def _bindings(node: ast.AST) -> list[tuple[ast.expr, ast.expr]]:
+    """(target, value) pairs a statement or expression binds, a tuple unpacked element by element where the value
+    is a literal tuple, a zip(...) or an enumerate(...)."""
+    if isinstance(node, ast.Assign):
+        pairs = [(t, node.value) for t in node.targets]
+    elif isinstance(node, (ast.AnnAssign, ast.AugAssign, ast.NamedExpr)) and node.value is not None:
+        pairs = [(node.target, node.value)]
+    elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+        pairs = [(node.target, _element(node.iter))]
+    elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+        pairs = [(node.optional_vars, node.context_expr)]
+    else:
+        return []
+    out = []
+    for target, value in pairs:
+        parts = value.elts if isinstance(value, (ast.Tuple, ast.List)) else None
+        if isinstance(target, (ast.Tuple, ast.List)) and parts is not None and len(parts) == len(target.elts):
+            out += [(t, v) for t, v in zip(target.elts, parts, strict=True) if not isinstance(t, ast.Starred)]
+        else:
+            out.append((target, value))
+    return out
+
+
+def _element(iterable: ast.expr) -> ast.expr:
+    """What one element of a loop's iterable is made of: zip(a, b) -> (a, b); enumerate(a) -> (0, a)."""
+    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and not iterable.keywords:
+        if iterable.func.id == "zip":
+            return ast.Tuple(elts=list(iterable.args))
+        if iterable.func.id == "enumerate" and iterable.args:
+            return ast.Tuple(elts=[ast.Constant(0), iterable.args[0]])
+    return iterable
+
+
+def _carries(expr: ast.expr, tainted: set[str]) -> bool:
+    """Whether `expr` reads a tainted name other than as an index."""
+    if isinstance(expr, ast.Name):
+        return expr.id in tainted
+    if isinstance(expr, ast.Subscript):
+        return _carries(expr.value, tainted)
+    return any(_carries(child, tainted) for child in ast.iter_child_nodes(expr) if isinstance(child, ast.expr))
 
 
 def _free_names(source: str) -> set[str]:

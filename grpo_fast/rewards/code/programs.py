@@ -15,18 +15,15 @@ the completion ran (the sandbox or the runner cannot start) is an Infrastructure
 from __future__ import annotations
 
 import atexit
-import math
 import os
-import site
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from grpo_fast.rewards.code.sandbox import SandboxLimits, Session, reap
+from grpo_fast.errors import InfrastructureError
 from grpo_fast.rewards.code.wire import WireError, dumps, loads
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.sandbox import SandboxLimits, Session, reap, runner_argv
 
 _HERE = Path(__file__).parent
 _WIRE = (_HERE / "wire.py").read_text(encoding="utf-8")
@@ -46,25 +43,17 @@ def _owner() -> tuple[int, int]:
     return os.getpid(), threading.get_ident()
 
 
-def runner_argv(python: str, source: str, *args: str) -> list[str]:
-    """The command that runs a runner's `source` with `python` in a sandbox. For this process's own
-    interpreter: `-I -S` with its site-packages directories put on sys.path, since processing their
-    .pth files takes longer than the rest of a start; for another: `-I`."""
-    if os.path.abspath(python) != os.path.abspath(sys.executable):
-        return [python, "-I", "-c", source, *args]
-    paths = [path for path in site.getsitepackages() if os.path.isdir(path)]
-    return [python, "-I", "-S", "-c", f"import sys; sys.path.extend({paths!r})\n" + source, *args]
-
-
 class LocalProgram:
     """A completion's program in a local sandbox of backend `level` (see module doc). `kind`: "assert"
     (the call runner, started with the sandbox) or "io" (stdin/stdout runs of `command`). Get one with
     `open_program`, which has the next one set up while this one is used."""
 
-    def __init__(self, level: str, limits: SandboxLimits, python: str, command: list[str], kind: str) -> None:
+    def __init__(
+        self, level: str, limits: SandboxLimits, python: str, command: list[str], kind: str, cgroup_parent: str | None
+    ) -> None:
         self.limits, self.python, self.command, self.kind = limits, python, command, kind
         wall = limits.completion_s if kind == "assert" else limits.wall_s
-        self.session = Session(level, limits, python, {}, cpu_s=limits.cpu_s or math.ceil(wall) + 1)
+        self.session = Session(level, limits, python, {}, cpu_s=limits.process_cpu_s(wall), cgroup_parent=cgroup_parent)
         self.serving = False
         if kind == "assert":
             self.session.post({"op": "start", "argv": self._runner()}, _START_S + limits.wall_s)
@@ -116,19 +105,25 @@ _spares: dict[tuple, LocalProgram] = {}
 
 
 def open_program(
-    level: str, limits: SandboxLimits, python: str, files: Mapping[str, str], command: list[str], kind: str
+    level: str,
+    limits: SandboxLimits,
+    python: str,
+    files: Mapping[str, str],
+    command: list[str],
+    kind: str,
+    cgroup_parent: str | None = None,
 ) -> LocalProgram:
     """A sandbox holding `files` (see LocalProgram): the one set up ahead for these settings if it is
     alive, else a new one; and a new one is set up ahead for the next call. Sandboxes set up ahead
     have run nothing of any completion."""
-    key = (*_owner(), level, limits, python, tuple(command), kind)
+    key = (*_owner(), level, limits, python, tuple(command), kind, cgroup_parent)
     with _lock:
         program = _spares.pop(key, None)
     if program is None or not program.alive():
         if program is not None:
             program.close()
-        program = LocalProgram(level, limits, python, command, kind)
-    spare = LocalProgram(level, limits, python, command, kind)
+        program = LocalProgram(level, limits, python, command, kind, cgroup_parent)
+    spare = LocalProgram(level, limits, python, command, kind, cgroup_parent)
     with _lock:
         _spares[key] = spare
     program.begin(files)
@@ -138,9 +133,9 @@ def open_program(
 class Judge:
     """A judge runner in its own sandbox (see module doc); raises InfrastructureError if it cannot start."""
 
-    def __init__(self, level: str, limits: SandboxLimits, python: str) -> None:
-        self.key = (level, limits, python)
-        self.session = Session(level, limits, python, {}, cpu_s=_JUDGE_CPU_S)
+    def __init__(self, level: str, limits: SandboxLimits, python: str, cgroup_parent: str | None = None) -> None:
+        self.key = (level, limits, python, cgroup_parent)
+        self.session = Session(level, limits, python, {}, cpu_s=_JUDGE_CPU_S, cgroup_parent=cgroup_parent)
         started = self.session.request({"op": "start", "argv": runner_argv(python, JUDGE_RUNNER)}, 30.0 + limits.wall_s)
         if started.get("started") is not True:
             self.session.close()
@@ -173,16 +168,16 @@ def _why(answer: Mapping[str, Any]) -> str:
 _idle: dict[tuple, list[Judge]] = {}
 
 
-def judge(level: str, limits: SandboxLimits, python: str) -> Judge:
+def judge(level: str, limits: SandboxLimits, python: str, cgroup_parent: str | None = None) -> Judge:
     """An idle judge for these settings (started if none is idle); give it back with `release`."""
     with _lock:
-        idle = _idle.get((*_owner(), level, limits, python), [])
+        idle = _idle.get((*_owner(), level, limits, python, cgroup_parent), [])
         while idle:
             candidate = idle.pop()
             if candidate.session.proc.poll() is None:
                 return candidate
             candidate.close()
-    return Judge(level, limits, python)
+    return Judge(level, limits, python, cgroup_parent)
 
 
 def release(used: Judge) -> None:

@@ -29,9 +29,9 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from grpo_fast.rewards.code.backends import SandboxConfig
+from grpo_fast.errors import InfrastructureError
 from grpo_fast.rewards.code.programs import CALL_RUNNER
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.sandbox import SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class RemoteService:
     """A client of one service (see module doc)."""
 
     def __init__(self, config: SandboxConfig, max_bytes: int) -> None:
-        self.url = config.url.rstrip("/") + "/run_code"
+        self.url = config.service_url.rstrip("/") + "/run_code"
         self.timeout_s, self.retries, self.max_bytes = config.timeout_s, config.retries, max_bytes
 
     def run(

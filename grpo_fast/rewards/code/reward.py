@@ -32,10 +32,8 @@ from typing import Any
 from grpo_fast.rewards.checks import VerifierStatus
 from grpo_fast.rewards.code import programs
 from grpo_fast.rewards.code.cases import AssertCase, IOCase, parse_cases, same_output
-from grpo_fast.rewards.code.isolation import BACKENDS, SandboxConfig, choose, isolation
 from grpo_fast.rewards.code.remote import RemoteProgram, RemoteService
 from grpo_fast.rewards.code.runners import PythonRunner, Runner
-from grpo_fast.rewards.code.sandbox import SandboxLimits
 from grpo_fast.rewards.code.startup import check
 from grpo_fast.rewards.code.wire import WireError, dumps, loads
 from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure, VerifierStartupError
@@ -43,6 +41,7 @@ from grpo_fast.rewards.pool import time_left
 from grpo_fast.rewards.registry import reward
 from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
+from grpo_fast.sandbox import BACKENDS, SandboxConfig, SandboxLimits, choose, containment, isolation
 
 _FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
@@ -148,10 +147,14 @@ def _startup_check(
     except InfrastructureError as exc:
         raise VerifierStartupError(f"code_tests start-up check: {exc}") from exc
     check(scorer, {"assert", "io"})
-    unsafe = scorer.backend not in BACKENDS
-    warning = ", UNSAFE: programs run without a sandbox (allow_unsandboxed)" if unsafe else ""
-    text = f"sandbox backend {scorer.backend}{warning}; start-up check passed"
-    return VerifierStatus(text, {f"sandbox/{scorer.backend}": 1.0}, unsafe)
+    if scorer.backend not in BACKENDS:
+        bounds, whole = "UNSAFE: programs run without a sandbox (allow_unsandboxed)", False
+    else:
+        bounds, whole = containment(scorer.backend, scorer.config)
+        bounds += "" if whole else ", allowed by sandbox.allow_per_process_memory"
+    text = f"sandbox backend {scorer.backend}, {bounds}; start-up check passed"
+    metrics = {f"sandbox/{scorer.backend}": 1.0, "sandbox/memory_per_sandbox": float(whole)}
+    return VerifierStatus(text, metrics, unsafe=not whole)
 
 
 code_tests.startup_check = _startup_check
@@ -210,7 +213,9 @@ class Scorer:
             main = next(iter(files.values())) if isinstance(cases[0], IOCase) else program
             return RemoteProgram(service, main, language)
         kind = "io" if isinstance(cases[0], IOCase) else "assert"
-        return programs.open_program(self.backend, self.limits, self.python, files, self.runner.command(), kind)
+        return programs.open_program(
+            self.backend, self.limits, self.python, files, self.runner.command(), kind, self.config.cgroup
+        )
 
     def _io(self, side, case: IOCase, deadline: float, failures: list[str]) -> bool:
         timeout = min(self.limits.wall_s, deadline - time.monotonic())
@@ -240,7 +245,8 @@ class _AssertRun:
                 if judge is None or not judge.healthy:
                     if judge is not None:
                         programs.release(judge)
-                    judge = programs.judge(self.scorer.judge_level, self.scorer.limits, self.scorer.python)
+                    scorer = self.scorer
+                    judge = programs.judge(scorer.judge_level, scorer.limits, scorer.python, scorer.config.cgroup)
                 passed.append(self.one(case, judge))
         finally:
             if judge is not None:

@@ -3,14 +3,17 @@
 Resource limits (RLIMIT_AS, RLIMIT_NPROC) bind each process: a program that forks n processes can
 hold n times the memory limit. A control group bounds the sum, and kills everything in it at once.
 
-Where (needs root, or a writable delegated hierarchy; groups are created under this process's own
-group, so every limit already set on the caller still holds):
-- cgroup v2: the group of this process must accept controllers for children (`+memory +pids +cpu`
-  written to its cgroup.subtree_control; the kernel refuses that in a group that holds processes,
-  unless it is the root of the hierarchy). Limits: memory.max, memory.swap.max = 0, pids.max, cpu.max.
-- cgroup v1: the memory and pids hierarchies, where mounted and writable. Limits:
+Where: under a parent group this process may create groups in (root: its own group; any user: a group
+delegated to it, e.g. by systemd's Delegate=yes or a container's, named by its path as /proc/self/cgroup
+writes it or relative to this process's own group, `SandboxConfig.cgroup`); every limit already set on the parent
+still holds:
+- cgroup v2: the parent must accept controllers for children (`+memory +pids +cpu` written to its
+  cgroup.subtree_control; the kernel refuses that in a group that holds processes, unless it is the
+  root of the hierarchy). Limits: memory.max, memory.swap.max = 0, pids.max, cpu.max.
+- cgroup v1: the memory and pids hierarchies, where mounted and writable at the parent's path. Limits:
   memory.limit_in_bytes (and memsw where swap accounting exists), pids.max; no CPU share.
-Elsewhere `Cgroup.create` returns None (logged once) and a sandbox is bounded per process only.
+Elsewhere `parents` says why not, `Cgroup.create` returns None and a sandbox is bounded per process only
+(isolation.choose refuses that unless the config allows it).
 
 Groups are named grpo-sandbox-<pid of the creating process>-<random>; `sweep()` removes those
 left by processes that died before removing them.
@@ -24,6 +27,7 @@ import os
 import secrets
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -59,33 +63,61 @@ def _mounts() -> dict[str, str]:
     return found
 
 
+@dataclass(frozen=True)
+class Parents:
+    """Where a sandbox's groups go: `version` "v2" or "v1" and {hierarchy: parent directory} ("" for v2,
+    "memory" and "pids" for v1); `version` None and `why` where no group can be made."""
+
+    version: str | None
+    dirs: dict[str, Path]
+    why: str = ""
+
+    def __bool__(self) -> bool:
+        return self.version is not None
+
+    def text(self) -> str:
+        """One line for the start-up status: what bounds a sandbox's memory."""
+        if not self:
+            return f"memory bounded per process only ({self.why})"
+        where = next(iter(self.dirs.values()))
+        return f"memory and processes bounded per sandbox (cgroup {self.version}, under {where})"
+
+
 @functools.cache
-def parents() -> tuple[str, dict[str, Path]] | None:
-    """("v2" | "v1", {hierarchy: the directory new groups go in}), or None where none can be made."""
+def parents(path: str | None = None) -> Parents:
+    """Where new groups go under the group `path` (as /proc/self/cgroup names it, or relative to this process's own
+    group in each hierarchy; None: this process's own)."""
     try:
         own, mounts = _own_paths(), _mounts()
-    except (OSError, ValueError):
-        return None
+    except (OSError, ValueError) as exc:
+        return Parents(None, {}, f"no control groups here: {exc}")
     if "memory" in mounts and "pids" in mounts and "memory" in own and "pids" in own:
-        dirs = {name: Path(mounts[name] + own[name]) for name in ("memory", "pids")}
+        dirs = {name: Path(mounts[name] + _joined(own[name], path)) for name in ("memory", "pids")}
         if all(os.access(d, os.W_OK) for d in dirs.values()):
-            return "v1", dirs
+            return Parents("v1", dirs)
+        why = f"cgroup v1: {' and '.join(map(str, dirs.values()))} not writable by uid {os.geteuid()}"
+    else:
+        why = "no cgroup v1 memory and pids hierarchies"
     if "" in mounts and "" in own:
-        parent = Path(mounts[""] + own[""])
+        parent = Path(mounts[""] + _joined(own[""], path))
         try:
             available = set((parent / "cgroup.controllers").read_text().split())
             if {"memory", "pids"} <= available:
                 wanted = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in available)
                 (parent / "cgroup.subtree_control").write_text(wanted)
-                return "v2", {"": parent}
+                return Parents("v2", {"": parent})
+            why += f"; cgroup v2 at {parent} has no memory and pids controllers"
         except OSError as exc:
-            log.info("sandbox: cgroup v2 at %s does not take child groups (%s)", parent, exc)
-    log.warning(
-        "sandbox: no control group can be created (needs root and cgroup v2 with memory and pids delegable to "
-        "this process's group, or cgroup v1 memory and pids): a sandbox's memory is bounded per process only "
-        "(worst case: nproc x memory_bytes)"
-    )
-    return None
+            why += f"; cgroup v2 at {parent} does not take child groups ({exc.strerror})"
+    log.warning("sandbox: no control group can be created (%s): a sandbox's memory is bounded per process only", why)
+    return Parents(None, {}, why)
+
+
+def _joined(own: str, path: str | None) -> str:
+    """The group `path` names: itself when absolute, else relative to this process's own group `own`."""
+    if path is None:
+        return own
+    return path if path.startswith("/") else f"{own.rstrip('/')}/{path}"
 
 
 class Cgroup:
@@ -95,12 +127,12 @@ class Cgroup:
         self.version, self.dirs = version, dirs
 
     @classmethod
-    def create(cls, memory_bytes: int, pids: int, cpus: float = 1.0) -> Cgroup | None:
-        """A new group with these limits, or None where groups cannot be made (see module doc)."""
-        found = parents()
-        if found is None:
+    def create(cls, memory_bytes: int, pids: int, cpus: float = 1.0, parent: str | None = None) -> Cgroup | None:
+        """A new group with these limits under `parent` (see `parents`), or None where groups cannot be made."""
+        found = parents(parent)
+        if not found:
             return None
-        version, bases = found
+        version, bases = found.version, found.dirs
         name = f"{_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
         group = cls(version, {h: base / name for h, base in bases.items()})
         try:
@@ -163,16 +195,14 @@ class Cgroup:
         return all(_rmdir(path, attempts=200 if wait else 1) for path in self.dirs.values())
 
 
-def sweep() -> None:
-    """Remove the groups of processes that are gone (their owner died before removing them)."""
-    found = parents()
-    if found is None:
-        return
-    for base in found[1].values():
+def sweep(parent: str | None = None) -> None:
+    """Remove the groups under `parent` of processes that are gone (their owner died before removing them)."""
+    found = parents(parent)
+    for base in found.dirs.values():
         for path in base.glob(f"{_PREFIX}*"):
             owner = path.name[len(_PREFIX) :].split("-")[0]
             if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
-                Cgroup(found[0], {"": path}).remove(wait=False)
+                Cgroup(found.version, {"": path}).remove(wait=False)
 
 
 def _write(path: Path, value: object, optional: bool = False) -> None:

@@ -7,22 +7,26 @@ dataset row; every other public method of the class is a tool, described to the 
 docstring (transformers.utils.get_json_schema). The one tool is `python(code)`. `close` is an instance attribute
 (a weakref.finalize), not a method, so that it is no tool; it also runs at garbage collection and at exit.
 
-The interpreter (repl_runner.py) runs in a local sandbox (sandbox.Session) of backend `sandbox` (a SandboxConfig;
-"auto" = the strongest local backend, as code rewards choose it) with resources `limits`:
-- The sandbox starts at a rollout's first call. `reset` drops the sandbox of the rollout before, since what its
-  code left there (files in /sandbox and /dev/shm, IPC objects) would reach the next rollout.
-- Each call may run `limits.wall_s` seconds; the interpreter's CPU time for all of a rollout's calls is
-  `limits.cpu_s`, by default ceil(limits.completion_s) + 1. A call that runs out of either, kills its
-  interpreter or garbles its answer returns an "error: ..." text saying so, and the next call runs in a fresh
-  interpreter, in the same sandbox (its files stay).
-- What the code prints or raises is the call's answer. What the code cannot cause raises InfrastructureError:
-  no backend, a sandbox or interpreter that cannot start (then nothing of the call has run), a sandbox whose
-  launcher dies or stops answering during a call (the next call starts a new sandbox).
+The interpreter (repl_runner.py) runs in a local sandbox (grpo_fast.sandbox.Session) of backend `sandbox` (a
+SandboxConfig; "auto" = the strongest local backend, as code rewards choose it) with resources `limits`:
+- The sandbox starts at a rollout's first call. `reset` drops the sandbox of the rollout before at once (a call
+  still running there is abandoned), since what its code left there (files in /sandbox) would reach the next
+  rollout.
+- Each call may run `limits.wall_s` seconds, its processes together as many CPU seconds; the interpreter's CPU
+  time for all of a rollout's calls is `limits.cpu_s`, by default ceil(limits.completion_s) + 1. Between two
+  calls nothing of the code runs: the interpreter is stopped, every other process it started is killed, and
+  shared memory is cleared (grpo_fast.sandbox._launcher).
+- What the code prints or raises is the call's answer. What the code does to its own sandbox is the model's
+  failure, never the run's: a call that runs out of its time, kills its interpreter, garbles its answer or
+  breaks its sandbox raises `ToolCallFailed` (the tool loop gives the model its text and counts a failed call);
+  the next call runs in a fresh interpreter, in the same sandbox (its files stay), or in a fresh sandbox where
+  the sandbox itself was lost. Only what no code can cause raises InfrastructureError: no backend, or a fresh
+  sandbox, or the interpreter in one, that cannot start (then nothing of the call has run).
 
-Threads: a launcher dies with the thread that forked it (programs._owner), and callers run tools on worker
-threads that may end before the rollout does. So every sandbox of this module is created by one daemon thread
-that lives as long as the process (`_spawn`); requests are then made from the calling thread, one at a time
-per environment (a lock).
+Threads: a launcher dies with the thread that forked it (a parent-death signal follows that thread), and callers
+run tools on worker threads that may end before the rollout does. So every sandbox of this module is created by
+one daemon thread that lives as long as the process (`_spawn`); requests are then made from the calling thread,
+one at a time per environment (a lock).
 
 The remote backend (SandboxFusion) is not supported: it keeps nothing between requests, so each call would
 have to replay every earlier cell of the rollout, with their time, output and randomness again. A config that
@@ -32,7 +36,6 @@ names it raises ValueError; "auto" that comes to it (no local backend, a URL set
 from __future__ import annotations
 
 import json
-import math
 import os
 import queue
 import signal
@@ -44,11 +47,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from grpo_fast.rewards.code.backends import SandboxConfig
-from grpo_fast.rewards.code.isolation import choose
-from grpo_fast.rewards.code.programs import runner_argv
-from grpo_fast.rewards.code.sandbox import SandboxLimits, Session
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.errors import InfrastructureError
+from grpo_fast.sandbox import SandboxConfig, SandboxLimits, Session, choose, runner_argv
 
 REPL_RUNNER = Path(__file__).with_name("repl_runner.py").read_text(encoding="utf-8")
 _START_S = 10.0  # how long the interpreter may take to start, beyond `wall_s`
@@ -106,8 +106,13 @@ class PythonEnvironment:
         return self._interpreter.run(code)
 
 
+class ToolCallFailed(Exception):  # noqa: N818 - the model reads its name: "error: python: ToolCallFailed: ..."
+    """The code made its call fail (see module doc); the text says how, for the model."""
+
+
 class _Interpreter:
-    """The sandbox and interpreter of one environment (see module doc); its calls hold `lock`."""
+    """The sandbox and interpreter of one environment (see module doc). Calls hold `calls`, one at a time;
+    `state` guards the session, which `drop` may take away from a call still running."""
 
     def __init__(self, config: SandboxConfig, limits: SandboxLimits, python: str, max_chars: int) -> None:
         if max_chars <= 0 or 2 * _ANSWER_BYTES_PER_CHAR * max_chars + 4096 > limits.output_bytes:
@@ -117,50 +122,77 @@ class _Interpreter:
             )
         self.config, self.limits, self.python = config, limits, python
         self.argv = runner_argv(python, REPL_RUNNER, str(max_chars))
-        self.cpu_s = limits.cpu_s or math.ceil(limits.completion_s) + 1
+        self.cpu_s = limits.process_cpu_s(limits.completion_s)
         self.session: Session | None = None
         self.serving = self.closed = False
-        self.lock = threading.Lock()
+        self.why: Mapping[str, Any] = {}  # the launcher's answer when the interpreter last failed to start
+        self.calls, self.state = threading.Lock(), threading.Lock()
 
     def run(self, code: str) -> str:
-        """The interpreter's answer to `code`, or an "error: ..." text where it was lost (see module doc)."""
-        with self.lock:
+        """The interpreter's answer to `code`; ToolCallFailed where the code made the call fail (see module doc)."""
+        with self.calls:
             if self.closed:
                 raise RuntimeError("PythonEnvironment: closed")
-            answer = self._serving().request({"op": "ask", "line": json.dumps({"code": code})}, self.limits.wall_s)
+            session = self._serving()
+            answer = session.request({"op": "ask", "line": json.dumps({"code": code})}, self.limits.wall_s)
+            with self.state:
+                current = self.session is session
+            if not current:  # dropped during the call (reset, close): the call's answer is no one's
+                session.close()
+                raise ToolCallFailed("the rollout ended during the call")
             reply = _reply(answer.get("reply"))
             if reply is not None:
                 return reply.get("output", "") + reply.get("error", "")
-            if answer.get("launcher"):
+            if answer.get("launcher"):  # the sandbox itself is lost: the next call gets a fresh one
                 self._drop()
-                raise InfrastructureError(f"the Python tool's sandbox failed during a call: {answer['error']}")
+                raise ToolCallFailed(
+                    f"the sandbox failed ({answer['error']}); the next call runs in a fresh sandbox, the files and "
+                    "variables of this one are lost"
+                )
             self.serving = False  # the next call starts a fresh interpreter (the "start" op stops this one first)
             if "reply" in answer:
                 answer = {"error": "a garbled answer"}
-            return f"error: {self._failure(answer)}; the interpreter was restarted, its variables are lost"
+            raise ToolCallFailed(f"{self._failure(answer)}; the interpreter was restarted, its variables are lost")
 
     def _serving(self) -> Session:
-        """The sandbox, with an interpreter started in it; InfrastructureError when either cannot start."""
-        if self.session is None:
-            level = choose(self.config)
-            if level == "remote":
-                raise InfrastructureError(_NO_REMOTE)
-            session = _spawn(lambda: Session(level, self.limits, self.python, {}, cpu_s=self.cpu_s))
-            session.ready()
-            self.session, self.serving = session, False
-        if not self.serving:
-            started = self.session.request({"op": "start", "argv": self.argv}, _START_S + self.limits.wall_s)
-            if started.get("started") is not True:
-                self._drop()
-                raise InfrastructureError(f"the Python tool's interpreter does not start in the sandbox: {started}")
-            self.serving = True
-        return self.session
+        """The sandbox with an interpreter started in it: in this rollout's sandbox, else in a fresh one (where the
+        interpreter does not start in a sandbox the code has used, that sandbox is dropped). InfrastructureError
+        when a fresh sandbox, or the interpreter in it, cannot start."""
+        if self.session is not None and self.serving:
+            return self.session
+        if self.session is not None:
+            if self._start_interpreter(self.session):
+                return self.session
+            self._drop()
+        session = _spawn(self._new_session)
+        with self.state:
+            self.session = session
+        if not self._start_interpreter(session):
+            self._drop()
+            raise InfrastructureError(f"the Python tool's interpreter does not start in a fresh sandbox: {self.why}")
+        return session
+
+    def _new_session(self) -> Session:
+        level = choose(self.config)
+        if level == "remote":
+            raise InfrastructureError(_NO_REMOTE)
+        session = Session(level, self.limits, self.python, {}, cpu_s=self.cpu_s, cgroup_parent=self.config.cgroup)
+        session.ready()
+        return session
+
+    def _start_interpreter(self, session: Session) -> bool:
+        started = session.request({"op": "start", "argv": self.argv}, _START_S + self.limits.wall_s)
+        self.serving = started.get("started") is True
+        self.why = started
+        return self.serving
 
     def _failure(self, answer: Mapping[str, Any]) -> str:
         """What the launcher's failed answer to a call means, for the model."""
         error = str(answer.get("error"))
         if error == "no answer: timeout":
             return f"timed out after {self.limits.wall_s:g} s"
+        if error == "no answer: CPU time":
+            return f"its processes used more than {self.limits.wall_s:g} CPU seconds"
         why = (
             "the interpreter exited" if error == "no answer: the runner exited" else f"the interpreter failed ({error})"
         )
@@ -170,19 +202,30 @@ class _Interpreter:
         return f"{why} with status {status}" if isinstance(status, int) else why
 
     def drop(self) -> None:
-        """Stop the sandbox, if any: the next call starts a new one."""
-        with self.lock:
-            self._drop()
+        """Stop the sandbox at once, if any: the next call starts a new one. A call still running there (abandoned
+        by its caller) fails; its thread finishes closing the sandbox."""
+        with self.state:
+            session, self.session, self.serving = self.session, None, False
+        if session is None:
+            return
+        if self.calls.acquire(blocking=False):
+            try:
+                session.close()
+            finally:
+                self.calls.release()
+        else:
+            session.kill()
 
     def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            self._drop()
+        self.closed = True
+        self.drop()
 
     def _drop(self) -> None:
-        if self.session is not None:
-            self.session.close()
-        self.session, self.serving = None, False
+        """Drop the sandbox from the calling thread (which holds `calls`)."""
+        with self.state:
+            session, self.session, self.serving = self.session, None, False
+        if session is not None:
+            session.close()
 
 
 def _reply(line: Any) -> dict[str, str] | None:

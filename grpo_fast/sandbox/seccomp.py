@@ -9,7 +9,12 @@ each program's process (no_new_privs set) just before exec. It refuses with EPER
 - mounts and namespaces: mount, umount2, pivot_root, chroot, the new mount API, unshare, setns, and
   clone with any CLONE_NEW* flag (a new user namespace would hand the program capabilities there);
   clone3 answers ENOSYS, so that the C library falls back to clone, whose flags the filter can read;
-- the machine: reboot, kexec, modules, swap, acct, quotactl, syslog, clocks, vhangup.
+- prlimit64 on another process (pid != 0): under bwrap the launcher has the program's uid, which may
+  otherwise lower the launcher's own limits;
+- the machine: reboot, kexec, modules, swap, acct, quotactl, syslog, clocks, vhangup;
+- System V IPC (shared memory, message queues, semaphores): its objects outlive their processes and
+  a detached segment counts in no process's address space (POSIX shared memory lives in /dev/shm, a
+  size-limited tmpfs emptied after every request);
 Other architectures' system calls (32-bit x86 through int 0x80, x32) kill the process: their numbers
 differ, so a deny list could not hold there.
 """
@@ -23,23 +28,28 @@ _DENIED = (
     "io_uring_register keyctl add_key request_key fanotify_init lookup_dcookie open_by_handle_at name_to_handle_at "
     "mount umount2 pivot_root chroot open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr unshare setns "
     "reboot kexec_load kexec_file_load init_module finit_module delete_module swapon swapoff acct quotactl syslog "
-    "settimeofday clock_settime adjtimex clock_adjtime vhangup"
+    "settimeofday clock_settime adjtimex clock_adjtime vhangup "
+    "shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl semget semop semtimedop semctl"
 ).split()
 _X86_64 = dict(
     zip(
-        _DENIED + ["clone", "clone3"],
+        _DENIED + ["clone", "clone3", "prlimit64"],
         [101, 310, 311, 312, 321, 298, 323, 425, 426, 427, 250, 248, 249, 300, 212, 304, 303, 165, 166, 155, 161, 428]
         + [429, 430, 431, 432, 433, 442, 272, 308, 169, 246, 320, 175, 313, 176, 167, 168, 163, 179, 103, 164, 227]
-        + [159, 305, 153, 56, 435],
+        + [159, 305, 153]
+        + [29, 30, 31, 67, 68, 69, 70, 71, 64, 65, 220, 66]
+        + [56, 435, 302],
         strict=True,
     )
 )
 _AARCH64 = dict(
     zip(
-        _DENIED + ["clone", "clone3"],
+        _DENIED + ["clone", "clone3", "prlimit64"],
         [117, 270, 271, 272, 280, 241, 282, 425, 426, 427, 219, 217, 218, 262, 18, 265, 264, 40, 39, 41, 51, 428]
         + [429, 430, 431, 432, 433, 442, 97, 268, 142, 104, 294, 105, 273, 106, 224, 225, 89, 60, 116, 170, 112]
-        + [171, 266, 58, 220, 435],
+        + [171, 266, 58]
+        + [194, 196, 195, 197, 186, 189, 188, 187, 190, 193, 192, 191]
+        + [220, 435, 261],
         strict=True,
     )
 )
@@ -67,6 +77,9 @@ def denylist_filter(machine: str | None = None) -> list[list[int]] | None:
     for number in denied:
         program += [[_JEQ_K, 0, 1, number], [_RET_K, 0, 0, errno_perm]]
     program += [[_JEQ_K, 0, 1, numbers["clone3"]], [_RET_K, 0, 0, errno_nosys]]
+    # prlimit64(pid != 0, ...): refused (the low 32 bits of pid; a pid is a 32-bit int)
+    program += [[_JEQ_K, 0, 4, numbers["prlimit64"]], [_LD_ABS_W, 0, 0, _ARG0], [_JEQ_K, 1, 0, 0]]
+    program += [[_RET_K, 0, 0, errno_perm], [_RET_K, 0, 0, _RET_ALLOW]]
     program += [[_JEQ_K, 0, 3, numbers["clone"]], [_LD_ABS_W, 0, 0, _ARG0], [_JSET_K, 0, 1, _CLONE_NEW]]
     program += [[_RET_K, 0, 0, errno_perm], [_RET_K, 0, 0, _RET_ALLOW]]
     return program

@@ -9,14 +9,17 @@ only yields {"error": ...} (the session is then closed).
 Lifetime: the launcher dies with the process (the thread) that started it (a parent-death signal;
 bwrap's --die-with-parent), and takes its sandbox with it: in the namespaces and bwrap backends the
 whole PID namespace goes when its first process does, and `close` only has to kill that process
-(`reap` finishes the teardown later). Where control groups can be made (cgroups.py), the sandbox
-runs in one, with `memory_bytes` (plus the launcher's share), process and CPU limits for all of it,
-and whatever is left in it is killed before the group is removed. The unsandboxed levels work in a temporary
-directory named after this process, removed by `close`, or by a later process's `sweep` if this
-one dies first.
+(`reap` finishes the teardown later). Where control groups can be made (cgroups.py, under
+`cgroup_parent`), the sandbox's programs run in one, with `memory_bytes`, process and CPU limits for all
+of them (the launcher stays out of it, out of reach of its out-of-memory killer), and whatever is left in
+it is killed before the group is removed. The bwrap backend mounts its root on an empty temporary
+directory, and the unsandboxed levels work in one; both are named after this process, removed by
+`close`, or by a later process's `sweep` if this one dies first.
 
 Always: CPU seconds, address space, file size, process count and open-file limits per process; a
-wall-clock limit per request, after which the launcher kills what it started; stdout/stderr and
+wall-clock limit per request, after which the launcher kills what it started, and in the namespaces and
+bwrap backends a CPU-time limit for all of a request's processes together, and nothing of the sandbox
+running between two requests (_launcher.py); stdout/stderr and
 answers capped at `output_bytes`; environment reduced to a fixed PATH/HOME/TMPDIR/locale; the
 seccomp filter of seccomp.py where the architecture is known.
 """
@@ -37,59 +40,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from grpo_fast.rewards.code import cgroups
-from grpo_fast.rewards.code.backends import ROOT_MOUNT, binds, launcher_argv
-from grpo_fast.rewards.code.seccomp import denylist_filter
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.errors import InfrastructureError
+from grpo_fast.sandbox import cgroups
+from grpo_fast.sandbox.backends import ROOT_MOUNT, binds, launcher_argv
+from grpo_fast.sandbox.config import SandboxLimits
+from grpo_fast.sandbox.seccomp import denylist_filter
 
-_UID_BASE, _UID_SPAN = 200_000, 1 << 24
+SANDBOX_UIDS = range(200_000, 200_000 + (1 << 24))
+"""The uids the namespaces and uid levels run programs as: a fresh random one per sandbox."""
 _GRACE_S = 5.0  # how long past a request's own time limit the launcher may take to answer
 _SETUP_S = 30.0  # how long a launcher may take to set its sandbox up
-_LAUNCHER_MEMORY = 128 << 20  # the launcher's own share of a control group's memory limit
 _WORKDIR_PREFIX = "grpo-sandbox-"
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one sandbox.
-
-    wall_s: wall-clock seconds per stdin/stdout run, and per assert test for the program (its load
-        and every call of the test) and again for the judge's own work on it.
-    cpu_s: CPU seconds per process; None = ceil(wall_s) + 1 for a stdin/stdout run, and
-        ceil(completion_s) + 1 for the process that answers all of a completion's assert tests.
-    memory_bytes: address space per process (RLIMIT_AS), and the whole sandbox's memory where a
-        control group can be made. file_bytes: largest file it may write (RLIMIT_FSIZE).
-    disk_bytes: size of the writable /sandbox tmpfs. nproc: processes + threads of the sandbox.
-    output_bytes: stdout + stderr kept per run, and the largest answer of a call.
-    completion_s: wall-clock seconds for all of one completion's tests (the tests left when it runs
-        out fail); keep it below the reward pool's timeout (RewardPool also cuts it to the time it
-        has left, so that the pool never has to kill a worker for a slow program).
-    """
-
-    wall_s: float = 5.0
-    cpu_s: int | None = None
-    memory_bytes: int = 2 << 30
-    file_bytes: int = 16 << 20
-    disk_bytes: int = 64 << 20
-    nproc: int = 32
-    output_bytes: int = 1 << 20
-    completion_s: float = 20.0
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if value is not None and value <= 0:
-                raise ValueError(f"SandboxLimits.{name}: must be > 0, got {value}")
-
-    @classmethod
-    def of(cls, limits: SandboxLimits | Mapping[str, Any] | None) -> SandboxLimits:
-        """Limits from themselves, a mapping of the fields (as a YAML config gives them) or None."""
-        if isinstance(limits, Mapping):
-            return cls(**limits)
-        return limits or cls()
 
 
 class Session:
@@ -106,46 +71,58 @@ class Session:
         *,
         cpu_s: int | None = None,
         cgroup: bool = True,
+        cgroup_parent: str | None = None,
     ) -> None:
         self.level, self.limits = level, limits
-        self.workdir = self.cgroup = None
+        self.workdir = self.rootdir = self.cgroup = None
         self.buffer = b""
         self.closed = self.set_up = False
         self.posted: deque[tuple[float, bool]] = deque()  # (deadline, whether it is the job) per answer owed
         reap()
         if level == "namespaces":
             _root_mount()
-        elif level in ("uid", "rlimits"):
+        else:
             _sweep_workdirs()
-            self.workdir = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+            made = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
+            if level == "bwrap":  # the mount point of the sandbox's root, in its own mount namespace only
+                self.rootdir = made
+            else:
+                self.workdir = made
         if cgroup:
-            cgroups.sweep()
-            self.cgroup = cgroups.Cgroup.create(limits.memory_bytes + _LAUNCHER_MEMORY, limits.nproc + 8)
+            cgroups.sweep(cgroup_parent)
+            self.cgroup = cgroups.Cgroup.create(limits.memory_bytes, limits.nproc, parent=cgroup_parent)
         job = {
-            "isolate": level == "namespaces",
-            "root": ROOT_MOUNT,
-            "workdir": "/sandbox" if level == "bwrap" else self.workdir,
+            "isolate": level in ("namespaces", "bwrap"),
+            "userns": level == "bwrap",
+            "root": self.rootdir or ROOT_MOUNT,
+            "workdir": self.workdir,
             "binds": binds(python),
-            "uid": _UID_BASE + secrets.randbelow(_UID_SPAN) if level in ("namespaces", "uid") else None,
+            "uid": SANDBOX_UIDS[secrets.randbelow(len(SANDBOX_UIDS))] if level in ("namespaces", "uid") else None,
             "limits": {**asdict(limits), "cpu_s": cpu_s or math.ceil(limits.wall_s) + 1},
             "seccomp": denylist_filter(),
             "files": dict(files),
-            # the launcher joins its control group itself, before it starts anything (inside bwrap it
-            # cannot see the control-group file system: there the group is joined from here)
-            "cgroup": self.cgroup.procs_files() if self.cgroup is not None and level != "bwrap" else [],
         }
-        self.proc = subprocess.Popen(
-            launcher_argv(level, python, limits.disk_bytes),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env={"PATH": os.defpath, "LANG": "C.UTF-8"},
-        )
+        self._start(job, python)
+
+    def _start(self, job: dict[str, Any], python: str) -> None:
+        """Start the launcher with the control group's cgroup.procs files open for it: every program joins the
+        group through them; the launcher itself stays out of it, out of reach of its limits."""
+        procs = [os.open(path, os.O_WRONLY) for path in self.cgroup.procs_files()] if self.cgroup else []
         try:
-            if self.cgroup is not None and level == "bwrap":
-                self.cgroup.add(self.proc.pid)
-            self._post(job, _SETUP_S + limits.wall_s, job=True)
+            self.proc = subprocess.Popen(
+                launcher_argv(self.level, python),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                env={"PATH": os.defpath, "LANG": "C.UTF-8"},
+                pass_fds=procs,
+            )
+        finally:
+            for fd in procs:
+                os.close(fd)
+        try:
+            self._post({**job, "cgroup": procs}, _SETUP_S + self.limits.wall_s, job=True)
         except OSError as exc:
             self._fail_setup({"error": f"{type(exc).__name__}: {exc}"})
 
@@ -229,6 +206,14 @@ class Session:
         except (OSError, ValueError):
             return ""
 
+    def kill(self) -> None:
+        """Kill the launcher, and with it the sandbox, from any thread (a request in flight then fails at once); the
+        thread that uses the session still closes it."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def close(self) -> None:
         """Stop the launcher and everything it started; remove the control group and the workdir.
         A namespaces or bwrap sandbox is killed whole (its PID namespace goes with its first process)
@@ -267,6 +252,11 @@ class Session:
                 pass
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.rootdir is not None:
+            try:
+                os.rmdir(self.rootdir)  # empty on the host: the sandbox's mounts were in its own namespace
+            except OSError:
+                pass
         return True
 
     def __enter__(self) -> Session:

@@ -21,9 +21,10 @@ import uuid
 import pytest
 from transformers.utils import get_json_schema
 
-from grpo_fast.rewards.code import isolation
-from grpo_fast.rewards.code.python_tool import PythonEnvironment
 from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.rollout.python_tool import PythonEnvironment, ToolCallFailed
+from grpo_fast.sandbox import isolation, probe
+from grpo_fast.testing import processes
 
 sandboxed = pytest.mark.skipif(
     isolation() not in ("namespaces", "bwrap"),
@@ -68,10 +69,10 @@ def test_a_sandbox_that_cannot_start_is_an_infrastructure_error():
 
 
 @sandboxed
-def test_a_sandbox_that_dies_during_a_call_is_an_infrastructure_error(env):
+def test_a_sandbox_lost_during_a_call_fails_that_call_and_the_next_runs_in_a_fresh_one(env):
     env.python("import time")
     os.kill(env._interpreter.session.proc.pid, signal.SIGKILL)
-    with pytest.raises(InfrastructureError, match="failed during a call"):
+    with pytest.raises(ToolCallFailed, match="the sandbox failed .*the next call runs in a fresh sandbox"):
         env.python("time.sleep(0.2)")
     assert env.python("6 * 7") == "42\n"  # in a new sandbox
 
@@ -98,9 +99,8 @@ def test_an_exception_is_an_error_text_and_the_interpreter_lives_on(env):
 def test_a_call_past_the_time_limit_restarts_the_interpreter(env):
     env.python("a = 1")
     start = time.monotonic()
-    assert env.python("while True:\n    pass") == (
-        "error: timed out after 1 s; the interpreter was restarted, its variables are lost"
-    )
+    with pytest.raises(ToolCallFailed, match="^timed out after 1 s; the interpreter was restarted, its variables"):
+        env.python("while True:\n    pass")
     assert time.monotonic() - start < 5
     assert "NameError" in env.python("a")
     assert env.python("6 * 7") == "42\n"
@@ -108,12 +108,15 @@ def test_a_call_past_the_time_limit_restarts_the_interpreter(env):
 
 @sandboxed
 def test_an_interpreter_that_dies_is_restarted():
-    environment = PythonEnvironment(limits={**LIMITS, "wall_s": 3.0, "cpu_s": 1})
+    environment = PythonEnvironment(limits={**LIMITS, "wall_s": 30.0, "cpu_s": 1})  # cpu_s first, even when loaded
     try:
         lost = "; the interpreter was restarted, its variables are lost"
-        assert environment.python("import os\nos._exit(3)") == f"error: the interpreter exited with status 3{lost}"
-        killed = environment.python("while True:\n    pass")  # past cpu_s: SIGKILL with soft = hard limit
-        assert killed.startswith("error: the interpreter exited: ") and killed.endswith(lost)
+        with pytest.raises(ToolCallFailed) as exited:
+            environment.python("import os\nos._exit(3)")
+        assert str(exited.value) == f"the interpreter exited with status 3{lost}"
+        with pytest.raises(ToolCallFailed) as killed:
+            environment.python("while True:\n    pass")  # past cpu_s: SIGKILL with soft = hard limit
+        assert str(killed.value).startswith("the interpreter exited: ") and str(killed.value).endswith(lost)
         assert environment.python("6 * 7") == "42\n"
     finally:
         environment.close()
@@ -228,3 +231,89 @@ def test_close_and_garbage_collection_stop_the_sandbox():
     del collected
     gc.collect()
     assert _all_gone(tree)
+
+
+SHM_FLOOD = """
+import ctypes, mmap, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+segments = 0
+for _ in range(38):  # System V segments, filled and detached: in no process's address space
+    sid = libc.shmget(0, 8 << 20, 0o1000 | 0o600)
+    addr = libc.shmat(sid, None, 0) if sid >= 0 else None
+    if addr in (None, ctypes.c_void_p(-1).value):
+        break
+    ctypes.memset(addr, 1, 8 << 20)
+    libc.shmdt(ctypes.c_void_p(addr))
+    segments += 1
+blocks = 0
+try:
+    for i in range(38):  # POSIX shared memory, written, until the sandbox has no more
+        with open(f"/dev/shm/block{i}", "wb") as f:
+            f.write(b"x" * (8 << 20))
+        blocks += 1
+except OSError:
+    pass
+print(segments, blocks)
+"""
+KILLS = "import os\nfor pid in (-1, 1):\n    try:\n        os.kill(pid, 9)\n    except OSError:\n        pass"
+LOCAL = [level for level in ("namespaces", "bwrap") if probe(level) is None]
+
+
+@pytest.mark.parametrize("level", LOCAL or [pytest.param(None, marks=pytest.mark.skip("no local sandbox"))])
+def test_code_that_breaks_its_own_sandbox_fails_its_call_never_the_run(level):
+    """Shared memory filling the sandbox (then memory for the interpreter), every process signalled, the launcher
+    signalled: each call either answers or fails as the model's failure (ToolCallFailed); the next call works; no
+    call is an InfrastructureError."""
+    environment = PythonEnvironment(sandbox=level, limits={"wall_s": 10.0, "memory_bytes": 256 << 20})
+    try:
+        for code in [SHM_FLOOD, "x = bytearray(100 << 20); 1", "1"] * 3 + [KILLS, "import os\nos.kill(os.getpid(), 9)"]:
+            try:
+                environment.python(code)
+            except ToolCallFailed:
+                pass
+            assert environment.python("6 * 7") == "42\n"
+    finally:
+        environment.close()
+
+
+@sandboxed
+def test_nothing_of_a_call_runs_after_it(env):
+    """Detached daemons, a chain of CPU spinners and a spinning thread started by a call: once it returns only the
+    interpreter is left, stopped, and the sandbox spends no CPU time; its shared memory is gone."""
+    code = """
+import os, threading, time
+def spin():
+    while True:
+        pass
+for _ in range(3):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            spin()
+        os._exit(0)
+threading.Thread(target=spin, daemon=True).start()
+open("/dev/shm/kept", "wb").write(b"x" * (1 << 20))
+print("started")
+"""
+    assert env.python(code) == "started\n"
+    launcher = env._interpreter.session.proc.pid
+    left = {pid: info for pid, info in processes.sandbox_of(launcher).items() if info.namespace_pid != 1}
+    assert len(left) == 1 and next(iter(left.values())).state in ("T", "t")
+    before = processes.sandbox_cpu_s(launcher)
+    time.sleep(1.0)
+    assert processes.sandbox_cpu_s(launcher) - before < 0.05
+    assert env.python("import os\nos.listdir('/dev/shm')") == "[]\n"
+
+
+@sandboxed
+def test_a_reset_does_not_wait_for_an_abandoned_call(env):
+    env.python("1")
+    caller = threading.Thread(target=lambda: pytest.raises(ToolCallFailed, env.python, "while True:\n    pass"))
+    caller.start()
+    time.sleep(0.5)  # the call runs; its caller gives up on it (a tool loop's timeout) and the next rollout starts
+    start = time.monotonic()
+    env.reset()
+    assert time.monotonic() - start < 0.5
+    caller.join(10)
+    assert not caller.is_alive() and env.python("6 * 7") == "42\n"

@@ -2,7 +2,9 @@
 machine allows (probed once per process by starting a real launcher); `choose(config, allow_unsandboxed)` the
 backend a reward uses: the one a `SandboxConfig` names, or with "auto" the strongest available (namespaces, bwrap,
 then remote when a URL is configured), else an InfrastructureError (a RuntimeError) that says what is missing and
-the options. `run_sandboxed` runs programs in the chosen local backend.
+the options. A local backend needs a control group to bound each sandbox's memory as a whole (cgroups.py), or the
+config's consent to per-process bounds; `containment` says which holds. `run_sandboxed` runs programs in the
+chosen local backend.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grpo_fast.rewards.code.backends import BACKENDS, URL_VARIABLE, SandboxConfig
-from grpo_fast.rewards.code.sandbox import SandboxLimits, Session
-from grpo_fast.rewards.outcomes import InfrastructureError
+from grpo_fast.errors import InfrastructureError
+from grpo_fast.sandbox import cgroups
+from grpo_fast.sandbox.config import BACKENDS, URL_VARIABLE, SandboxConfig, SandboxLimits
+from grpo_fast.sandbox.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +50,18 @@ def isolation() -> str:
 
 
 def choose(config: SandboxConfig, allow_unsandboxed: bool = False) -> str:
-    """The backend programs run in under `config` (see module doc); logs the choice once."""
+    """The backend programs run in under `config` (see module doc); logs the choice once. A local backend where no
+    control group bounds a sandbox's memory is refused unless `config.allow_per_process_memory`."""
     if config.backend != "auto":
         reason = None if config.backend == "remote" else probe(config.backend)
         if reason is not None:
             raise InfrastructureError(f"code sandbox: backend {config.backend!r} cannot run here: {reason}")
-        return _chosen(config.backend)
+        return _contained(config.backend, config)
     local = isolation()
     if local in BACKENDS:
-        return _chosen(local)
-    if config.url:
-        return _chosen("remote")
+        return _contained(local, config)
+    if config.service_url:
+        return _chosen("remote", "programs run on the service")
     if allow_unsandboxed:
         log.warning(
             "code sandbox: NO SANDBOX (level %r, allow_unsandboxed=True): programs run with access to this "
@@ -76,9 +80,32 @@ def choose(config: SandboxConfig, allow_unsandboxed: bool = False) -> str:
     )
 
 
+def containment(backend: str, config: SandboxConfig) -> tuple[str, bool]:
+    """What bounds a sandbox of `backend` under `config`, in one line for the start-up status, and whether its
+    memory is bounded as a whole (a control group; the service's business for remote)."""
+    if backend == "remote":
+        return "programs run on the service", True
+    found = cgroups.parents(config.cgroup)
+    return found.text(), bool(found)
+
+
+def _contained(backend: str, config: SandboxConfig) -> str:
+    """`backend` (a local one), unless no control group can bound its sandboxes' memory and the config does not
+    allow that."""
+    found = cgroups.parents(config.cgroup)
+    if not found and not config.allow_per_process_memory:
+        raise InfrastructureError(
+            f"code sandbox ({backend}): no control group can bound a sandbox's memory here ({found.why}), so each "
+            "of a program's processes would be bounded alone (up to nproc x memory_bytes together). Give a group "
+            "this user may create groups in (sandbox.cgroup: e.g. a systemd unit's with Delegate=yes), or accept "
+            "per-process bounds with sandbox.allow_per_process_memory: true (then lower nproc and memory_bytes)"
+        )
+    return _chosen(backend, found.text())
+
+
 @functools.cache
-def _chosen(backend: str) -> str:
-    log.info("code sandbox: backend %r", backend)
+def _chosen(backend: str, bounds: str) -> str:
+    log.info("code sandbox: backend %r, %s", backend, bounds)
     return backend
 
 
@@ -98,6 +125,7 @@ def run_sandboxed(
     level = choose(SandboxConfig.of(sandbox), allow_unsandboxed)
     if level == "remote":
         raise RuntimeError("run_sandboxed runs programs locally; the remote backend runs them through code_tests")
-    with Session(level, limits, python, files) as session:
+    config = SandboxConfig.of(sandbox)
+    with Session(level, limits, python, files, cgroup_parent=config.cgroup) as session:
         message = {"op": "run"}
         return [session.request({**message, **run}, limits.wall_s) for run in runs]

@@ -1,0 +1,260 @@
+"""Where tools and environments run and what a failure of theirs does, as TRL 1.16 runs them: sync tools in the
+trainer's main thread one after another (a tool that uses signal.alarm, as TRL's own grpo_agent.py example's
+does, works), each still bounded by its deadline; an async get_reward awaited; a public close a tool; an
+environment whose method timed out discarded, never reset and reused. Real multi-turn rollouts on a locally
+trained byte-level BPE tokenizer, the turns scripted (scripted_chat.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+from scripted_chat import ScriptedTurns, chatml_tokenizer, tool_call
+
+from grpo_fast.rollout.base import SamplingSpec
+from grpo_fast.rollout.chat_turns import ChatFormat
+from grpo_fast.rollout.environments import Environments, environment_tools
+from grpo_fast.rollout.multi_turn import MultiTurn
+from grpo_fast.rollout.prompts import PromptEncoder
+from grpo_fast.rollout.tools import Tool
+from grpo_fast.trainer.config import DataConfig
+
+TIMEOUT = 0.5
+CALLS: list[tuple[str, float, float]] = []  # (thread name, start, end) of every alarmed_lookup call
+
+
+@contextmanager
+def alarm(seconds: int):
+    """TRL's grpo_agent.py pattern: a SIGALRM handler that raises, armed around the work."""
+
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"timed out after {seconds} s")
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+
+
+def alarmed_lookup(key: str) -> str:
+    """Looks a key up, under its own 5 s alarm.
+
+    Args:
+        key: The key to look up.
+    """
+    start = time.perf_counter()
+    with alarm(5):
+        time.sleep(0.05)  # long enough for a second call to overlap, were calls run at once
+    CALLS.append((threading.current_thread().name, start, time.perf_counter()))
+    return key.upper()
+
+
+def stubborn(seconds: float) -> str:
+    """Sleeps under its own 5 s alarm, and swallows every Exception.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    try:
+        with alarm(5):
+            time.sleep(seconds)
+    except Exception:  # noqa: BLE001 - a tool that swallows errors must still stop at its deadline
+        return "swallowed"
+    return "slept"
+
+
+def rollouts(tok, tools=(), environment=None, workers: int = 1, timeout: float = TIMEOUT) -> MultiTurn:
+    return MultiTurn(
+        PromptEncoder(tok, DataConfig()),
+        ChatFormat(tok),
+        [Tool.of(fn) for fn in tools],
+        None if environment is None else Environments.of(environment),
+        max_iterations=4,
+        max_completion_length=300,
+        max_model_len=2048,
+        timeout=timeout,
+        workers=workers,
+    )
+
+
+def sampling(n: int) -> SamplingSpec:
+    return SamplingSpec(n=n, max_tokens=300, temperature=1.0, seed=0)
+
+
+def tool_results(completion) -> list[str]:
+    return [m["content"] for m in completion.episode.messages if m["role"] == "tool"]
+
+
+def test_sync_tools_run_in_the_main_thread_one_after_another_and_their_own_alarm_works():
+    tok = chatml_tokenizer(["a", "b", "alarmed_lookup", "key"])
+    script = {u: [tool_call("alarmed_lookup", key=u), "done"] for u in ("a", "b")}
+    CALLS.clear()
+    multi = rollouts(tok, [alarmed_lookup])
+    try:
+        out = multi.generate(ScriptedTurns(tok, script), [{"prompt": "a"}, {"prompt": "b"}], sampling(n=2))
+    finally:
+        multi.close()
+    assert [tool_results(c) for c in out.completions] == [["A"], ["A"], ["B"], ["B"]]
+    assert [name for name, _, _ in CALLS] == ["MainThread"] * 4
+    spans = sorted((start, end) for _, start, end in CALLS)
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:], strict=False))
+
+
+def test_a_sync_tool_in_the_main_thread_stops_at_its_deadline_even_when_it_swallows_errors():
+    tok = chatml_tokenizer(["s", "stubborn", "seconds"])
+    multi = rollouts(tok, [stubborn])
+    start = time.perf_counter()
+    try:
+        out = multi.generate(
+            ScriptedTurns(tok, {"s": [tool_call("stubborn", seconds=30), "done"]}), [{"prompt": "s"}], sampling(1)
+        )
+    finally:
+        multi.close()
+    assert time.perf_counter() - start < 10  # the 30 s sleep was cut at the deadline, not at the tool's 5 s alarm
+    (c,) = out.completions
+    assert tool_results(c) == [f"error: stubborn: timed out after {TIMEOUT:g} s"] and c.episode.failures == {
+        "stubborn": 1
+    }
+    assert signal.alarm(0) == 0  # the tool's own alarm was disarmed by its finally, none left pending
+
+
+def test_parallel_tool_workers_are_opt_in_and_keep_the_deadline():
+    tok = chatml_tokenizer(["s", "stubborn", "seconds"])
+    script = {"s": [tool_call("stubborn", seconds=2), "done"]}
+    multi = rollouts(tok, [stubborn], workers=2)
+    try:
+        out = multi.generate(ScriptedTurns(tok, script), [{"prompt": "s"}], sampling(2))
+    finally:
+        multi.close()
+    # Off the main thread the tool's signal.alarm cannot work: it raises, which the model reads.
+    assert {r for c in out.completions for r in tool_results(c)} == {"swallowed"}
+
+
+class Counter:
+    """An environment with an async reward and a public close, both as TRL allows them."""
+
+    loops: list = []
+
+    def reset(self, **row) -> None:
+        self.value = 0
+
+    async def bump(self, amount: int) -> str:
+        """Adds to the counter.
+
+        Args:
+            amount: How much to add.
+        """
+        Counter.loops.append(asyncio.get_running_loop())
+        self.value += amount
+        return str(self.value)
+
+    def close(self) -> str:
+        """Closes the counter for this episode."""
+        return "closed"
+
+    async def get_reward(self) -> float:
+        Counter.loops.append(asyncio.get_running_loop())
+        await asyncio.sleep(0)
+        return float(self.value)
+
+
+def test_a_public_close_method_is_a_tool_as_in_trl():
+    assert sorted(t.name for t in environment_tools(Counter())) == ["bump", "close"]
+    tok = chatml_tokenizer(["x", "close", "closed"])
+    multi = rollouts(tok, environment=Counter)
+    try:
+        out = multi.generate(ScriptedTurns(tok, {"x": [tool_call("close"), "done"]}), [{"prompt": "x"}], sampling(1))
+    finally:
+        multi.close()
+    assert tool_results(out.completions[0]) == ["closed"]
+
+
+def test_an_async_get_reward_is_awaited_on_the_loop_of_the_async_tools():
+    tok = chatml_tokenizer(["x", "y", "bump", "amount"])
+    script = {"x": [tool_call("bump", amount=3), tool_call("bump", amount=4), "done"], "y": ["no tools"]}
+    Counter.loops.clear()
+    multi = rollouts(tok, environment=Counter)
+    try:
+        out = multi.generate(ScriptedTurns(tok, script), [{"prompt": "x"}, {"prompt": "y"}], sampling(1))
+    finally:
+        multi.close()
+    x, y = out.completions
+    assert tool_results(x) == ["3", "7"]
+    assert (x.episode.environment_reward, y.episode.environment_reward) == (7.0, 0.0)
+    assert len(Counter.loops) == 4 and len(set(map(id, Counter.loops))) == 1
+
+
+RELEASE, MUTATED = threading.Event(), threading.Event()
+
+
+class Ledger:
+    """An environment whose `slow_add` outlives its deadline: it waits for the test's release, then adds."""
+
+    def reset(self, **row) -> None:
+        self.value = 0
+
+    def add(self, amount: int) -> str:
+        """Adds to the ledger.
+
+        Args:
+            amount: How much to add.
+        """
+        self.value += amount
+        return str(self.value)
+
+    def slow_add(self, amount: int) -> str:
+        """Adds to the ledger, slowly.
+
+        Args:
+            amount: How much to add.
+        """
+        RELEASE.wait(10)
+        self.value += amount
+        MUTATED.set()
+        return str(self.value)
+
+    def get_reward(self) -> float:
+        return float(self.value)
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["main_thread", "worker_threads"])
+def test_an_environment_whose_method_timed_out_is_discarded_never_reset_and_reused(workers):
+    tok = chatml_tokenizer(["slow", "fast", "add", "slow_add", "amount", "discarded"])
+    script = {
+        "slow": [tool_call("slow_add", amount=5), tool_call("add", amount=1), "done"],
+        "fast": [tool_call("add", amount=2), "done"],
+    }
+    RELEASE.clear(), MUTATED.clear()
+    engine = ScriptedTurns(tok, script)
+    multi = rollouts(tok, environment=Ledger, workers=workers)
+    try:
+        first = multi.generate(engine, [{"prompt": "slow"}, {"prompt": "fast"}], sampling(1))
+        slow, fast = first.completions
+        assert tool_results(slow)[0].startswith(f"error: slow_add: timed out after {TIMEOUT:g} s; the environment was")
+        assert "discarded" in tool_results(slow)[1] and slow.episode.environment.value == 0  # add(1) never ran
+        assert slow.episode.failures == {"slow_add": 1, "add": 1}
+        # It never gains by timing out: the lowest reward of the others, not its own state.
+        assert (slow.episode.environment_reward, fast.episode.environment_reward) == (2.0, 2.0)
+
+        def release_the_late_call():  # after the second step's resets, before its rewards
+            if engine.before_generate is not None:
+                engine.before_generate = None
+                RELEASE.set()
+                MUTATED.wait(2 if workers > 1 else 0.2)  # the worker thread's call lands now; the main thread's stopped
+
+        engine.before_generate = release_the_late_call
+        second = multi.generate(engine, [{"prompt": "fast"}], sampling(2))
+        pool = list(multi.environments._pool[None])
+    finally:
+        RELEASE.set()
+        multi.close()
+    discarded = slow.episode.environment
+    assert all(c.episode.environment is not discarded for c in second.completions)
+    assert all(x is not discarded for x in pool) and len(pool) == 2  # a fresh instance took its place
+    assert [c.episode.environment_reward for c in second.completions] == [2.0, 2.0]
