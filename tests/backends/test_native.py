@@ -8,11 +8,13 @@ at most 2x the torch backend's own error in the same precision, plus a small per
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -281,6 +283,28 @@ def test_bad_input_messages_format_numbers_without_ostream(tmp_path):
         f"through an ostream)\n{run.stderr[-2000:]}"
     )
     assert last.startswith("forwarded ") and int(last.split()[1]) > 0, f"the trap caught no call of torch's: {last!r}"
+
+
+def test_gpu_bad_inputs_run_isolated_past_a_crash(tmp_path):
+    """tests/backends/test_native_gpu.py calls its bad inputs in a child interpreter started again after a crash:
+    each case keeps its own outcome, the cases after a crash still run."""
+    path = Path(__file__).with_name("test_native_gpu.py")
+    spec = importlib.util.spec_from_file_location("native_gpu_tests", path)
+    gpu_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_tests)
+    cases = tmp_path / "cases.py"
+    cases.write_text(
+        "import ctypes\n"
+        "def call(key):\n"
+        "    if key == 'crash':\n"
+        "        ctypes.string_at(0)\n"
+        "    if key == 'raise':\n"
+        "        raise ValueError('bad\\n input [4, 10]')\n"
+    )
+    outcomes = gpu_tests.run_isolated(str(cases), "call", ["ok", "raise", "crash", "after"], timeout=120)
+    assert outcomes["ok"] == outcomes["after"] == "no error", outcomes
+    assert outcomes["raise"] == "ValueError: bad input [4, 10]", outcomes
+    assert outcomes["crash"].startswith("crashed: exit status -11\n") and "Segmentation fault" in outcomes["crash"]
 
 
 # ---------------------------------------------------------------- fused_logprobs through the backend
