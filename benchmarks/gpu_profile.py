@@ -134,7 +134,9 @@ def triton_kernels() -> list[dict]:
     rows = []
     for module_name in TRITON_MODULES:
         module = sys.modules.get(module_name)
-        for name, fn in vars(module or object()).items():
+        if module is None:  # not imported by the parts that ran (TRL's without the trl part)
+            continue
+        for name, fn in vars(module).items():
             fn = getattr(fn, "fn", fn)  # heuristics / autotune wrappers hold the JITFunction
             if not isinstance(fn, JITFunction):
                 continue
@@ -157,7 +159,10 @@ def _record_triton_kernels(result: dict) -> None:
     if "triton" not in sys.modules:
         return
     try:
-        result["triton_kernels"] = triton_kernels() if torch.cuda.is_available() else []
+        rows = triton_kernels() if torch.cuda.is_available() else []
+        if rows or not result.get("triton_kernels"):  # an --update part that compiled none keeps the earlier rows
+            result["triton_kernels"] = rows
+        result.pop("triton_kernels_error", None)
     except Exception as exc:  # noqa: BLE001 - Triton's internals move between versions: say so, keep the run
         result["triton_kernels_error"] = f"{type(exc).__name__}: {exc}"
 

@@ -74,9 +74,15 @@ def where(stamp: dict) -> str:
     named = ", ".join(f"{n} {versions[n]}" for n in ("torch", "triton", "liger-kernel", "trl") if versions.get(n))
     load = stamp.get("load_average_1_5_15") or stamp.get("load_average_start")
     load_text = f", load average {load[0]:.1f}" if load else ""
+    return f"{machine}, {named}; commit {commit_of(stamp)}, {stamp.get('date')}{load_text}"
+
+
+def commit_of(stamp: dict) -> str:
+    """A stamp's commit; where the results say the tree was another commit than the stamp's (`tree_commit`, added
+    when a device's copy kept an older HEAD beside a newer working tree), that one, with the stamp's in brackets."""
     commit, _, dirty = str(stamp.get("commit")).partition("+")
     commit = commit[:12] + (f"+{dirty}" if dirty else "")
-    return f"{machine}, {named}; commit {commit}, {stamp.get('date')}{load_text}"
+    return f"{stamp['tree_commit']} (stamped {commit})" if stamp.get("tree_commit") else commit
 
 
 def render_loss(payload: dict) -> str:
@@ -104,7 +110,7 @@ def render_loss(payload: dict) -> str:
         ])  # fmt: skip
     runs = payload["runs"]
     origin = f"`{runs[0]['command']}` on {where(runs[0]['environment'])}"
-    origin += "".join(f"; then `{run['command']}` (commit {run['environment'].get('commit')})" for run in runs[1:])
+    origin += "".join(f"; then `{run['command']}` (commit {commit_of(run['environment'])})" for run in runs[1:])
     return table(lines) + f"\n\n{payload['config']['loss_type']} loss, forward+backward. From {origin}."
 
 
@@ -364,9 +370,16 @@ def render_gpu_goals(results: Path) -> str:
         cells = [_goal_cell(goal, rows) for rows in heads.values()]
         measured = [met for _, met in cells if met is not None]
         lines.append([goal.text, *(cell for cell, _ in cells), f"{sum(measured)} of {len(measured)} measured"])
+    runs = payload["runs"]
+    where_text = f"one run on {where(runs[0]['environment'])}"
+    if len(runs) > 1:  # --update: each row is from the latest run that measured it (the commands under that table)
+        where_text = (
+            f"{len(runs)} runs on the same machine, each row from the latest that measured it (the commands under "
+            f"that table); within a head and a run side by side, between runs minutes apart; the first on "
+            f"{where(runs[0]['environment'])}"
+        )
     return table(lines) + (
-        f"\n\nRatios of the rows of benchmarks/results/{GPU_LOSS} (the table above), measured side by side in one "
-        f"run on {where(payload['runs'][0]['environment'])}."
+        f"\n\nRatios of the rows of benchmarks/results/{GPU_LOSS} (the table above), measured in {where_text}."
     )
 
 
@@ -399,7 +412,7 @@ def render_headline_gpu(results: Path) -> str:
 
 
 GPU_CHECK = ROOT / "benchmarks" / "gpu_check.sh"
-GPU_CHECK_RUNS = ("gpu_check_summary_cuda.json",)
+GPU_CHECK_RUNS = ("gpu_check_summary_cuda.json", "gpu_check_summary_cuda_run2.json")
 """The summaries of gpu_check.sh's runs on a GPU in benchmarks/results/, oldest first."""
 
 
@@ -420,7 +433,7 @@ def render_gpu_check_phases(results: Path) -> str:
     limits = _phase_limits()
     header = ["phase", "limit now (s)", "in the run"]
     for run in runs:
-        header += [f"{run['commit']}: limit (s)", "ran (s)", "status"]
+        header += [f"{run.get('tree_commit') or run['commit']}: limit (s)", "ran (s)", "status"]
     lines = [header]
     for name, (limit, kind) in limits.items():
         line = [name, str(limit), "every" if kind == "full" else "when ONLY names it"]
@@ -435,7 +448,7 @@ def render_gpu_check_phases(results: Path) -> str:
         + (
             f"\n\nLimits of the full run: {full} s; of the machine and the ONLY phases: {only} s. "
             + "".join(
-                f"Run {r['commit']}: {r['elapsed_s']} s of {r['budget_s']}, {r['facts'].get('gpu')}. " for r in runs
+                f"Run {commit_of(r)}: {r['elapsed_s']} s of {r['budget_s']}, {r['facts'].get('gpu')}. " for r in runs
             )
         ).rstrip()
     )
@@ -739,6 +752,45 @@ def _bound_cell(outcome: dict) -> str:
     return f"{words[0]} {counted[0]}" if counted and words[0].isalpha() else "contained"
 
 
+FUSED_KINDS = ("grpo_fast CUDA epilogue", "grpo_fast Triton layer 1", "grpo_fast Triton token loss", "TRL Triton folds")
+"""benchmarks/gpu_profile.py's kinds of the variants' own kernels (the rest: GEMM, elementwise / copy / reduction,
+other Triton, other)."""
+
+
+def render_gpu_profile(payload: dict) -> str:
+    """benchmarks/gpu_profile.py: per variant its timed median, the kernels of one profiled step (count, time by
+    kind, the three longest) and their time over the median; the bandwidth measured in the same run."""
+    header = ["variant", "median ms", "x gemm3", "kernels", "kernel ms", "GEMM ms", "fused kernels ms",
+              "elementwise, copy, other ms", "kernel ms / median", "longest kernels (count, ms)"]  # fmt: skip
+    lines = [header]
+    gemm3 = payload["variants"].get("gemm3", {}).get("median_s")
+    for name, row in payload["variants"].items():
+        p = row["profile"]
+        kinds = p["by_kind_ms"]
+        fused = sum(kinds.get(k, 0.0) for k in FUSED_KINDS)
+        rest = p["busy_ms"] - fused - kinds.get("GEMM", 0.0)
+        top = "; ".join(f"`{k['name'][:52]}` x{k['count']}, {k['total_ms']:.1f}" for k in p["kernels"][:3])
+        lines.append([
+            name, ms(row["median_s"]), _ratio(gemm3 and row["median_s"] / gemm3, ""), str(p["kernel_count"]),
+            f"{p['busy_ms']:.1f}", f"{kinds.get('GEMM', 0.0):.1f}", f"{fused:.1f}" if fused else "", f"{rest:.1f}",
+            f"{p['busy_ms'] / 1e3 / row['median_s']:.2f}", top,
+        ])  # fmt: skip
+    bw, shape = payload.get("bandwidth", {}), payload["shape"]
+    note = (
+        f"{shape.get('model')} lm_head (N={shape['N']}, H={shape['H']}, V={shape['V']}), {payload['dtype']}, "
+        "forward+backward of the dapo loss. Kernel ms: the kernels' total time in one step under torch.profiler "
+        "(fused kernels: grpo_fast's CUDA epilogue and Triton kernels, TRL's Triton folds); that step's own wall time "
+        "is longer (the profiler's overhead), so their share of the timed median says how busy the GPU is."
+    )
+    if bw:
+        note += (
+            f" Device memory in the same run: copy {bw['copy_gb_per_s']:.0f} GB/s, read {bw['read_gb_per_s']:.0f} GB/s."
+        )
+    commands = "; then ".join(f"`{c}`" for c in payload.get("commands", []))
+    note += f" From {commands} on {where(payload['environment'])}."
+    return table(lines) + "\n\n" + note
+
+
 RENDERERS: dict[str, Callable[[dict], str]] = {
     "loss": render_loss,
     "logits_tile": render_logits_tile,
@@ -752,6 +804,7 @@ RENDERERS: dict[str, Callable[[dict], str]] = {
     "async_rollouts": render_async_rollouts,
     "tools_trl": render_tools_trl,
     "sandbox_bounds": render_sandbox_bounds,
+    "gpu_profile": render_gpu_profile,
 }
 
 

@@ -23,19 +23,19 @@ constexpr const char* kGradOp = "grpo_fast.logprob_grad_";
 
 // logits: a CUDA tile of fp32 / fp16 / bf16 (the kernels' math is fp32), at most 2^31 − 1 rows (one block per row).
 cuda::TileDtype check_cuda_tile(const char* op, const at::Tensor& logits) {
-  TORCH_CHECK(logits.is_cuda(), op, ": logits: expected a CUDA tensor for the cuda kernels, got device ",
-              logits.device());
-  TORCH_CHECK_VALUE(logits.dim() < 1 || logits.size(0) <= std::numeric_limits<int32_t>::max(), op,
-                    ": logits: at most 2^31 - 1 rows, got ", logits.size(0));
+  GRPO_FAST_CHECK(TORCH_CHECK, logits.is_cuda(), op,
+                  ": logits: expected a CUDA tensor for the cuda kernels, got device ", logits.device());
+  GRPO_FAST_CHECK(TORCH_CHECK_VALUE, logits.dim() < 1 || logits.size(0) <= std::numeric_limits<int32_t>::max(), op,
+                  ": logits: at most 2^31 - 1 rows, got ", logits.size(0));
   const auto t = logits.scalar_type();
-  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kHalf || t == at::kBFloat16, op,
-                   ": logits: expected dtype torch.float32, torch.float16 or torch.bfloat16, got ", t);
+  GRPO_FAST_CHECK(TORCH_CHECK_TYPE, t == at::kFloat || t == at::kHalf || t == at::kBFloat16, op,
+                  ": logits: expected dtype torch.float32, torch.float16 or torch.bfloat16, got ", t);
   return t == at::kFloat ? cuda::TileDtype::kFloat32
                          : t == at::kHalf ? cuda::TileDtype::kFloat16 : cuda::TileDtype::kBFloat16;
 }
 
 void check_launch(const char* op, cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
+  GRPO_FAST_CHECK(TORCH_CHECK, err == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(err));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cuda(const at::Tensor& logits, const at::Tensor& targets,

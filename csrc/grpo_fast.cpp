@@ -31,19 +31,19 @@ constexpr const char* kStatsOp = "grpo_fast.logprob_stats";
 constexpr const char* kGradOp = "grpo_fast.logprob_grad_";
 
 void check_cpu_tile(const char* op, const at::Tensor& logits) {
-  TORCH_CHECK(logits.device().is_cpu(), op, ": logits: expected a CPU tensor for the cpu kernels, got device ",
-              logits.device());
-  TORCH_CHECK_TYPE(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kDouble, op,
-                   ": logits: expected dtype torch.float32 or torch.float64 (the fp32 GEMM output tile), got ",
-                   logits.scalar_type());
+  GRPO_FAST_CHECK(TORCH_CHECK, logits.device().is_cpu(), op,
+                  ": logits: expected a CPU tensor for the cpu kernels, got device ", logits.device());
+  GRPO_FAST_CHECK(TORCH_CHECK_TYPE, logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kDouble, op,
+                  ": logits: expected dtype torch.float32 or torch.float64 (the fp32 GEMM output tile), got ",
+                  logits.scalar_type());
 }
 
 // Rows per parallel task: about 64 Ki elements, so short vocabularies still amortise the task.
 int64_t grain_rows(int64_t vocab) { return std::max<int64_t>(1, (int64_t{1} << 16) / vocab); }
 
 void check_target(int64_t y, int64_t vocab, int64_t row, const char* op) {
-  TORCH_CHECK_VALUE(y >= 0 && y < vocab, op, ": targets: expected token ids in [0, ", vocab, "), got ", y,
-                    " at row ", row);
+  GRPO_FAST_CHECK(TORCH_CHECK_VALUE, y >= 0 && y < vocab, op, ": targets: expected token ids in [0, ", vocab, "), got ",
+                  y, " at row ", row);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> logprob_stats_cpu(const at::Tensor& logits, const at::Tensor& targets,

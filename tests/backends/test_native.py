@@ -8,9 +8,13 @@ at most 2x the torch backend's own error in the same precision, plus a small per
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,41 +151,45 @@ def _tile():
     return z, torch.randint(0, 10, (4,)), torch.zeros(4)
 
 
-@pytest.mark.parametrize(
-    "make, error, match",
-    [
-        (lambda z, y, v: (z[0], y), ValueError, "expected a 2-d tile"),
-        (lambda z, y, v: (z[:, :0], y), ValueError, "vocabulary of at least 1"),
-        (lambda z, y, v: (z.t(), y), RuntimeError, "expected a contiguous tensor"),
-        (lambda z, y, v: (z.half(), y), TypeError, "expected dtype torch.float32 or torch.float64"),
-        (lambda z, y, v: (z, y[:3]), ValueError, r"targets: expected shape \[R=4\]"),
-        (lambda z, y, v: (z, y.int()), TypeError, "targets: expected dtype torch.int64"),
-        (lambda z, y, v: (z, torch.randint(0, 10, (8,))[::2]), RuntimeError, "targets: expected a contiguous"),
-        (lambda z, y, v: (z, torch.full((4,), 10)), ValueError, r"token ids in \[0, 10\), got 10"),
-        (lambda z, y, v: (z, torch.full((4,), -1)), ValueError, r"token ids in \[0, 10\), got -1"),
-        (lambda z, y, v: (z, y, float("inf")), ValueError, r"softcap: expected 0 \(off\) or a value in"),
-        (lambda z, y, v: (z, y, -1.0), ValueError, r"softcap: expected 0 \(off\) or a value in"),
-        (lambda z, y, v: (z, y, 1e39), ValueError, r"softcap: .* \(the kernels' fp32 range\), got 1e\+39"),
-        (lambda z, y, v: (z, y, 1e-39), ValueError, r"softcap: .* \(the kernels' fp32 range\), got 1e-39"),
-        (lambda z, y, v: (z.double(), y, 1e39), ValueError, r"softcap: .* \(the kernels' fp32 range\)"),
-    ],
-)
+STATS_BAD_INPUTS = [
+    (lambda z, y, v: (z[0], y), ValueError, r"expected a 2-d tile \[R, V\], got shape \[10\]$"),
+    (lambda z, y, v: (z[:, :0], y), ValueError, "vocabulary of at least 1"),
+    (lambda z, y, v: (z.t(), y), RuntimeError, r"contiguous tensor \(strides \[1, 10\] for shape \[10, 4\]\)$"),
+    (lambda z, y, v: (z.half(), y), TypeError, "expected dtype torch.float32 or torch.float64"),
+    (lambda z, y, v: (z, y[:3]), ValueError, r"targets: expected shape \[R=4\], got \[3\]$"),
+    (lambda z, y, v: (z, y.int()), TypeError, "targets: expected dtype torch.int64"),
+    (lambda z, y, v: (z, torch.randint(0, 10, (8,))[::2]), RuntimeError, "targets: expected a contiguous"),
+    (lambda z, y, v: (z, torch.full((4,), 10)), ValueError, r"token ids in \[0, 10\), got 10"),
+    (lambda z, y, v: (z, torch.full((4,), -1)), ValueError, r"token ids in \[0, 10\), got -1 at row \d$"),
+    (lambda z, y, v: (z, y, float("inf")), ValueError, r"softcap: expected 0 \(off\) or a value in"),
+    (lambda z, y, v: (z, y, -1.0), ValueError, r"softcap: expected 0 \(off\) or a value in"),
+    (
+        lambda z, y, v: (z, y, 1e39),
+        ValueError,
+        r"in \[1.17549e-38, 3.40282e\+38\] \(the kernels' fp32 range\), got 1e\+39$",
+    ),
+    (lambda z, y, v: (z, y, 1e-39), ValueError, r"softcap: .* \(the kernels' fp32 range\), got 1e-39"),
+    (lambda z, y, v: (z.double(), y, 1e39), ValueError, r"softcap: .* \(the kernels' fp32 range\)"),
+]
+
+
+@pytest.mark.parametrize("make, error, match", STATS_BAD_INPUTS)
 def test_stats_rejects_bad_inputs(make, error, match):
     with pytest.raises(error, match=match):
         ops.logprob_stats(*make(*_tile()))
 
 
-@pytest.mark.parametrize(
-    "position, value, error, match",
-    [
-        (2, torch.zeros(3), ValueError, r"lse: expected shape \[R=4\]"),
-        (3, torch.zeros(4, dtype=torch.float64), TypeError, "entropy: expected dtype Float"),
-        (4, torch.zeros(8)[::2], RuntimeError, "grad_logp: expected a contiguous"),
-        (5, torch.zeros(4, 1), ValueError, r"grad_entropy: expected shape \[R=4\]"),
-        (1, torch.full((4,), 11), ValueError, r"token ids in \[0, 10\)"),
-        (6, 1e39, ValueError, r"softcap: .* \(the kernels' fp32 range\), got 1e\+39"),
-    ],
-)
+GRAD_BAD_INPUTS = [
+    (2, torch.zeros(3), ValueError, r"lse: expected shape \[R=4\]"),
+    (3, torch.zeros(4, dtype=torch.float64), TypeError, "entropy: expected dtype Float"),
+    (4, torch.zeros(8)[::2], RuntimeError, "grad_logp: expected a contiguous"),
+    (5, torch.zeros(4, 1), ValueError, r"grad_entropy: expected shape \[R=4\]"),
+    (1, torch.full((4,), 11), ValueError, r"token ids in \[0, 10\)"),
+    (6, 1e39, ValueError, r"softcap: .* \(the kernels' fp32 range\), got 1e\+39"),
+]
+
+
+@pytest.mark.parametrize("position, value, error, match", GRAD_BAD_INPUTS)
 def test_grad_rejects_bad_inputs(position, value, error, match):
     z, y, v = _tile()
     args = [z, y, v, v.clone(), v.clone(), v.clone(), 0.0]
@@ -195,6 +203,108 @@ def test_device_mismatch_is_rejected():
     z, y, v = _tile()
     with pytest.raises((RuntimeError, ValueError)):
         ops.logprob_stats(z, y.to("meta"))
+
+
+# An LD_PRELOAD library that makes libstdc++'s ostream number formatters (what c10::str's ostringstream calls for an
+# integer, a shape or a double) exit the process with status 86 when grpo_fast._C calls them, and forwards every
+# other caller's call. On the GPU image of the first runs, such a call from this extension's checks died of SIGSEGV
+# (benchmarks/NOTES.md, "The bad-input crash"): the checks must format their numbers themselves (csrc/ops.h).
+NUMBER_FORMATTER_TRAP = r"""
+#include <dlfcn.h>
+#include <unistd.h>
+#include <cstring>
+
+static bool from_extension(void* caller) {
+  Dl_info info;
+  return dladdr(caller, &info) != 0 && info.dli_fname != nullptr && std::strstr(info.dli_fname, "grpo_fast/_C.");
+}
+static int forwarded = 0;
+extern "C" int forwarded_number_insertions() { return forwarded; }
+
+#define TRAP(symbol, type)                                                                  \
+  extern "C" void* symbol(void* stream, type value) {                                       \
+    if (from_extension(__builtin_return_address(0))) _exit(86);                             \
+    ++forwarded;                                                                            \
+    static auto real = reinterpret_cast<void* (*)(void*, type)>(dlsym(RTLD_NEXT, #symbol)); \
+    return real(stream, value);                                                             \
+  }
+TRAP(_ZNSo9_M_insertIlEERSoT_, long)                // operator<<(long)
+TRAP(_ZNSo9_M_insertImEERSoT_, unsigned long)       // operator<<(unsigned long / unsigned int)
+TRAP(_ZNSo9_M_insertIxEERSoT_, long long)           // operator<<(long long)
+TRAP(_ZNSo9_M_insertIyEERSoT_, unsigned long long)  // operator<<(unsigned long long)
+TRAP(_ZNSo9_M_insertIdEERSoT_, double)              // operator<<(double / float)
+TRAP(_ZNSolsEi, int)                                // operator<<(int)
+"""
+
+# Every bad input of the tests above, in one interpreter with the trap preloaded; each case's name first, so an
+# exit names the case. Then a control: an error of torch's own that formats integers goes through the trap.
+TRAPPED_CASES = r"""
+import ctypes, importlib.util, sys, torch
+spec = importlib.util.spec_from_file_location("native_cases", sys.argv[1])
+cases = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cases)
+for i, (make, error, _) in enumerate(cases.STATS_BAD_INPUTS):
+    print("logprob_stats bad input", i, flush=True)
+    try:
+        torch.ops.grpo_fast.logprob_stats(*make(*cases._tile()))
+    except error:
+        pass
+for i, (position, value, error, _) in enumerate(cases.GRAD_BAD_INPUTS):
+    print("logprob_grad_ bad input", i, flush=True)
+    z, y, v = cases._tile()
+    args = [z, y, v, v.clone(), v.clone(), v.clone(), 0.0]
+    args[position] = value
+    try:
+        torch.ops.grpo_fast.logprob_grad_(*args)
+    except error:
+        pass
+try:
+    torch.zeros(2, 3).view(7)
+except RuntimeError:
+    pass
+print("forwarded", ctypes.CDLL(None).forwarded_number_insertions(), flush=True)
+"""
+
+
+def test_bad_input_messages_format_numbers_without_ostream(tmp_path):
+    compiler = shutil.which("c++") or shutil.which("g++")
+    if compiler is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs Linux and a C++ compiler (the trap is an LD_PRELOAD library)")
+    (tmp_path / "trap.cpp").write_text(NUMBER_FORMATTER_TRAP)
+    build = [compiler, "-shared", "-fPIC", "-O1", str(tmp_path / "trap.cpp"), "-o", str(tmp_path / "trap.so"), "-ldl"]
+    subprocess.run(build, check=True, capture_output=True, timeout=120)
+    env = {**os.environ, "LD_PRELOAD": str(tmp_path / "trap.so")}
+    run = subprocess.run(
+        [sys.executable, "-c", TRAPPED_CASES, __file__], env=env, capture_output=True, text=True, timeout=300
+    )
+    last = (run.stdout.strip().splitlines() or ["(no output)"])[-1]
+    assert run.returncode == 0, (
+        f"exit status {run.returncode} at {last!r} (86: the extension formatted a number "
+        f"through an ostream)\n{run.stderr[-2000:]}"
+    )
+    assert last.startswith("forwarded ") and int(last.split()[1]) > 0, f"the trap caught no call of torch's: {last!r}"
+
+
+def test_gpu_bad_inputs_run_isolated_past_a_crash(tmp_path):
+    """tests/backends/test_native_gpu.py calls its bad inputs in a child interpreter started again after a crash:
+    each case keeps its own outcome, the cases after a crash still run."""
+    path = Path(__file__).with_name("test_native_gpu.py")
+    spec = importlib.util.spec_from_file_location("native_gpu_tests", path)
+    gpu_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_tests)
+    cases = tmp_path / "cases.py"
+    cases.write_text(
+        "import ctypes\n"
+        "def call(key):\n"
+        "    if key == 'crash':\n"
+        "        ctypes.string_at(0)\n"
+        "    if key == 'raise':\n"
+        "        raise ValueError('bad\\n input [4, 10]')\n"
+    )
+    outcomes = gpu_tests.run_isolated(str(cases), "call", ["ok", "raise", "crash", "after"], timeout=120)
+    assert outcomes["ok"] == outcomes["after"] == "no error", outcomes
+    assert outcomes["raise"] == "ValueError: bad input [4, 10]", outcomes
+    assert outcomes["crash"].startswith("crashed: exit status -11\n") and "Segmentation fault" in outcomes["crash"]
 
 
 # ---------------------------------------------------------------- fused_logprobs through the backend

@@ -7,6 +7,10 @@ accumulation; fp32: 1e-5, TF32 off)."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -52,9 +56,11 @@ def test_ops_match_fp64(native, dtype, vocab):
     assert (dz[0] == 0).all()
 
 
-# Every argument of both ops, each way it can be wrong: a clear error before any launch (the first GPU run died of
-# a segmentation fault in the old binding's contiguity case). Separate cases, so that `pytest -v` names the one
-# that fails. make(z, y, v): the arguments from a good [4, 10] fp32 tile z, targets y and a row vector v.
+# Every argument of both ops, each way it can be wrong: a clear error before any launch (the first two GPU runs died
+# of a segmentation fault in these cases, the second in every case whose message streamed a shape). Each case in
+# its own test, so that `pytest -v` names the one that fails, and all of them called in a child interpreter that is
+# started again after a crash, so that one crash does not hide the outcome of the others. make(z, y, v): the
+# arguments from a good [4, 10] fp32 tile z, targets y and a row vector v.
 def _cuda_ids(n, step=1):
     return torch.randint(0, 10, (n * step,), device="cuda")[::step]
 
@@ -93,21 +99,83 @@ def _cuda_tile():
     return z, torch.randint(0, 10, (4,), device="cuda", generator=gen), torch.zeros(4, device="cuda")
 
 
-@pytest.mark.parametrize("case", list(STATS_BAD_INPUTS))
-def test_stats_rejects_bad_inputs(native, case):
-    make, error, match = STATS_BAD_INPUTS[case]
-    with pytest.raises(error, match=match):
+def call_bad_input(key: str) -> None:
+    """Call an op with a bad input: `key` "stats:<i>" is STATS_BAD_INPUTS' i-th case, "grad:<i>" GRAD_BAD_INPUTS'."""
+    import grpo_fast.backends.native  # noqa: F401 - loads grpo_fast._C (a child interpreter calls this)
+
+    kind, index = key.split(":")
+    if kind == "stats":
+        make, _, _ = list(STATS_BAD_INPUTS.values())[int(index)]
         torch.ops.grpo_fast.logprob_stats(*make(*_cuda_tile()))
-
-
-@pytest.mark.parametrize("case", list(GRAD_BAD_INPUTS))
-def test_grad_rejects_bad_inputs(native, case):
-    position, make, error, match = GRAD_BAD_INPUTS[case]
+        return
+    position, make, _, _ = list(GRAD_BAD_INPUTS.values())[int(index)]
     z, y, v = _cuda_tile()
     args = [z, y, v, v.clone(), v.clone(), v.clone(), 0.0]
     args[position] = make(v)
-    with pytest.raises(error, match=match):
-        torch.ops.grpo_fast.logprob_grad_(*args)
+    torch.ops.grpo_fast.logprob_grad_(*args)
+
+
+_CHILD = r"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("isolated_cases", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+call = getattr(module, sys.argv[2])
+for key in sys.argv[3:]:
+    print("start", key, flush=True)
+    try:
+        call(key)
+        outcome = "no error"
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    print("outcome", key, outcome, flush=True)
+"""
+
+
+def run_isolated(path: str, function: str, keys: list[str], timeout: float = 300) -> dict[str, str]:
+    """key -> outcome of `function(key)` from the module file `path` ("no error", "<Exception type>: <message on
+    one line>", or "crashed: exit status N" with the end of its stderr), each key called once, in order, in a child
+    interpreter started again after a crash with the keys after the one that crashed. Keys hold no whitespace."""
+    outcomes: dict[str, str] = {}
+    while len(outcomes) < len(keys):
+        left = [key for key in keys if key not in outcomes]
+        cmd = [sys.executable, "-X", "faulthandler", "-c", _CHILD, path, function, *left]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        started = None
+        for line in run.stdout.splitlines():
+            word, _, rest = line.partition(" ")
+            if word == "start":
+                started = rest
+            elif word == "outcome":
+                key, _, outcome = rest.partition(" ")
+                outcomes[key] = outcome
+        if run.returncode != 0:
+            crashed = started if started is not None and started not in outcomes else None
+            for key in [crashed] if crashed else left:  # before the first case: every case is lost
+                outcomes[key] = f"crashed: exit status {run.returncode}\n{run.stderr[-3000:]}"
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def bad_input_outcomes(native):
+    keys = [f"stats:{i}" for i in range(len(STATS_BAD_INPUTS))] + [f"grad:{i}" for i in range(len(GRAD_BAD_INPUTS))]
+    return run_isolated(__file__, "call_bad_input", keys)
+
+
+def _assert_raised(outcome: str, error: type[Exception], match: str) -> None:
+    assert outcome.startswith(f"{error.__name__}: ") and re.search(match, outcome), outcome
+
+
+@pytest.mark.parametrize("case", list(STATS_BAD_INPUTS))
+def test_stats_rejects_bad_inputs(bad_input_outcomes, case):
+    _, error, match = STATS_BAD_INPUTS[case]
+    _assert_raised(bad_input_outcomes[f"stats:{list(STATS_BAD_INPUTS).index(case)}"], error, match)
+
+
+@pytest.mark.parametrize("case", list(GRAD_BAD_INPUTS))
+def test_grad_rejects_bad_inputs(bad_input_outcomes, case):
+    _, _, error, match = GRAD_BAD_INPUTS[case]
+    _assert_raised(bad_input_outcomes[f"grad:{list(GRAD_BAD_INPUTS).index(case)}"], error, match)
 
 
 def test_out_of_range_targets_give_nan_rows(native):

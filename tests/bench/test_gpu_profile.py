@@ -60,3 +60,19 @@ def test_headline_names_every_part(gpu_profile):
     assert "cuda       120.0 ms = 1.50x gemm3, busy 97%, 500 kernels: GEMM 100.0; grpo_fast CUDA epilogue 12.0" in text
     assert "trl     error: ImportError: no trl" in text
     assert "_linear_logprobs_fwd_kernel: 255 registers, 0 spill bytes, 96 KiB shared, 8 warps, 3 stages" in text
+
+
+def test_triton_kernels_skips_modules_not_imported(gpu_profile, monkeypatch):
+    """The second GPU check lost every kernel's registers to `vars(object())` on a module no part had imported."""
+    pytest.importorskip("triton")
+    monkeypatch.setattr(gpu_profile, "TRITON_MODULES", ("grpo_fast.no_such_module",))
+    assert gpu_profile.triton_kernels() == []
+
+
+def test_an_update_without_triton_kernels_keeps_the_earlier_rows(gpu_profile, monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setattr(gpu_profile, "triton_kernels", lambda: [])
+    monkeypatch.setattr(gpu_profile.torch.cuda, "is_available", lambda: True)
+    result = {"triton_kernels": [{"kernel": "_linear_logprobs_bwd_kernel", "registers": 255}]}
+    gpu_profile._record_triton_kernels(result)
+    assert result["triton_kernels"] == [{"kernel": "_linear_logprobs_bwd_kernel", "registers": 255}]

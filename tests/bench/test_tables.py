@@ -97,3 +97,30 @@ def test_gpu_goals_and_headline_are_the_runs_ratios(tables, tmp_path):
     headline = tables.render_headline_gpu(tmp_path)
     assert "| `cuda`: 120 ms, 0.0 MiB extra | three cuBLAS GEMMs (speed of light): 100 ms | 1.20x time |" in headline
     assert "naive full logits: 130 ms, 0.0 MiB | 0.92x time, 0.040x memory |" in headline
+
+
+def test_gpu_profile_rows_and_provenance(tables):
+    """gpu_profile.py's JSON: per variant the kernels' time by kind and its share of the timed median; a run whose
+    tree was another commit than its stamp's says both."""
+
+    def variant(median, busy, kinds, kernels):
+        top = [{"name": "k" * 60, "kind": "GEMM", "count": 3, "total_ms": 1.5}]
+        return {"median_s": median, "profile": {"busy_ms": busy, "by_kind_ms": kinds, "kernel_count": kernels,
+                                                "kernels": top}}  # fmt: skip
+
+    payload = {
+        "benchmark": "gpu_profile", "shape": {"model": "m", "N": 4, "H": 8, "V": 32}, "dtype": "bf16",
+        "bandwidth": {"copy_gb_per_s": 4000.4, "read_gb_per_s": 4100.0}, "commands": ["python3 p.py"],
+        "environment": {"gpu": "GPU-X", "commit": "abc1234+dirty", "tree_commit": "def5678", "date": "d"},
+        "variants": {
+            "gemm3": variant(0.100, 90.0, {"GEMM": 90.0}, 3),
+            "cuda": variant(0.150, 147.0, {"GEMM": 120.0, "grpo_fast CUDA epilogue": 20.0, "other": 7.0}, 99),
+        },
+    }  # fmt: skip
+    rows = {line.split(" | ")[0][2:]: line for line in tables.render_gpu_profile(payload).splitlines()}
+    assert rows["cuda"].startswith(
+        "| cuda | 150 | 1.50 | 99 | 147.0 | 120.0 | 20.0 | 7.0 | 0.98 | `" + "k" * 52 + "` x3"
+    )
+    assert rows["gemm3"].startswith("| gemm3 | 100 | 1.00 | 3 | 90.0 | 90.0 |  | 0.0 | 0.90 |")
+    note = tables.render_gpu_profile(payload).split("\n\n")[1]
+    assert "copy 4000 GB/s, read 4100 GB/s" in note and "commit def5678 (stamped abc1234+dirty)" in note
