@@ -19,7 +19,7 @@ from grpo_fast.config_fields import Auto, ConfigSection, option
 from grpo_fast.core.config_tree import load_tree, move_key
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
-from grpo_fast.core.trackers import ReportingOptions, upgrade_tensorboard
+from grpo_fast.core.trackers import ReportingOptions, check_installed, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.rollout.async_rollouts import AsyncOptions
@@ -365,6 +365,7 @@ def validate(cfg: TrainConfig) -> None:
             raise ValueError(f"{key}: expected a non-empty string")
     if not cfg.run.output_dir.strip():
         raise ValueError("run.output_dir: expected a non-empty string")
+    check_installed(cfg.run.report_to)
     _check_items("rollout.stop", r.stop, lambda v: v != "", "non-empty strings")
     _check_reward_specs(cfg.reward)
     if r.engine != "auto" and r.engine not in ROLLOUT_ENGINES and ":" not in r.engine:
