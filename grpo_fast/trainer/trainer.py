@@ -24,7 +24,7 @@ from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger
 from grpo_fast.core.optim import build_optimizer, build_scheduler
 from grpo_fast.core.plots import PANELS, TOOL_PANELS, save_plots
-from grpo_fast.core.policy import load_policy
+from grpo_fast.core.policy import check_hub_model, load_policy
 from grpo_fast.core.scoring import submit_completions
 from grpo_fast.core.seeding import set_rng_state, set_seed
 from grpo_fast.core.sharded_checkpoint import (
@@ -661,7 +661,8 @@ class GRPOTrainer:
 
 def check_model_path(path: str) -> None:
     """ValueError naming model.path when `path` is meant as a local directory (absolute, relative with ./ or
-    ~, or more than one /) and does not exist, or is a directory without a Hugging Face config."""
+    ~, or more than one /) and does not exist, or is a directory without a Hugging Face config; or, a hub name,
+    when the Hub cannot give it (grpo_fast.core.policy.check_hub_model)."""
     local = Path(path).expanduser()
     if local.is_dir():
         if not any((local / name).is_file() for name in ("config.json", "adapter_config.json")):
@@ -674,6 +675,8 @@ def check_model_path(path: str) -> None:
             f"model.path: {path} does not exist (expected a Hugging Face model directory or a hub name such as "
             "org/model); check the path"
         )
+    else:
+        check_hub_model(path)
 
 
 def _as_rows(dataset) -> list[dict]:
