@@ -257,6 +257,11 @@ class RunConfig(ConfigSection, ReportingOptions):
     log_every: int = option(1, "steps between progress lines", low=1)
     save_every: int = option(0, "steps between checkpoints (0: only the final one)", low=0)
     save_final: bool = option(True, "save a checkpoint at the end")
+    save_best: bool = option(
+        True,
+        "keep the model of the best held-out evaluation in output_dir/best_model (weights, tokenizer and best.json; "
+        "replaced whenever an evaluation beats it)",
+    )
     keep_checkpoints: int | None = option(
         None, "keep the newest K checkpoints (null: all; the one resumed from is never deleted)", low=1
     )
