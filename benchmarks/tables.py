@@ -434,26 +434,46 @@ def render_health_alarms(payload: dict) -> str:
 def render_demo_ab(payload: dict) -> str:
     """One row per source tree: its commit, the medians of the demo's wall time, its own total, its SFT and RL
     phases, the ratios of its total and RL phase to the first tree's, and the held-out accuracy before and after RL
-    (medians of its runs)."""
+    (medians of its runs). Over several seeds (bench_demo.py --seeds): the range of the accuracy after RL and how many
+    runs reached 0.9, then one row per run."""
     first = payload["summary"][0]["tree"]
+    seeds = payload["settings"].get("seeds")
     lines = [["tree", "commit", "runs", "wall s", "demo s", "SFT s", "RL s", f"demo vs {first}", f"RL vs {first}"]]
-    lines[0].append("held-out accuracy")
+    lines[0] += ["held-out accuracy"] + (["after RL: min-max (>= 0.9)"] if seeds else [])
     num = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
     for r in payload["summary"]:
         runs = [x for x in payload["runs"] if x["tree"] == r["tree"] and x.get("accuracy_after_rl") is not None]
         accuracy = lambda key, runs=runs: statistics.median(x[key] for x in runs)  # noqa: E731
+        tree = r["tree"] + "".join(f" ({k}={v})" for k, v in r.get("env", {}).items())
         lines.append([
-            r["tree"], r["commit"], str(r["runs"]), num(r["wall_s_median"], ".1f"),
+            tree, r["commit"], str(r["runs"]), num(r["wall_s_median"], ".1f"),
             num(r["seconds_total_median"], ".1f"), num(r["seconds_sft_median"], ".1f"),
             num(r["seconds_rl_median"], ".1f"),
             num(r[f"seconds_total_vs_{first}"], ".2f") + "x", num(r[f"seconds_rl_vs_{first}"], ".2f") + "x",
             f"{accuracy('accuracy_before_rl'):.2f} -> {accuracy('accuracy_after_rl'):.2f}" if runs else "",
         ])  # fmt: skip
+        if seeds:
+            after = r["accuracy_after_rl"]
+            lines[-1].append(f"{after['min']:.3f}-{after['max']:.3f} ({after['at_least_0.9']} of {r['runs']})")
     settings = payload["settings"]
-    return table(lines) + (
-        f"\n\nMedians of each tree's runs ({settings['repeats']} asked per tree), alternating. From `python benchmarks/"
-        f"{' '.join(settings['command'])}` on {where(payload['environment'])}{_load_at_end(payload['environment'])}."
+    text = table(lines) + (
+        f"\n\nMedians of each tree's runs ({settings['repeats']} asked per tree"
+        + (f" and seed, seeds {', '.join(map(str, seeds))}" if seeds else "")
+        + f"), alternating. From `python benchmarks/{' '.join(settings['command'])}` on "
+        f"{where(payload['environment'])}{_load_at_end(payload['environment'])}."
     )
+    if not seeds:
+        return text
+    rows = [["tree", "seed", "SFT loss", "held-out before -> after RL", "best (step)", "demo s", "alarms", "load"]]
+    for r in payload["runs"]:
+        best = r.get("best_heldout") or {}
+        rows.append([
+            r["tree"], str(r["seed"]), num(r.get("sft_final_loss"), ".3f"),
+            f"{r['accuracy_before_rl']:.3f} -> {r['accuracy_after_rl']:.3f}",
+            f"{best['accuracy']:.3f} ({best['step']})" if best else "", num(r["seconds_total"], ".1f"),
+            str(len(r.get("alarms") or [])), num((r.get("load_before") or [None])[0], ".1f"),
+        ])  # fmt: skip
+    return text + "\n\n" + table(rows)
 
 
 def _time_to_accuracy(run: dict, target: float) -> float | None:
