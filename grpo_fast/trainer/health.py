@@ -11,12 +11,14 @@ steps before (needs 2·window steps of history):
   run's best train reward so far, so that a collapse spread over many windows, too slow to cross the
   thresholds from one window to the next, fires once its whole fall since the start or the best does.
 - length_inflation: mean and p95 completion length both rose by at least `length_rise` (relative) while
-  reward per generated token did not rise: longer, not better.
+  reward per generated token did not rise: longer, not better. The last window is compared with the window before
+  and with the run's start (its first step), so that a length paid for and learned within the run's first window
+  fires too.
 - reward_hacking: the train reward rose by at least `reward_rise` while held-out accuracy fell between the
   last two evaluations by more than `heldout_sigmas` standard errors of that difference (a plateau, or a fall
   of a prompt or two, is no evidence: on 200 prompts one prompt is 0.005 of accuracy, and a learning run's
   held-out accuracy moves by that much between evaluations); or one verifier's mean rose by `reward_rise`
-  while another's fell by as much.
+  while another's fell by as much, over the last window against the window before or the run's start.
 - off_policy_drift: over the last `window` steps, the clipped fraction is above `clip_ratio_max` or the
   rollout/trainer logprob mismatch above `mismatch_max`. With partial or asynchronous rollouts the mismatch
   read is that of the fresh tokens (sampled by the weights being trained, staleness 0): older tokens differ
@@ -69,9 +71,11 @@ READINGS = {
     "reward_rise": "reward_hacking: rise of the train reward, last window against the one before",
     "heldout_change": "reward_hacking: change of held-out accuracy between the last two evaluations",
     "heldout_sigmas": "reward_hacking: that change in standard errors of the difference",
-    "length_rise": "length_inflation: the smaller of the relative rises of mean and p95 completion length",
-    "reward_per_token_change": "length_inflation: change of the reward per generated token",
-    "verifier_split": "reward_hacking: the smaller of the largest rise and the largest fall among the verifiers",
+    "length_rise": "length_inflation: the smaller of the relative rises of mean and p95 completion length, last window "
+    "against the reference nearest to firing (the window before, the run's start)",
+    "reward_per_token_change": "length_inflation: change of the reward per generated token since that reference",
+    "verifier_split": "reward_hacking: the smaller of the largest rise and the largest fall among the verifiers, "
+    "last window against the window before or the run's start, whichever is larger",
     "clip_ratio": "off_policy_drift: clipped fraction of tokens over the last window",
     "mismatch": "off_policy_drift: rollout/trainer logprob mismatch over the last window (nats per token; partial "
     "and async rollouts: of the fresh tokens)",
@@ -136,8 +140,11 @@ class HealthMonitor:
         self._quiet_until: dict[str, int] = {}
         self._first_window: WindowMeans | None = None
         self._best_window: WindowMeans | None = None  # the window of the highest train reward so far
+        self._start_step = 0  # the step of the first metrics observed
 
     def observe(self, step: int, metrics: dict) -> list[Alarm]:
+        if not self.history:
+            self._start_step = step
         self.history.append(metrics)
         self.readings = {}
         fired = [
@@ -251,27 +258,62 @@ class HealthMonitor:
             )
         return None
 
+    def _references(self, keys: tuple[str, ...]) -> dict[str, list[float]]:
+        """The means of `keys` to compare the last window's with, by label: the window before, and the run's start
+        (its first step: the completions of the policy it started from), each once it does not overlap the last
+        window and has every key."""
+        w, refs = self.t.window, {}
+        if len(self.history) > w:
+            start = [self.history[0].get(k) for k in keys]
+            if all(v is not None and math.isfinite(v) for v in start):
+                refs[f"the run's start (step {self._start_step})"] = [float(v) for v in start]
+        before = [self._mean(k, -w) for k in keys]
+        if None not in before:
+            refs["the window before"] = before
+        return refs
+
     def _length_inflation(self, step: int) -> Alarm | None:
-        mean, p95 = self._windows("completion/length_mean"), self._windows("completion/length_p95")
-        reward = self._windows("reward/mean")
-        if mean is None or p95 is None or reward is None or min(mean[0], p95[0]) <= 0:
+        """The last window against the window before and against the run's start, the comparison nearest to firing:
+        a policy that learns to pay itself with length in a few steps does so inside the run's first window, where
+        the window-to-window comparison alone cannot see it."""
+        keys = ("completion/length_mean", "completion/length_p95", "reward/mean")
+        last = [self._mean(k, 0) for k in keys]
+        if None in last:
             return None
-        per_token = (reward[0] / mean[0], reward[1] / mean[1])
-        read = self._read(
-            length_rise=min(mean[1] / mean[0], p95[1] / p95[0]) - 1,
-            reward_per_token_change=per_token[1] - per_token[0],
-        )
-        if mean[1] >= mean[0] * (1 + self.t.length_rise) and p95[1] >= p95[0] * (1 + self.t.length_rise):
-            if per_token[1] <= per_token[0]:
-                buckets = self.history[-1].get("completion/reward_by_length_quartile", "")
-                return Alarm(
-                    step,
-                    "length_inflation",
-                    f"mean length {mean[0]:.1f} -> {mean[1]:.1f}, p95 {p95[0]:.1f} -> {p95[1]:.1f}, reward per "
-                    f"token {per_token[0]:.4f} -> {per_token[1]:.4f}; reward by length quartile {buckets}",
-                    read,
-                )
+        comparisons = []
+        for label, (mean, p95, reward) in self._references(keys).items():
+            if min(mean, p95) <= 0:
+                continue
+            rise = min(last[0] / mean, last[1] / p95) - 1
+            per_token = (reward / mean, last[2] / last[0])
+            comparisons.append(((per_token[1] <= per_token[0], rise), label, mean, p95, rise, per_token))
+        if not comparisons:
+            return None
+        (others, rise), label, mean, p95, _, per_token = max(comparisons, key=lambda c: c[0])
+        read = self._read(length_rise=rise, reward_per_token_change=per_token[1] - per_token[0])
+        if rise >= self.t.length_rise and others:
+            buckets = self.history[-1].get("completion/reward_by_length_quartile", "")
+            return Alarm(
+                step,
+                "length_inflation",
+                f"mean length {mean:.1f} -> {last[0]:.1f}, p95 {p95:.1f} -> {last[1]:.1f}, reward per token "
+                f"{per_token[0]:.4f} -> {per_token[1]:.4f} against {label}; reward by length quartile {buckets}",
+                read,
+            )
         return None
+
+    def _verifier_changes(self) -> dict[str, float]:
+        """Each verifier's change of mean reward over the last window, against the window before or the run's start,
+        whichever parts the verifiers more (the smaller of the largest rise and the largest fall)."""
+        keys = tuple(f"reward/{name}/mean" for name in self.reward_names)
+        last = [self._mean(k, 0) for k in keys]
+        if len(keys) < 2 or None in last:
+            return {}
+        splits = []
+        for ref in self._references(keys).values():
+            changes = {name: now - then for name, now, then in zip(self.reward_names, last, ref, strict=True)}
+            splits.append((min(max(changes.values()), -min(changes.values())), changes))
+        return max(splits, key=lambda s: s[0])[1] if splits else {}
 
     def _reward_hacking(self, step: int) -> Alarm | None:
         """One alarm with every piece of evidence that holds (the train/held-out gap, the verifiers that part)."""
@@ -288,12 +330,8 @@ class HealthMonitor:
                     f"train reward {reward[0]:.3f} -> {reward[1]:.3f} while held-out accuracy {before:.3f} -> "
                     f"{after:.3f} ({-sigmas:.1f} standard errors on {n_after} prompts)"
                 )
-        changes = {}
-        for name in self.reward_names:
-            pair = self._windows(f"reward/{name}/mean")
-            if pair is not None:
-                changes[name] = pair[1] - pair[0]
-        if len(changes) >= 2:
+        changes = self._verifier_changes()
+        if changes:
             self._read(verifier_split=min(max(changes.values()), -min(changes.values())))
         rising = [n for n, d in changes.items() if d >= self.t.reward_rise]
         falling = [n for n, d in changes.items() if d <= -self.t.reward_rise]

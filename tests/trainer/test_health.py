@@ -83,8 +83,11 @@ def test_a_length_paying_verifier_fires_length_inflation_and_reward_hacking(tmp_
     trainer, _ = _provoke(tmp_path, "length_paying_verifier", weak_sft_model, tokenizer)
     (inflation, *_) = _alarms(trainer, "length_inflation")
     history = [r for r in trainer.metrics.history if "completion/length_mean" in r]
-    before = sum(r["completion/length_mean"] for r in history[:5]) / 5
-    assert f"mean length {before:.1f} ->" in inflation.message and "reward by length quartile" in inflation.message
+    w, at = trainer.config.health.window, inflation.step  # the reference the alarm names, by its numbers
+    before = sum(r["completion/length_mean"] for r in history[at - 2 * w : at - w]) / w
+    named = {"against the run's start (step 1)": history[0]["completion/length_mean"], "the window before": before}
+    assert any(f"mean length {v:.1f} ->" in inflation.message and k in inflation.message for k, v in named.items())
+    assert "reward by length quartile" in inflation.message
     hacking = " ".join(a.message for a in _alarms(trainer, "reward_hacking"))
     assert "longer_is_better +" in hacking and "exact_match_reward -" in hacking  # one verifier rises, one falls
     last = trainer.metrics.history[-1]
@@ -391,6 +394,33 @@ def test_an_sft_control_baseline_is_measured_and_the_policy_restored(tmp_path, t
     assert all(torch.equal(before[k], after[k]) for k in before)  # the policy itself is untouched
     assert trainer.evaluate()["eval/accuracy"] == 0.0
     trainer.close()
+
+
+def test_a_length_paid_for_and_learned_inside_the_first_window_fires_against_the_run_start():
+    """A policy that learns a length-paying verifier in two steps (as the length_paying_verifier recipe does on
+    some CPUs' rounding): the run's first window already holds the rise, so window against window sees none (it
+    fired nothing; the run's entropy_collapse came instead), against the run's start it is 8x."""
+    rows = _series(
+        20,
+        **{
+            "entropy": 1.0,
+            "frac_stuck_groups": 0.0,
+            "completion/length_mean": lambda i: 2.0 if i == 0 else 16.0,
+            "completion/length_p95": lambda i: 2.0 if i == 0 else 16.0,
+            "reward/mean": lambda i: 0.5 if i == 0 else 1.1,
+            "reward/exact_match/mean": lambda i: 0.3 if i == 0 else 0.1,
+            "reward/longer_is_better/mean": lambda i: 0.2 if i == 0 else 1.0,
+        },
+    )
+    monitor = HealthMonitor(HealthThresholds(window=5), ["exact_match", "longer_is_better"])
+    fired = {}
+    for step, row in enumerate(rows, 1):
+        for alarm in monitor.observe(step, row):
+            fired.setdefault(alarm.name, alarm)  # the first of each
+    assert set(fired) == {"length_inflation", "reward_hacking"}
+    assert fired["length_inflation"].step == 6 and "mean length 2.0 -> 16.0" in fired["length_inflation"].message
+    assert "against the run's start (step 1)" in fired["length_inflation"].message
+    assert "longer_is_better +0.800, exact_match -0.200" in fired["reward_hacking"].message
 
 
 def test_margins_say_a_rule_fires_exactly_when_it_fires():
