@@ -38,7 +38,7 @@ from grpo_fast.bench.common import environment_stamp, write_json  # noqa: E402
 
 SUMMARY_KEYS = ("seconds_total", "seconds_sft", "seconds_rl", "rollout_engine", "steps", "sft_final_loss")
 SUMMARY_KEYS += ("accuracy_before_rl", "accuracy_after_rl", "alarms", "eval_accuracy_curve", "best_heldout")
-SUMMARY_KEYS += ("cpu_capability",)
+SUMMARY_KEYS += ("cpu_capability", "torch_threads")
 MEDIAN_KEYS = ("wall_s", "seconds_total", "seconds_sft", "seconds_rl")
 HEALTH_KEYS = ("entropy", "frac_stuck_groups", "frac_zero_var_groups", "reward/mean", "completion/length_mean")
 HEALTH_KEYS += ("completion/length_p95", "clip_ratio/region_mean", "mismatch/abs_logprob_diff_mean", "eval/accuracy")
@@ -154,6 +154,7 @@ def main() -> int:
         "seeds": args.seeds,
         "extra": args.extra,
         "command": [Path(sys.argv[0]).name, *sys.argv[1:]],
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),  # the demos' torch threads follow it
     }
     runs: list[dict] = []
     for seed in args.seeds:

@@ -456,10 +456,11 @@ def render_demo_ab(payload: dict) -> str:
             after = r["accuracy_after_rl"]
             lines[-1].append(f"{after['min']:.3f}-{after['max']:.3f} ({after['at_least_0.9']} of {r['runs']})")
     settings = payload["settings"]
+    threads = f"OMP_NUM_THREADS={settings['OMP_NUM_THREADS']} " if settings.get("OMP_NUM_THREADS") else ""
     text = table(lines) + (
         f"\n\nMedians of each tree's runs ({settings['repeats']} asked per tree"
         + (f" and seed, seeds {', '.join(map(str, seeds))}" if seeds else "")
-        + f"), alternating. From `python benchmarks/{' '.join(settings['command'])}` on "
+        + f"), alternating. From `{threads}python benchmarks/{' '.join(settings['command'])}` on "
         f"{where(payload['environment'])}{_load_at_end(payload['environment'])}."
     )
     if not seeds:
