@@ -13,6 +13,7 @@ Environment:
 The build prints one line saying which extension it builds and why (`grpo_fast._C: ...`).
 """
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -58,6 +59,15 @@ def cuda_build_problem() -> str | None:
     return None
 
 
+def sources_hash() -> str:
+    """The fingerprint of csrc/ (grpo_fast/backends/sources.py, loaded by its path: the package may not import yet),
+    compiled into the extension and compared with csrc/ when the native backends import it."""
+    spec = importlib.util.spec_from_file_location("grpo_fast_sources", ROOT / "grpo_fast" / "backends" / "sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.sources_hash(ROOT / "csrc")
+
+
 def _report(message: str) -> None:
     print(f"grpo_fast._C: {message}", file=sys.stderr, flush=True)
 
@@ -80,6 +90,7 @@ def extension_modules():
     # every ISA level (the kernels never rely on floating-point exceptions).
     cxx_flags = ["-O3", "-fopenmp", "-fno-trapping-math"]
     include_dirs = [str(ROOT / "csrc")]
+    fingerprint = [("GRPO_FAST_SOURCES_HASH", "h" + sources_hash())]  # an identifier the C++ code stringifies
     cuda_sources = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "cuda").glob("*.cu"))
     problem = cuda_build_problem() if cuda_sources else "csrc/cuda has no sources"
     if problem is not None and os.environ.get("GRPO_FAST_REQUIRE_CUDA") == "1":
@@ -94,7 +105,7 @@ def extension_modules():
             "grpo_fast._C",
             sources + cuda_sources,
             include_dirs=include_dirs,
-            define_macros=[("GRPO_FAST_WITH_CUDA", None)],
+            define_macros=[("GRPO_FAST_WITH_CUDA", None), *fingerprint],
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--expt-relaxed-constexpr", "-lineinfo"]},
             extra_link_args=["-fopenmp"],
         )
@@ -104,6 +115,7 @@ def extension_modules():
             "grpo_fast._C",
             sources,
             include_dirs=include_dirs,
+            define_macros=fingerprint,
             extra_compile_args=cxx_flags,
             extra_link_args=["-fopenmp"],
         )

@@ -113,7 +113,7 @@ def prepare_seed(seed_dir: Path, seed: int) -> None:
         return
     from grpo_fast.core.seeding import set_seed
     from grpo_fast.core.tiny_models import TinyModelSpec, build_chat_tokenizer, build_tiny_model, save_tiny
-    from grpo_fast.demo.driver import TASK_STEPS, DemoConfig, build_task
+    from grpo_fast.demo.driver import TASK_RECIPES, DemoConfig, build_task
     from grpo_fast.rollout.builtin_tools import multiply
     from grpo_fast.rollout.tools import Tool
     from grpo_fast.sft.in_memory import sft_train
@@ -123,7 +123,7 @@ def prepare_seed(seed_dir: Path, seed: int) -> None:
     tokenizer = build_chat_tokenizer()
     model = build_tiny_model(tokenizer, TinyModelSpec(), seed=seed)
     schema = Tool.of(multiply).schema
-    steps = TASK_STEPS["tools"][0]
+    steps = TASK_RECIPES["tools"].sft_steps
     sft_train(model, tokenizer, task.teacher_pairs, steps=steps, batch_size=64, lr=3e-3, seed=seed, tools=[schema])
     save_tiny(model, tokenizer, seed_dir / "sft")
     rows = {"train": chat_rows(task.train_rows), "eval": chat_rows(task.eval_rows)}

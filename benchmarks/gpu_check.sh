@@ -35,11 +35,11 @@
 # phases write profile_<dev>.json and bench_loss_<dev>.json (<dev>: cuda; cpu in a dry run). The exit status is 1
 # when a phase failed or the budget was broken.
 #
-# On the GPU machine (the colocated vLLM path cannot be checked there: vLLM's wheel does not fit the carry limit),
-# after `bash scripts/gpu_wheels.sh` here, with carry [".wheels"] and timeout_s 540:
-#   GRPO_FAST_COMMIT=<commit> bash benchmarks/gpu_check.sh
-# The second check, with carry [".wheels"] and timeout_s 240:
-#   ONLY="profile native profile_cuda liger" BUDGET_S=195 GRPO_FAST_COMMIT=<commit> bash benchmarks/gpu_check.sh
+# On a machine with an NVIDIA GPU (the peers' wheels from .wheels/ when there is no package index: bash
+# scripts/gpu_wheels.sh where there is one; the colocated vLLM path is measured by a training run instead):
+#   GRPO_FAST_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_check.sh
+# The short second check of a full run's misses (the ONLY phases, 195 s):
+#   ONLY="profile native profile_cuda liger" BUDGET_S=195 GRPO_FAST_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/gpu_check.sh
 # Anywhere, every phase on CPU with tiny shapes and the budget checked (CI: tests/bench/test_gpu_check.py):
 #   OUT=/tmp/check bash benchmarks/gpu_check.sh --dry-run
 # Only the budget (the phase limits, and the files already in $OUT), nothing run:
@@ -180,7 +180,7 @@ machine() {
             echo "export PYTHONPATH=/tmp/site\${PYTHONPATH:+:\$PYTHONPATH}" >>"$WORK/env" &&
             fact wheels "$(cd .wheels && ls *.whl | tr '\n' ' ')"
     else
-        fact wheels "none: .wheels/ did not travel (carry [\".wheels\"]); liger and trl rows say not installed"
+        fact wheels "none in .wheels/ (scripts/gpu_wheels.sh): liger and trl rows need them installed already"
     fi
     if GRPO_FAST_SKIP_EXT=1 python3 -m pip install -q --no-deps --no-build-isolation -e .; then
         fact install "pip install -e . (pure Python)"

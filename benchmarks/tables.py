@@ -13,6 +13,9 @@ marked block is typed by hand: edit the JSON by re-running the benchmark, then t
     python benchmarks/tables.py --check            # exit status 1, naming each table that differs from its JSON
     python benchmarks/tables.py --show FILE.json   # print the table of one results file (any path)
     python benchmarks/tables.py FILE.md ...        # only these Markdown files
+
+Rewriting or checking, it first prints each results file behind the tables with the commits it was measured at and
+how many commits each is behind HEAD (a table of the code as it was, not as it is, shows there).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import json
 import re
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -227,41 +231,48 @@ STEP_RESULTS = {
 the configurations each is the source for."""
 
 
+HEADLINE_SOURCES = ("bench_loss_cpu.json", *STEP_RESULTS, "bench_sft_cpu.json", "async_cpu.json", "tools_trl_cpu.json")
+"""The results files README's headline table draws from."""
+
+
 def render_headline(results: Path) -> str:
-    """README's table: one row per headline comparison, each from the results file it names."""
-    lines = [["what (CPU, 2 cores)", "grpo_fast", "the alternative", "ratio", "source"]]
+    """README's table: one row per headline comparison, each from one run of the results file it names: the ratios
+    first (time and memory against the alternative, and against three plain GEMMs where the run measured them), then
+    the absolute figures, the load the run saw and the commit it measured."""
+    lines = [["what (CPU, 2 cores)", "ratio", "vs 3 GEMMs", "grpo_fast", "the alternative", "load", "source"]]
     loss = json.loads((results / "bench_loss_cpu.json").read_text())
     best = {r["variant"]: r for r in loss["results"] if "median_s" in r and r["dtype"] == "fp32"}
-    ours = best["cpu"]
+    ours, stamp = best["cpu"], loss["runs"][0]["environment"]
     for peer, name in (("naive", "naive full logits"), ("liger", "Liger-Kernel"), ("trl", "TRL's fused head")):
         if peer in best:
             other = best[peer]
             lines.append([
                 f"loss fwd+bwd, N={ours['N']} H={ours['H']} V={ours['V']}",
-                f"{ms(ours['median_s'])} ms, {mib(ours['peak_extra_bytes'])} MiB extra",
-                f"{name}: {ms(other['median_s'])} ms, {mib(other['peak_extra_bytes'])} MiB",
                 f"{ours['median_s'] / other['median_s']:.2f}x time, "
                 f"{ours['peak_extra_bytes'] / other['peak_extra_bytes']:.3f}x memory",
-                "bench_loss_cpu.json",
+                f"{ours['ratio_to_gemm3']:.2f}x",
+                f"{ms(ours['median_s'])} ms, {mib(ours['peak_extra_bytes'])} MiB extra",
+                f"{name}: {ms(other['median_s'])} ms, {mib(other['peak_extra_bytes'])} MiB",
+                _load(stamp), _source("bench_loss_cpu.json", stamp),
             ])  # fmt: skip
     for source, configs in STEP_RESULTS.items():
         step = json.loads((results / source).read_text())
-        load = step["environment"].get("load_average_start")
         for r in step["table"]:
             if r["config"] in configs and r["contender"] == "grpo_fast" and r.get("step_vs_trl") is not None:
                 trl = next(t for t in step["table"] if t["config"] == r["config"] and t["contender"] == "trl")
                 lines.append([
-                    f"GRPO step, config {r['config']}" + (f" (load {load[0]:.0f})" if load else ""),
+                    f"GRPO step, config {r['config']}", f"{r['step_vs_trl']:.2f}x time", "-",
                     f"{r['step_median_s']:.3g} s (every default)", f"TRL GRPOTrainer: {trl['step_median_s']:.3g} s",
-                    f"{r['step_vs_trl']:.2f}x time", source,
+                    _load(step["environment"]), _source(source, step["environment"]),
                 ])  # fmt: skip
     sft = json.loads((results / "bench_sft_cpu.json").read_text())
     mine = next(r for r in sft["results"] if r["contender"] == "fused")
     theirs = next(r for r in sft["results"] if r is not mine)
     lines.append([
-        "SFT step (fwd+bwd)", f"{ms(mine['median_s'])} ms, {mib(mine['peak_extra_bytes'])} MiB extra",
+        "SFT step (fwd+bwd)", f"{mine['time_vs_transformers']:.2f}x time, {mine['memory_vs_transformers']:.2f}x memory",
+        "-", f"{ms(mine['median_s'])} ms, {mib(mine['peak_extra_bytes'])} MiB extra",
         f"transformers: {ms(theirs['median_s'])} ms, {mib(theirs['peak_extra_bytes'])} MiB",
-        f"{mine['time_vs_transformers']:.2f}x time, {mine['memory_vs_transformers']:.2f}x memory", "bench_sft_cpu.json",
+        _load(sft["environment"]), _source("bench_sft_cpu.json", sft["environment"]),
     ])  # fmt: skip
     if (results / "async_cpu.json").exists():
         rollouts = json.loads((results / "async_cpu.json").read_text())
@@ -270,22 +281,24 @@ def render_headline(results: Path) -> str:
             if steps[variant] is not None and steps["sync"] is not None:
                 ratios = _seed_ratios(rollouts["runs"], variant)
                 lines.append([
-                    f"GRPO step, long-tail task, rollout.mode {variant} (seed mean)", f"{steps[variant]:.2f} s",
-                    f"rollout.mode sync: {steps['sync']:.2f} s",
+                    f"GRPO step, long-tail task, rollout.mode {variant} (seed mean)",
                     f"{steps[variant] / steps['sync']:.2f}x time (per seed: median {statistics.median(ratios):.2f}x)",
-                    "async_cpu.json",
+                    "-", f"{steps[variant]:.2f} s", f"rollout.mode sync: {steps['sync']:.2f} s",
+                    _load(rollouts["environment"]), _source("async_cpu.json", rollouts["environment"]),
                 ])  # fmt: skip
     if (results / "tools_trl_cpu.json").exists():
-        runs = json.loads((results / "tools_trl_cpu.json").read_text())["runs"]
+        tools = json.loads((results / "tools_trl_cpu.json").read_text())
+        runs = tools["runs"]
         by = {c: [r for r in runs if r["contender"] == c] for c in ("grpo_fast", "trl")}
         if all(by.values()):
             step = {c: _median_step(runs, c) for c in by}
             after = {c: sum(r["accuracy_after"] for r in rs) / len(rs) for c, rs in by.items()}
             lines.append([
                 f"GRPO step with a tool, median, 150 s of training ({len(by['grpo_fast'])} seeds)",
+                f"{step['grpo_fast'] / step['trl']:.2f}x time", "-",
                 f"{step['grpo_fast']:.2f} s, held-out accuracy {after['grpo_fast']:.2f}",
                 f"TRL GRPOTrainer(tools=...): {step['trl']:.2f} s, accuracy {after['trl']:.2f}",
-                f"{step['grpo_fast'] / step['trl']:.2f}x time", "tools_trl_cpu.json",
+                _load(tools["environment"]), _source("tools_trl_cpu.json", tools["environment"]),
             ])  # fmt: skip
     return table(lines)
 
@@ -454,6 +467,20 @@ def render_gpu_check_phases(results: Path) -> str:
     )
 
 
+def _load(stamp: dict) -> str:
+    """The 1-minute load average a run started at (and ended at, where the stamp has it)."""
+    start = stamp.get("load_average_1_5_15") or stamp.get("load_average_start")
+    end = stamp.get("load_average_end")
+    if not start:
+        return "-"
+    return f"{start[0]:.1f}" + (f" -> {end[0]:.1f}" if end else "")
+
+
+def _source(name: str, stamp: dict) -> str:
+    commit, _, dirty = str(stamp.get("commit")).partition("+")
+    return f"{name} ({commit[:7]}{'+' + dirty if dirty else ''})"
+
+
 def _seed_ratios(runs: list[dict], variant: str) -> list[float]:
     """A variant's mean step time over the sync run's of the same seed, for each seed both ran."""
     sync = {r["seed"]: r["step_seconds_mean"] for r in runs if r["variant"] == "sync"}
@@ -542,6 +569,44 @@ COMPOSITES: dict[str, Callable[[Path], str]] = {
     "gpu_check_phases": render_gpu_check_phases,
 }
 """Tables drawn from several results files, by marker name."""
+COMPOSITE_SOURCES: dict[str, tuple[str, ...]] = {"headline": HEADLINE_SOURCES}
+
+
+def stamps(payload: dict) -> list[dict]:
+    """Every environment stamp of a results file: its own, its runs' and its earlier runs'."""
+    found = [payload.get("environment")]
+    found += [r.get("environment") for key in ("runs", "earlier") for r in payload.get(key, []) if isinstance(r, dict)]
+    return [s for s in found if isinstance(s, dict)]
+
+
+def commits_behind(commit: str, root: Path = ROOT) -> str:
+    """How far `commit` (a stamp's: a hash, "+dirty" when the tree had uncommitted changes) is behind HEAD, in words."""
+    sha, _, dirty = commit.partition("+")
+    note = " (uncommitted changes on top)" if dirty else ""
+    git = lambda *a: subprocess.run(["git", "-C", str(root), *a], capture_output=True, text=True)  # noqa: E731
+    count = git("rev-list", "--count", f"{sha}..HEAD")
+    if count.returncode != 0:
+        return f"{sha[:12]}{note}: not in this repository's history"
+    n = int(count.stdout.strip())
+    if git("merge-base", "--is-ancestor", sha, "HEAD").returncode != 0:
+        return f"{sha[:12]}{note}: not an ancestor of HEAD, which has {n} commits it lacks"
+    return f"{sha[:12]}{note}: {n} commit{'s' * (n != 1)} behind HEAD" if n else f"{sha[:12]}{note}: HEAD"
+
+
+def source_report(paths: list[Path], results: Path = RESULTS) -> list[str]:
+    """One line per results file behind a marked table of `paths`: the commits it was measured at (each stamp's) and
+    how far each is behind HEAD."""
+    names = dict.fromkeys(m.group(2) for path in paths for m in MARKER.finditer(path.read_text()))
+    files = dict.fromkeys(f for name in names for f in COMPOSITE_SOURCES.get(name, (f"{name}.json",)))
+    lines = []
+    for name in files:
+        path = results / name
+        if not path.exists():
+            lines.append(f"{name}: no such results file")
+            continue
+        commits = dict.fromkeys(str(s["commit"]) for s in stamps(json.loads(path.read_text())) if s.get("commit"))
+        lines.append(f"{name}: " + ("; ".join(commits_behind(c) for c in commits) or "no commit recorded"))
+    return lines
 
 
 def render_health_alarms(payload: dict) -> str:
@@ -571,26 +636,47 @@ def render_health_alarms(payload: dict) -> str:
 def render_demo_ab(payload: dict) -> str:
     """One row per source tree: its commit, the medians of the demo's wall time, its own total, its SFT and RL
     phases, the ratios of its total and RL phase to the first tree's, and the held-out accuracy before and after RL
-    (medians of its runs)."""
+    (medians of its runs). Over several seeds (bench_demo.py --seeds): the range of the accuracy after RL and how many
+    runs reached 0.9, then one row per run."""
     first = payload["summary"][0]["tree"]
+    seeds = payload["settings"].get("seeds")
     lines = [["tree", "commit", "runs", "wall s", "demo s", "SFT s", "RL s", f"demo vs {first}", f"RL vs {first}"]]
-    lines[0].append("held-out accuracy")
+    lines[0] += ["held-out accuracy"] + (["after RL: min-max (>= 0.9)"] if seeds else [])
     num = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
     for r in payload["summary"]:
         runs = [x for x in payload["runs"] if x["tree"] == r["tree"] and x.get("accuracy_after_rl") is not None]
         accuracy = lambda key, runs=runs: statistics.median(x[key] for x in runs)  # noqa: E731
+        tree = r["tree"] + "".join(f" ({k}={v})" for k, v in r.get("env", {}).items())
         lines.append([
-            r["tree"], r["commit"], str(r["runs"]), num(r["wall_s_median"], ".1f"),
+            tree, r["commit"], str(r["runs"]), num(r["wall_s_median"], ".1f"),
             num(r["seconds_total_median"], ".1f"), num(r["seconds_sft_median"], ".1f"),
             num(r["seconds_rl_median"], ".1f"),
             num(r[f"seconds_total_vs_{first}"], ".2f") + "x", num(r[f"seconds_rl_vs_{first}"], ".2f") + "x",
             f"{accuracy('accuracy_before_rl'):.2f} -> {accuracy('accuracy_after_rl'):.2f}" if runs else "",
         ])  # fmt: skip
+        if seeds:
+            after = r["accuracy_after_rl"]
+            lines[-1].append(f"{after['min']:.3f}-{after['max']:.3f} ({after['at_least_0.9']} of {r['runs']})")
     settings = payload["settings"]
-    return table(lines) + (
-        f"\n\nMedians of each tree's runs ({settings['repeats']} asked per tree), alternating. From `python benchmarks/"
-        f"{' '.join(settings['command'])}` on {where(payload['environment'])}{_load_at_end(payload['environment'])}."
+    threads = f"OMP_NUM_THREADS={settings['OMP_NUM_THREADS']} " if settings.get("OMP_NUM_THREADS") else ""
+    text = table(lines) + (
+        f"\n\nMedians of each tree's runs ({settings['repeats']} asked per tree"
+        + (f" and seed, seeds {', '.join(map(str, seeds))}" if seeds else "")
+        + f"), alternating. From `{threads}python benchmarks/{' '.join(settings['command'])}` on "
+        f"{where(payload['environment'])}{_load_at_end(payload['environment'])}."
     )
+    if not seeds:
+        return text
+    rows = [["tree", "seed", "SFT loss", "held-out before -> after RL", "best (step)", "demo s", "alarms", "load"]]
+    for r in payload["runs"]:
+        best = r.get("best_heldout") or {}
+        rows.append([
+            r["tree"], str(r["seed"]), num(r.get("sft_final_loss"), ".3f"),
+            f"{r['accuracy_before_rl']:.3f} -> {r['accuracy_after_rl']:.3f}",
+            f"{best['accuracy']:.3f} ({best['step']})" if best else "", num(r["seconds_total"], ".1f"),
+            str(len(r.get("alarms") or [])), num((r.get("load_before") or [None])[0], ".1f"),
+        ])  # fmt: skip
+    return text + "\n\n" + table(rows)
 
 
 def _time_to_accuracy(run: dict, target: float) -> float | None:
@@ -862,6 +948,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     paths = args.files or [p for p in default_markdown_files() if p.exists()]
+    print("tables: the results behind them, measured at:\n  " + "\n  ".join(source_report(paths)))
     if args.check:
         problems = check(paths)
         print("\n".join(problems) or f"tables: every marked table in {len(paths)} files matches its JSON")

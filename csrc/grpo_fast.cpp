@@ -113,6 +113,17 @@ bool built_with_cuda() {
 #endif
 }
 
+// The fingerprint of csrc/ this build was compiled from (setup.py: "h" + 16 hex digits of grpo_fast.backends.sources).
+#define GRPO_FAST_STRINGIFY_(x) #x
+#define GRPO_FAST_STRINGIFY(x) GRPO_FAST_STRINGIFY_(x)
+std::string sources_hash() {
+#ifdef GRPO_FAST_SOURCES_HASH
+  return std::string(GRPO_FAST_STRINGIFY(GRPO_FAST_SOURCES_HASH)).substr(1);
+#else
+  return "";
+#endif
+}
+
 // Which vector-ISA clone of the fp32 CPU kernels the running CPU gets (see cpu/epilogue_cpu.h).
 std::string cpu_kernel_isa() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -145,4 +156,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "grpo_fast C++/CUDA epilogue ops (registered under torch.ops.grpo_fast)";
   m.def("built_with_cuda", &grpo_fast::built_with_cuda, "whether the CUDA kernels were compiled in");
   m.def("cpu_kernel_isa", &grpo_fast::cpu_kernel_isa, "the vector ISA of the CPU kernels on this machine");
+  m.def("sources_hash", &grpo_fast::sources_hash, "the fingerprint of the csrc/ sources this build was compiled from");
 }

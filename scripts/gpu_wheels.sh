@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Downloads, into .wheels/ (git-ignored), the Python 3.12 wheels that benchmarks/gpu_check.sh installs on the GPU
-# machine, which has torch 2.11, triton 3.6, transformers, accelerate, pandas, pyarrow, xxhash, fsspec, peft but no
-# package registry and none of these:
+# Downloads, into .wheels/ (git-ignored), the Python 3.12 wheels that benchmarks/gpu_check.sh installs on a GPU
+# machine without a package index that has torch, triton, transformers, accelerate, pandas, pyarrow, xxhash, fsspec
+# and peft but none of these:
 #   liger-kernel 0.8.5   the Liger rows of the loss benchmark (LigerFusedLinearGRPOLoss)
 #   trl 1.16.0           TRL's fused LM head (trl.kernels) and GRPOTrainer (its loss, and the training-step
 #                        comparison of benchmarks/bench_trl_integration.py)
@@ -9,11 +9,10 @@
 #                        trl/trainer/utils.py imports datasets, and TRL's head imports that module in its
 #                        backward; datasets needs dill and multiprocess, the image has the rest of its needs
 # The versions are those of the CPU environment the tests run in. Every wheel is pure Python (no platform tag to
-# match). The script fails if the wheels would not fit the 64 MiB that travels to the GPU machine together with
-# the working tree. Then:
+# match). The script fails if they come to more than 64 MiB (they are 2.7 MiB). Then:
 #
 #   bash scripts/gpu_wheels.sh            # once, on a machine with network access
-#   device run with carry [".wheels"]:    bash benchmarks/gpu_check.sh
+#   bash benchmarks/gpu_check.sh          # on the GPU machine, with .wheels/ copied beside the repository
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST="${WHEELS_DIR:-.wheels}"

@@ -11,14 +11,20 @@ Both ops are torch.library custom ops with fake implementations (registered belo
 traces through them.
 
 Importing this module raises ImportError when the extension is not built (backend "auto" then
-falls back to "torch"); build it with `pip install --no-build-isolation -e .` from the repository.
+falls back to "torch"); build it with `pip install --no-build-isolation -e .` from the repository. An extension
+built from other sources than the csrc/ beside the package is used with a warning (`check_sources`,
+grpo_fast.backends.sources).
 """
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import torch
 
 from .chunked import ChunkedBackend, TorchEpilogue, accumulation_dtype
+from .sources import stale_extension
 
 try:
     from grpo_fast import _C
@@ -30,6 +36,20 @@ except ImportError as err:
     ) from err
 
 __all__ = ["CPU_BACKEND", "CUDA_BACKEND", "NativeEpilogue", "cpu_kernel_isa", "built_with_cuda"]
+
+logger = logging.getLogger(__name__)
+CSRC = Path(__file__).resolve().parents[2] / "csrc"  # beside the package in a source checkout (editable install)
+
+
+def check_sources(csrc: Path = CSRC) -> str | None:
+    """Why the loaded extension is stale against the sources in `csrc` (logged as a warning), or None."""
+    stale = stale_extension(getattr(_C, "sources_hash", str)() or None, csrc)  # str(): "", built before fingerprints
+    if stale is not None:
+        logger.warning(stale)
+    return stale
+
+
+STALE = check_sources()
 
 
 @torch.library.register_fake("grpo_fast::logprob_stats")

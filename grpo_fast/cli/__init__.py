@@ -1,11 +1,13 @@
 """`grpo-fast` console script. `COMMANDS` names each command's module, which has `add_arguments(parser)` and
 `main(args) -> int`; only the module of the command being run is imported (so `grpo-fast --help` loads no
-model library)."""
+model library). Every command takes --log-level / --verbose (`configure_logging`)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 
 COMMANDS = {
@@ -28,6 +30,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        add_logging_arguments(sub)
         if name == command:
             module = importlib.import_module(module_name)
             module.add_arguments(sub)
@@ -35,10 +38,42 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+LOG_LEVELS = ("warning", "info", "debug")
+
+
+def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=None,
+        help="what is logged besides results (default warning: warnings and alarms; vLLM's INFO lines, several per "
+        "training step, stay off; the environment's VLLM_LOGGING_LEVEL is kept)",
+    )
+    parser.add_argument(
+        "-v", "--verbose", dest="log_level", action="store_const", const="info", help="--log-level info"
+    )
+
+
+def configure_logging(level: str | None) -> None:
+    """Our loggers (grpo_fast.*) and vLLM's at `level` (None: warning, and vLLM's as VLLM_LOGGING_LEVEL says when
+    it is set). vLLM reads VLLM_LOGGING_LEVEL when it is imported, in this process and in the engine processes it
+    starts; a vLLM already imported is set directly."""
+    if level is None:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    else:
+        os.environ["VLLM_LOGGING_LEVEL"] = level.upper()
+    if "vllm" in sys.modules:
+        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+    if level in ("info", "debug"):  # below warning our lines need a handler (without one Python prints warnings only)
+        logging.basicConfig(format="%(message)s")  # the root stays at warning: other libraries' chatter stays off
+        logging.getLogger("grpo_fast").setLevel(level.upper())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
+    configure_logging(args.log_level)
     return int(args.func(args) or 0)
 
 

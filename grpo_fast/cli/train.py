@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 
+from grpo_fast.core.checkpoint import UnsafeCheckpointError, latest_checkpoint
 from grpo_fast.core.config_tree import help_text
 from grpo_fast.trainer.config import TrainConfig, load_config
 from grpo_fast.trainer.launch import launch_checks, trainer_from_config
@@ -102,6 +103,9 @@ def main(args: argparse.Namespace) -> int:
         run_checks(cfg, trainer)
     try:
         last = trainer.train()
+    except UnsafeCheckpointError as exc:  # refused unread: nothing of it ran, nothing was changed
+        checkpoint = latest_checkpoint(trainer.output_dir / "checkpoints")
+        raise SystemExit(f"grpo-fast {args.command_name}: cannot resume from {checkpoint}: {exc}") from None
     finally:
         trainer.close()
     print(json.dumps({k: v for k, v in last.items() if k.startswith(("reward/mean", "eval/"))}))

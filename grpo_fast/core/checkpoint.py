@@ -389,6 +389,7 @@ HARMLESS = (
     "run.log_every",
     "run.save_every",
     "run.save_final",
+    "run.save_best",
     "run.keep_checkpoints",
     "run.max_bad_steps",
     "run.output_dir",
@@ -559,7 +560,7 @@ def check_resume_config(path: str | Path, new: dict) -> ConfigDiff:
 # -- what an earlier run left in an output directory -----------------------------------------------------
 
 _RUN_FILES = ("metrics.jsonl", "audit.jsonl", "audit.html", "report.md", "report.html", RUN_CONFIG)
-_RUN_DIRS = ("checkpoints", "tensorboard", "plots")
+_RUN_DIRS = ("checkpoints", "tensorboard", "plots", "best_model")
 FINISHED_MARK = "report.md"  # written when a run ends (its last step done or a health alarm stopped it)
 
 

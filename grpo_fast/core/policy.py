@@ -107,6 +107,41 @@ def build_sequence_batch(
     return SequenceBatch(input_ids, attn, position_ids, comp_ids, comp_mask, p)
 
 
+def check_hub_model(name: str, key: str = "model.path") -> None:
+    """For a Hugging Face Hub name that is not in the local cache: ValueError in one line, naming `key`, when the
+    Hub cannot give it (HF_HUB_OFFLINE set, the Hub unreachable, no such model or no access), after one request
+    without retries (transformers' own loading retries each file for ~30 s before a 40-line traceback)."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    local = f"or point {key} at a local model directory"
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"{key}: {name} could not be loaded: HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}); download it where there is a network (hf download {name}) into that cache, "
+            f"{local}"
+        )
+    try:
+        get_hf_file_metadata(hf_hub_url(name, "config.json"), timeout=10)
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"{key}: {name} could not be loaded: no such model on the Hugging Face Hub, or it is private or gated "
+            f"(log in with `hf auth login`); check the name, {local}"
+        ) from None
+    except EntryNotFoundError:
+        raise ValueError(f"{key}: {name} has no config.json on the Hugging Face Hub (no transformers model)") from None
+    except HfHubHTTPError as exc:
+        raise ValueError(f"{key}: {name} could not be loaded from the Hugging Face Hub ({exc}); {local}") from None
+    except Exception as exc:  # the transport's errors (DNS, connection refused, timeout): the Hub is out of reach
+        raise ValueError(
+            f"{key}: {name} could not be loaded: the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached "
+            f"({type(exc).__name__}: {exc}) and the model is not in the local cache; download it where there is a "
+            f"network and set HF_HUB_OFFLINE=1, {local}"
+        ) from None
+
+
 def load_policy(model_config, path: str | None = None) -> nn.Module:
     """The causal LM at `path` (default model_config.path) with the config's dtype and attention
     implementation, on the GPU when there is one, with Liger-Kernel's model kernels when

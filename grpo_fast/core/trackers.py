@@ -1,7 +1,7 @@
 """Experiment trackers (`run.report_to`, TRL's `report_to`): every logged step's numbers, the run's config
 when it starts and the run report when it ends, through each library's own API. The libraries are optional:
-one named but not installed is a RuntimeError naming `run.report_to` and the package to install, before the
-run starts. metrics.jsonl is always written (grpo_fast.core.metrics).
+one named but not installed is a ValueError naming `run.report_to` and the package to install, raised when the
+config is checked, before the run writes anything. metrics.jsonl is always written (grpo_fast.core.metrics).
 
 - tensorboard: `torch.utils.tensorboard.SummaryWriter` (tensorboard installed), else tensorboardX's, writing
   under output_dir/tensorboard; the config and the report as text.
@@ -194,19 +194,25 @@ def resolve_report_to(report_to: Sequence[str] | str) -> list[str]:
     return list(dict.fromkeys(report_to))
 
 
-def open_trackers(run_section, config: Mapping[str, Any]) -> list[Tracker]:
-    """Starts a run in each tracker that `run_section.report_to` names (see resolve_report_to), for the run of
-    `run_section` (output_dir, project, run_name) and its whole `config` tree; RuntimeError naming
-    run.report_to when a library is not installed (checked for all before any starts)."""
-    output_dir = Path(run_section.output_dir)
-    run = TrackedRun(output_dir, run_section.project, run_section.run_name or output_dir.resolve().name, config)
-    names = resolve_report_to(run_section.report_to)
-    missing = [name for name in names if not installed(name)]
+def check_installed(report_to: Sequence[str] | str) -> None:
+    """ValueError naming run.report_to when a tracker it names cannot be imported: part of checking the config,
+    so that the run stops before it starts, in one line."""
+    missing = [name for name in resolve_report_to(report_to) if not installed(name)]
     if missing:
-        raise RuntimeError(
+        raise ValueError(
             f"run.report_to: {missing} named, but not installed; pip install "
             f"{' '.join(PACKAGES[m] for m in missing)}, or remove them from run.report_to"
         )
+
+
+def open_trackers(run_section, config: Mapping[str, Any]) -> list[Tracker]:
+    """Starts a run in each tracker that `run_section.report_to` names (see resolve_report_to), for the run of
+    `run_section` (output_dir, project, run_name) and its whole `config` tree; ValueError naming
+    run.report_to when a library is not installed (`check_installed`, for all before any starts)."""
+    output_dir = Path(run_section.output_dir)
+    run = TrackedRun(output_dir, run_section.project, run_section.run_name or output_dir.resolve().name, config)
+    names = resolve_report_to(run_section.report_to)
+    check_installed(names)
     trackers = [_CLASSES[name](run) for name in names]
     if trackers:
         logger.info("reporting to %s", ", ".join(t.name for t in trackers))

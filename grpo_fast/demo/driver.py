@@ -94,10 +94,12 @@ class DemoConfig:
     engine: str = "vllm"  # the demo shows colocated vLLM rollouts ("auto" would pick transformers at this size)
     num_train: int = 800
     num_eval: int = 200
-    sft_steps: int | None = None  # None: the task's (TASK_STEPS)
+    sft_steps: int | None = None  # None: the task's (TASK_RECIPES)
     sft_lr: float = 3e-3
+    sft_warmup_steps: int | None = None  # None: the task's
+    sft_lr_scheduler: str | None = None  # None: the task's
     sft_correct_fraction: float = 0.3
-    rl_steps: int | None = None  # None: the task's (TASK_STEPS)
+    rl_steps: int | None = None  # None: the task's
     prompts_per_step: int = 16
     num_generations: int = 8
     rl_lr: float = 1e-3
@@ -106,16 +108,35 @@ class DemoConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        if self.task not in TASK_STEPS:
-            raise ValueError(f"task: expected one of {sorted(TASK_STEPS)}, got {self.task!r}")
-        sft_steps, rl_steps = TASK_STEPS[self.task]
-        self.sft_steps = sft_steps if self.sft_steps is None else self.sft_steps
-        self.rl_steps = rl_steps if self.rl_steps is None else self.rl_steps
+        if self.task not in TASK_RECIPES:
+            raise ValueError(f"task: expected one of {sorted(TASK_RECIPES)}, got {self.task!r}")
+        for name, value in asdict(TASK_RECIPES[self.task]).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
 
-TASK_STEPS = {"modular": (60, 100), "code": (60, 100), "tools": (300, 60)}
-"""task -> (SFT steps, GRPO steps) by default: the tool task's longer demonstrations (copying two factors into a
-call and its result into the answer) need more SFT before sampling finds the tool often enough."""
+@dataclass(frozen=True)
+class TaskRecipe:
+    """A task's default schedule: SFT steps with their warmup and lr schedule, then GRPO steps."""
+
+    sft_steps: int
+    rl_steps: int
+    sft_warmup_steps: int = 0
+    sft_lr_scheduler: str = "constant"
+
+
+TASK_RECIPES = {
+    "modular": TaskRecipe(sft_steps=150, rl_steps=40, sft_warmup_steps=15, sft_lr_scheduler="cosine"),
+    "code": TaskRecipe(sft_steps=60, rl_steps=100),
+    "tools": TaskRecipe(sft_steps=300, rl_steps=60),
+}
+"""task -> its default schedule. modular: the SFT runs to the noisy teacher's distribution on every seed (warmup and
+cosine decay; loss ~0.30 per token, the teacher's entropy H(0.3) / 2 = 0.31), so RL starts with the right answer at
+~30% on every prompt and finds it in one group in ~94% of the groups. 60 constant steps stopped at a loss of 0.44 to
+1.13 depending on the seed, leaving some last digits with the right answer never sampled (seed 4: 69% of the probe's
+groups without a reward) and the held-out accuracy after RL anywhere from 28% to 100% by seed and CPU. tools: its
+longer demonstrations (copying two factors into a call and its result into the answer) need more SFT before sampling
+finds the tool often enough."""
 
 
 @dataclass(frozen=True)
@@ -247,6 +268,8 @@ def run_demo(cfg: DemoConfig | None = None, engine=None) -> dict:
         lr=cfg.sft_lr,
         seed=cfg.seed,
         tools=schemas,
+        warmup_steps=cfg.sft_warmup_steps,
+        lr_scheduler=cfg.sft_lr_scheduler,
     )
     seconds_sft = time.perf_counter() - t0
     model_dir = save_tiny(model, tokenizer, out / "sft_model")
@@ -352,8 +375,10 @@ def _run_summary(trainer: GRPOTrainer) -> dict:
     """The trained run's steps, alarms, phase times, engine, reward curve and held-out accuracy curve."""
     history = trainer.metrics.history
     engine = getattr(trainer.engine, "inner", trainer.engine)
+    best = trainer.best_model.best if trainer.best_model is not None else None
     return {
         "alarms": [a.line() for a in trainer.health.alarms],
+        "best_heldout": None if best is None else asdict(best) | {"model": str(trainer.best_model.directory)},
         "steps": trainer.step,
         **{f"seconds_{phase}": trainer.timers[phase] for phase in ("generate", "score", "train", "sync", "eval")},
         "rollout_engine": engine.name,
@@ -365,6 +390,7 @@ def _run_summary(trainer: GRPOTrainer) -> dict:
             (r["step"], r["tools/rollouts_calling_frac"]) for r in history if "tools/calls_per_rollout" in r
         ],
         "torch_threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "metrics_jsonl": str(trainer.metrics.path),
     }
 
@@ -402,6 +428,9 @@ def main(cfg: DemoConfig) -> dict:
         f"after {summary['steps']} GRPO steps ({summary['rollout_engine']} rollouts); "
         f"{summary['seconds_total']:.0f} s total. Summary: {cfg.output_dir}/summary.json"
     )
+    if summary["best_heldout"] is not None:
+        best = summary["best_heldout"]
+        print(f"best held-out model: {best['accuracy']:.1%} at step {best['step']}, in {best['model']}")
     if "forged_reward_mean" in summary:
         print(
             f"forged-answer programs: {summary['forged_completions']} completions, mean reward "

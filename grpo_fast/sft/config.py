@@ -16,7 +16,7 @@ from grpo_fast.config_fields import Auto, ConfigSection, option
 from grpo_fast.core.config_tree import load_tree
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
-from grpo_fast.core.trackers import ReportingOptions, upgrade_tensorboard
+from grpo_fast.core.trackers import ReportingOptions, check_installed, upgrade_tensorboard
 
 
 @dataclass
@@ -85,6 +85,7 @@ class SFTConfig(ConfigSection):
 def validate(cfg: SFTConfig) -> None:
     """The rules between fields; ValueError naming the key."""
     run, data = cfg.run, cfg.data
+    check_installed(run.report_to)
     if run.micro_batch_tokens is None and run.micro_batch_size is None:
         raise ValueError("run.micro_batch_tokens: set it or run.micro_batch_size (both are null)")
     if data.packing and data.max_length is None:

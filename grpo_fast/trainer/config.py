@@ -19,7 +19,7 @@ from grpo_fast.config_fields import Auto, ConfigSection, option
 from grpo_fast.core.config_tree import load_tree, move_key
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
-from grpo_fast.core.trackers import ReportingOptions, upgrade_tensorboard
+from grpo_fast.core.trackers import ReportingOptions, check_installed, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.rollout.async_rollouts import AsyncOptions
@@ -276,6 +276,11 @@ class RunConfig(ConfigSection, ReportingOptions):
     log_every: int = option(1, "steps between progress lines", low=1)
     save_every: int = option(0, "steps between checkpoints (0: only the final one)", low=0)
     save_final: bool = option(True, "save a checkpoint at the end")
+    save_best: bool = option(
+        True,
+        "keep the model of the best held-out evaluation in output_dir/best_model (weights, tokenizer and best.json; "
+        "replaced whenever an evaluation beats it)",
+    )
     keep_checkpoints: int | None = option(
         None, "keep the newest K checkpoints (null: all; the one resumed from is never deleted)", low=1
     )
@@ -384,6 +389,7 @@ def validate(cfg: TrainConfig) -> None:
             raise ValueError(f"{key}: expected a non-empty string")
     if not cfg.run.output_dir.strip():
         raise ValueError("run.output_dir: expected a non-empty string")
+    check_installed(cfg.run.report_to)
     _check_items("rollout.stop", r.stop, lambda v: v != "", "non-empty strings")
     _check_reward_specs(cfg.reward)
     if r.engine != "auto" and r.engine not in ROLLOUT_ENGINES and ":" not in r.engine:

@@ -6,15 +6,23 @@ steps before (needs 2·window steps of history):
 - entropy_collapse: entropy fell by at least `entropy_drop` (relative) while the fraction of stuck groups
   (all rewards equal and below the full reward) rose by at least `zero_var_rise` and the train reward did
   not rise by `reward_rise`: groups become identical without getting right, advantages vanish. (A policy
-  that learns its task also loses entropy, but its identical groups are all-correct ones.)
+  that learns its task also loses entropy, but its identical groups are all-correct ones.) The last window
+  is compared with three earlier ones: the window before it, the run's first window, and the window of the
+  run's best train reward so far, so that a collapse spread over many windows, too slow to cross the
+  thresholds from one window to the next, fires once its whole fall since the start or the best does.
 - length_inflation: mean and p95 completion length both rose by at least `length_rise` (relative) while
-  reward per generated token did not rise: longer, not better.
+  reward per generated token did not rise: longer, not better. The last window is compared with the window before
+  and with the run's start (its first step), so that a length paid for and learned within the run's first window
+  fires too.
 - reward_hacking: the train reward rose by at least `reward_rise` while held-out accuracy fell between the
-  last two evaluations (a plateau is not evidence: a learning run's held-out accuracy stays put between two
-  evaluations often, the demo's included); or one verifier's mean rose by `reward_rise` while another's fell
-  by as much.
+  last two evaluations by more than `heldout_sigmas` standard errors of that difference (a plateau, or a fall
+  of a prompt or two, is no evidence: on 200 prompts one prompt is 0.005 of accuracy, and a learning run's
+  held-out accuracy moves by that much between evaluations); or one verifier's mean rose by `reward_rise`
+  while another's fell by as much, over the last window against the window before or the run's start.
 - off_policy_drift: over the last `window` steps, the clipped fraction is above `clip_ratio_max` or the
-  rollout/trainer logprob mismatch above `mismatch_max`.
+  rollout/trainer logprob mismatch above `mismatch_max`. With partial or asynchronous rollouts the mismatch
+  read is that of the fresh tokens (sampled by the weights being trained, staleness 0): older tokens differ
+  by the staleness the mode intends (and corrects), not by a drift.
 - collapse (at evaluations): held-out accuracy fell at least `collapse_drop` below its best; the alarm
   names the last checkpoint saved at or before the best evaluation.
 
@@ -31,6 +39,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,22 +54,31 @@ REMEDIES = {
     "(dapo, dr_grpo), and check that no verifier pays for length",
     "reward_hacking": "read the audit samples of the rising verifier, run its self-test with adversarial samples, "
     "and lower the weight of format-style rewards",
-    "off_policy_drift": "lower the learning rate or num_iterations, turn on importance-sampling correction "
-    "(grpo.vllm_importance_sampling_correction), and check that the engine's weights are synced every step",
-    "collapse": "resume from the named checkpoint with a lower learning rate, or stop the run",
+    "off_policy_drift": "check that the engine's weights are synced every step, lower the learning rate or "
+    "num_iterations, and turn on importance-sampling correction (grpo.vllm_importance_sampling_correction) where "
+    "it is off",
+    "collapse": "take the best held-out model, or resume from the named checkpoint with a lower learning rate, or "
+    "stop the run",
 }
 
 
 READINGS = {
-    "entropy_fall": "entropy_collapse: relative fall of the entropy, last window against the one before",
-    "stuck_rise": "entropy_collapse: rise of the share of stuck groups (equal rewards, not all right)",
-    "reward_rise": "entropy_collapse / reward_hacking: rise of the train reward",
+    "entropy_fall": "entropy_collapse: relative fall of the entropy, last window against the earlier window nearest "
+    "to firing (the one before, the run's first, the best train reward's)",
+    "stuck_rise": "entropy_collapse: rise of the share of stuck groups (equal rewards, not all right) since that "
+    "window",
+    "reward_rise_since": "entropy_collapse: rise of the train reward since that window",
+    "reward_rise": "reward_hacking: rise of the train reward, last window against the one before",
     "heldout_change": "reward_hacking: change of held-out accuracy between the last two evaluations",
-    "length_rise": "length_inflation: the smaller of the relative rises of mean and p95 completion length",
-    "reward_per_token_change": "length_inflation: change of the reward per generated token",
-    "verifier_split": "reward_hacking: the smaller of the largest rise and the largest fall among the verifiers",
+    "heldout_sigmas": "reward_hacking: that change in standard errors of the difference",
+    "length_rise": "length_inflation: the smaller of the relative rises of mean and p95 completion length, last window "
+    "against the reference nearest to firing (the window before, the run's start)",
+    "reward_per_token_change": "length_inflation: change of the reward per generated token since that reference",
+    "verifier_split": "reward_hacking: the smaller of the largest rise and the largest fall among the verifiers, "
+    "last window against the window before or the run's start, whichever is larger",
     "clip_ratio": "off_policy_drift: clipped fraction of tokens over the last window",
-    "mismatch": "off_policy_drift: rollout/trainer logprob mismatch over the last window (nats per token)",
+    "mismatch": "off_policy_drift: rollout/trainer logprob mismatch over the last window (nats per token; partial "
+    "and async rollouts: of the fresh tokens)",
     "accuracy_drop": "collapse: held-out accuracy below its best (at evaluations)",
 }
 """The numbers the rules compare with their thresholds, each step where they can be computed."""
@@ -91,9 +109,22 @@ class HealthThresholds:
     zero_var_rise: float = option(0.2, "entropy_collapse: absolute rise of the share of stuck groups", low=0)
     length_rise: float = option(0.3, "length_inflation: relative rise of mean and p95 completion length", low=0)
     reward_rise: float = option(0.1, "reward_hacking / entropy_collapse: absolute rise of a reward", low=0)
+    heldout_sigmas: float = option(
+        3.0, "reward_hacking: a fall of held-out accuracy counts beyond this many standard errors of the change", low=0
+    )
     clip_ratio_max: float = option(0.2, "off_policy_drift: clipped fraction of tokens above this", low=0)
     mismatch_max: float = option(0.05, "off_policy_drift: rollout/trainer logprob mismatch (nats per token)", low=0)
     collapse_drop: float = option(0.2, "collapse: absolute fall of held-out accuracy below its best", low=0)
+
+
+class WindowMeans(NamedTuple):
+    """The means of the entropy_collapse rule's metrics over the `window` steps ending at step `last`."""
+
+    first: int
+    last: int
+    entropy: float
+    stuck: float
+    reward: float
 
 
 class HealthMonitor:
@@ -103,12 +134,17 @@ class HealthMonitor:
     def __init__(self, thresholds: HealthThresholds, reward_names: list[str]) -> None:
         self.t, self.reward_names = thresholds, reward_names
         self.history: list[dict] = []
-        self.evals: list[tuple[int, float]] = []
+        self.evals: list[tuple[int, float, int]] = []  # (step, accuracy, prompts evaluated)
         self.alarms: list[Alarm] = []
         self.readings: dict[str, float] = {}
         self._quiet_until: dict[str, int] = {}
+        self._first_window: WindowMeans | None = None
+        self._best_window: WindowMeans | None = None  # the window of the highest train reward so far
+        self._start_step = 0  # the step of the first metrics observed
 
     def observe(self, step: int, metrics: dict) -> list[Alarm]:
+        if not self.history:
+            self._start_step = step
         self.history.append(metrics)
         self.readings = {}
         fired = [
@@ -119,9 +155,13 @@ class HealthMonitor:
         ]
         return self._emit([a for a in fired if a is not None])
 
-    def observe_eval(self, step: int, accuracy: float, checkpoint_steps: list[int]) -> list[Alarm]:
-        self.evals.append((step, accuracy))
-        best_step, best = max(self.evals, key=lambda e: (e[1], -e[0]))
+    def observe_eval(
+        self, step: int, accuracy: float, checkpoint_steps: list[int], *, prompts: int, best_model: str | None = None
+    ) -> list[Alarm]:
+        """A held-out evaluation at `step`: `accuracy` over `prompts` prompts; `checkpoint_steps`: the steps saved so
+        far; `best_model`: where the model of the best evaluation is kept (named by the collapse alarm)."""
+        self.evals.append((step, accuracy, prompts))
+        best_step, best, _ = max(self.evals, key=lambda e: (e[1], -e[0]))
         self.readings["accuracy_drop"] = best - accuracy
         if best - accuracy < self.t.collapse_drop:
             return []
@@ -131,6 +171,8 @@ class HealthMonitor:
             if good
             else (f"no checkpoint was saved at or before step {best_step} (set run.save_every)")
         )
+        if best_model is not None:
+            where += f"; the best held-out model (step {best_step}) is in {best_model}"
         message = (
             f"held-out accuracy {accuracy:.3f} is {best - accuracy:.3f} below its best, {best:.3f} at step "
             f"{best_step}; {where}"
@@ -155,54 +197,123 @@ class HealthMonitor:
 
     # -- rules ------------------------------------------------------------------------------------------
 
+    def _mean(self, key: str, end: int) -> float | None:
+        """The mean of `key` over the `window` steps of the history ending before index `end` (negative: from the
+        end), or None without enough finite values."""
+        w, n = self.t.window, len(self.history)
+        stop = n + end if end <= 0 else end
+        values = [m.get(key) for m in self.history[max(stop - w, 0) : stop]]
+        if stop - w < 0 or len(values) < w or any(v is None or not math.isfinite(v) for v in values):
+            return None
+        return float(np.mean(values))
+
     def _windows(self, key: str) -> tuple[float, float] | None:
         """(mean over the previous window, mean over the last window) of `key`, or None without enough data."""
-        w = self.t.window
-        values = [m.get(key) for m in self.history[-2 * w :]]
-        if len(values) < 2 * w or any(v is None or not math.isfinite(v) for v in values):
+        previous, last = self._mean(key, -self.t.window), self._mean(key, 0)
+        return None if previous is None or last is None else (previous, last)
+
+    def _collapse_window(self, end: int) -> WindowMeans | None:
+        """The entropy_collapse rule's means over the window ending before history index `end` (<= 0)."""
+        means = [self._mean(key, end) for key in ("entropy", "frac_stuck_groups", "reward/mean")]
+        if any(m is None for m in means):
             return None
-        return float(np.mean(values[:w])), float(np.mean(values[w:]))
+        last = len(self.history) + end
+        return WindowMeans(last - self.t.window + 1, last, *means)
 
     def _entropy_collapse(self, step: int) -> Alarm | None:
-        entropy, zero_var = self._windows("entropy"), self._windows("frac_stuck_groups")
-        reward = self._windows("reward/mean")
-        if entropy is None or zero_var is None or reward is None or entropy[0] <= 0:
+        """The last window against the one before, the run's first and its best train reward's (module doc);
+        the readings are those of the comparison nearest to firing."""
+        last = self._collapse_window(0)
+        if last is None:
             return None
-        fell = 1 - entropy[1] / entropy[0]
-        rose = zero_var[1] - zero_var[0]
-        read = self._read(entropy_fall=fell, stuck_rise=rose, reward_rise=reward[1] - reward[0])
-        if fell >= self.t.entropy_drop and rose >= self.t.zero_var_rise and reward[1] - reward[0] < self.t.reward_rise:
+        earlier = {
+            "the window before": self._collapse_window(-self.t.window),
+            "the run's first window": self._first_window,
+            "the window of the best train reward so far": self._best_window,
+        }
+        self._first_window = self._first_window or last
+        if self._best_window is None or last.reward > self._best_window.reward:
+            self._best_window = last
+        comparisons = []
+        for label, ref in earlier.items():
+            if ref is None or ref.entropy <= 0 or ref.last >= last.first:
+                continue  # not there yet, or overlapping the last window
+            if any(ref.last == other[1].last for other in comparisons):
+                continue  # the same window as one compared already
+            fell, rose, rise = 1 - last.entropy / ref.entropy, last.stuck - ref.stuck, last.reward - ref.reward
+            others = rose >= self.t.zero_var_rise and rise < self.t.reward_rise
+            comparisons.append(((others, fell / max(self.t.entropy_drop, 1e-12)), ref, label, fell, rose, rise))
+        if not comparisons:
+            return None
+        _, ref, label, fell, rose, rise = max(comparisons, key=lambda c: c[0])
+        read = self._read(entropy_fall=fell, stuck_rise=rose, reward_rise_since=rise)
+        if fell >= self.t.entropy_drop and rose >= self.t.zero_var_rise and rise < self.t.reward_rise:
             return Alarm(
                 step,
                 "entropy_collapse",
-                f"entropy {entropy[0]:.3f} -> {entropy[1]:.3f} (-{fell:.0%}) while stuck groups (equal rewards, not "
-                f"all right) {zero_var[0]:.2f} -> {zero_var[1]:.2f} and the train reward {reward[0]:.3f} -> "
-                f"{reward[1]:.3f}",
+                f"entropy {ref.entropy:.3f} -> {last.entropy:.3f} (-{fell:.0%}) while stuck groups (equal rewards, not "
+                f"all right) {ref.stuck:.2f} -> {last.stuck:.2f} and the train reward {ref.reward:.3f} -> "
+                f"{last.reward:.3f}, steps {last.first}-{last.last} against {label} (steps {ref.first}-{ref.last})",
                 read,
             )
         return None
 
+    def _references(self, keys: tuple[str, ...]) -> dict[str, list[float]]:
+        """The means of `keys` to compare the last window's with, by label: the window before, and the run's start
+        (its first step: the completions of the policy it started from), each once it does not overlap the last
+        window and has every key."""
+        w, refs = self.t.window, {}
+        if len(self.history) > w:
+            start = [self.history[0].get(k) for k in keys]
+            if all(v is not None and math.isfinite(v) for v in start):
+                refs[f"the run's start (step {self._start_step})"] = [float(v) for v in start]
+        before = [self._mean(k, -w) for k in keys]
+        if None not in before:
+            refs["the window before"] = before
+        return refs
+
     def _length_inflation(self, step: int) -> Alarm | None:
-        mean, p95 = self._windows("completion/length_mean"), self._windows("completion/length_p95")
-        reward = self._windows("reward/mean")
-        if mean is None or p95 is None or reward is None or min(mean[0], p95[0]) <= 0:
+        """The last window against the window before and against the run's start, the comparison nearest to firing:
+        a policy that learns to pay itself with length in a few steps does so inside the run's first window, where
+        the window-to-window comparison alone cannot see it."""
+        keys = ("completion/length_mean", "completion/length_p95", "reward/mean")
+        last = [self._mean(k, 0) for k in keys]
+        if None in last:
             return None
-        per_token = (reward[0] / mean[0], reward[1] / mean[1])
-        read = self._read(
-            length_rise=min(mean[1] / mean[0], p95[1] / p95[0]) - 1,
-            reward_per_token_change=per_token[1] - per_token[0],
-        )
-        if mean[1] >= mean[0] * (1 + self.t.length_rise) and p95[1] >= p95[0] * (1 + self.t.length_rise):
-            if per_token[1] <= per_token[0]:
-                buckets = self.history[-1].get("completion/reward_by_length_quartile", "")
-                return Alarm(
-                    step,
-                    "length_inflation",
-                    f"mean length {mean[0]:.1f} -> {mean[1]:.1f}, p95 {p95[0]:.1f} -> {p95[1]:.1f}, reward per "
-                    f"token {per_token[0]:.4f} -> {per_token[1]:.4f}; reward by length quartile {buckets}",
-                    read,
-                )
+        comparisons = []
+        for label, (mean, p95, reward) in self._references(keys).items():
+            if min(mean, p95) <= 0:
+                continue
+            rise = min(last[0] / mean, last[1] / p95) - 1
+            per_token = (reward / mean, last[2] / last[0])
+            comparisons.append(((per_token[1] <= per_token[0], rise), label, mean, p95, rise, per_token))
+        if not comparisons:
+            return None
+        (others, rise), label, mean, p95, _, per_token = max(comparisons, key=lambda c: c[0])
+        read = self._read(length_rise=rise, reward_per_token_change=per_token[1] - per_token[0])
+        if rise >= self.t.length_rise and others:
+            buckets = self.history[-1].get("completion/reward_by_length_quartile", "")
+            return Alarm(
+                step,
+                "length_inflation",
+                f"mean length {mean:.1f} -> {last[0]:.1f}, p95 {p95:.1f} -> {last[1]:.1f}, reward per token "
+                f"{per_token[0]:.4f} -> {per_token[1]:.4f} against {label}; reward by length quartile {buckets}",
+                read,
+            )
         return None
+
+    def _verifier_changes(self) -> dict[str, float]:
+        """Each verifier's change of mean reward over the last window, against the window before or the run's start,
+        whichever parts the verifiers more (the smaller of the largest rise and the largest fall)."""
+        keys = tuple(f"reward/{name}/mean" for name in self.reward_names)
+        last = [self._mean(k, 0) for k in keys]
+        if len(keys) < 2 or None in last:
+            return {}
+        splits = []
+        for ref in self._references(keys).values():
+            changes = {name: now - then for name, now, then in zip(self.reward_names, last, ref, strict=True)}
+            splits.append((min(max(changes.values()), -min(changes.values())), changes))
+        return max(splits, key=lambda s: s[0])[1] if splits else {}
 
     def _reward_hacking(self, step: int) -> Alarm | None:
         """One alarm with every piece of evidence that holds (the train/held-out gap, the verifiers that part)."""
@@ -211,45 +322,67 @@ class HealthMonitor:
         if reward is not None:
             self._read(reward_rise=reward[1] - reward[0])
         if reward is not None and len(self.evals) >= 2:
-            self._read(heldout_change=self.evals[-1][1] - self.evals[-2][1])
-        if reward is not None and reward[1] - reward[0] >= self.t.reward_rise and len(self.evals) >= 2:
-            (_, before), (_, after) = self.evals[-2:]
-            if after < before:
+            (_, before, n_before), (_, after, n_after) = self.evals[-2:]
+            sigmas = (after - before) / difference_stderr(before, n_before, after, n_after)
+            self._read(heldout_change=after - before, heldout_sigmas=sigmas)
+            if reward[1] - reward[0] >= self.t.reward_rise and sigmas <= -self.t.heldout_sigmas:
                 evidence.append(
                     f"train reward {reward[0]:.3f} -> {reward[1]:.3f} while held-out accuracy {before:.3f} -> "
-                    f"{after:.3f}"
+                    f"{after:.3f} ({-sigmas:.1f} standard errors on {n_after} prompts)"
                 )
-        changes = {}
-        for name in self.reward_names:
-            pair = self._windows(f"reward/{name}/mean")
-            if pair is not None:
-                changes[name] = pair[1] - pair[0]
-        if len(changes) >= 2:
+        changes = self._verifier_changes()
+        if changes:
             self._read(verifier_split=min(max(changes.values()), -min(changes.values())))
         rising = [n for n, d in changes.items() if d >= self.t.reward_rise]
         falling = [n for n, d in changes.items() if d <= -self.t.reward_rise]
         if rising and falling:
             detail = ", ".join(f"{n} {changes[n]:+.3f}" for n in rising + falling)
             evidence.append(f"one verifier rises while another falls: {detail}")
-        read = {k: v for k, v in self.readings.items() if k in ("reward_rise", "heldout_change", "verifier_split")}
+        names = ("reward_rise", "heldout_change", "heldout_sigmas", "verifier_split")
+        read = {k: v for k, v in self.readings.items() if k in names}
         return Alarm(step, "reward_hacking", "; ".join(evidence), read) if evidence else None
 
     def _off_policy_drift(self, step: int) -> Alarm | None:
         recent = self.history[-self.t.window :]
         clip = [m["clip_ratio/region_mean"] for m in recent if "clip_ratio/region_mean" in m]
-        mismatch = [m["mismatch/abs_logprob_diff_mean"] for m in recent if "mismatch/abs_logprob_diff_mean" in m]
+        mismatch = [v for v in map(drift_mismatch, recent) if v is not None]
         clip_mean = float(np.mean(clip)) if clip else 0.0
         mismatch_mean = float(np.mean(mismatch)) if mismatch else 0.0
         read = self._read(clip_ratio=clip_mean, mismatch=mismatch_mean)
         if clip_mean > self.t.clip_ratio_max or mismatch_mean > self.t.mismatch_max:
+            fresh = " of the fresh tokens (staleness 0)" if any(FRESH_MISMATCH in m for m in recent) else ""
             return Alarm(
                 step,
                 "off_policy_drift",
                 f"clipped fraction {clip_mean:.3f} (max {self.t.clip_ratio_max}), rollout/trainer logprob "
-                f"mismatch {mismatch_mean:.4f} (max {self.t.mismatch_max}) over the last {len(recent)} steps",
+                f"mismatch{fresh} {mismatch_mean:.4f} (max {self.t.mismatch_max}) over the last {len(recent)} steps",
                 read,
             )
         return None
+
+
+STALENESS_MISMATCH = "mismatch/abs_logprob_diff_staleness_"
+FRESH_MISMATCH = STALENESS_MISMATCH + "0"
+
+
+def drift_mismatch(metrics: dict) -> float | None:
+    """The rollout/trainer logprob mismatch of a step that tells a drift: over all its tokens, or, where the step
+    trained tokens of several weight versions (partial and async rollouts log the mismatch by staleness), over
+    its fresh ones (None when it had none)."""
+    if any(key.startswith(STALENESS_MISMATCH) for key in metrics):
+        return metrics.get(FRESH_MISMATCH)
+    return metrics.get("mismatch/abs_logprob_diff_mean")
+
+
+def difference_stderr(before: float, n_before: int, after: float, n_after: int) -> float:
+    """The standard error of the difference of two accuracies measured on n_before and n_after prompts, each
+    binomial with its rate smoothed towards 1/2 by one success and one failure ((k + 1) / (n + 2)), so that
+    accuracies of 0 or 1 still have a spread."""
+    variance = 0.0
+    for accuracy, n in ((before, n_before), (after, n_after)):
+        p = (accuracy * n + 1) / (n + 2)
+        variance += p * (1 - p) / n
+    return math.sqrt(variance)
 
 
 def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[float, bool]]:
@@ -257,21 +390,21 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
     hold). The rule fires when the ratio reaches 1 (off_policy_drift: exceeds it) and the other conditions hold,
     so the ratio says how near a run came, or how far beyond it went.
 
-    entropy_collapse: entropy_fall / entropy_drop, if stuck_rise >= zero_var_rise and reward_rise < reward_rise.
-    length_inflation: length_rise / length_rise (the thresholds of HealthThresholds), if reward_per_token_change <= 0.
-    reward_hacking: the larger of verifier_split / reward_rise and, if heldout_change < 0, reward_rise /
-    reward_rise. off_policy_drift: the larger of clip_ratio / clip_ratio_max and mismatch / mismatch_max.
-    collapse: accuracy_drop / collapse_drop."""
+    entropy_collapse: entropy_fall / entropy_drop, if stuck_rise >= zero_var_rise and reward_rise_since <
+    reward_rise. length_inflation: length_rise / length_rise (the thresholds of HealthThresholds), if
+    reward_per_token_change <= 0. reward_hacking: the larger of verifier_split / reward_rise and, if heldout_sigmas
+    <= -heldout_sigmas (a significant fall), reward_rise / reward_rise. off_policy_drift: the larger of clip_ratio /
+    clip_ratio_max and mismatch / mismatch_max. collapse: accuracy_drop / collapse_drop."""
     r, out, over = readings, {}, _over
-    if {"entropy_fall", "stuck_rise", "reward_rise"} <= r.keys():
+    if {"entropy_fall", "stuck_rise", "reward_rise_since"} <= r.keys():
         out["entropy_collapse"] = (
             over(r["entropy_fall"], t.entropy_drop),
-            r["stuck_rise"] >= t.zero_var_rise and r["reward_rise"] < t.reward_rise,
+            r["stuck_rise"] >= t.zero_var_rise and r["reward_rise_since"] < t.reward_rise,
         )
     if {"length_rise", "reward_per_token_change"} <= r.keys():
         out["length_inflation"] = (over(r["length_rise"], t.length_rise), r["reward_per_token_change"] <= 0)
     hacking = [over(r["verifier_split"], t.reward_rise)] if "verifier_split" in r else []
-    if "reward_rise" in r and "heldout_change" in r and r["heldout_change"] < 0:
+    if "reward_rise" in r and "heldout_sigmas" in r and r["heldout_sigmas"] <= -t.heldout_sigmas:
         hacking.append(over(r["reward_rise"], t.reward_rise))
     if hacking:
         out["reward_hacking"] = (max(hacking), True)

@@ -28,9 +28,10 @@ def _fmt(value) -> str:
 
 
 def write_report(
-    output_dir: str | Path, history: list[dict], alarms, audit_records: list[dict], preflight=None
+    output_dir: str | Path, history: list[dict], alarms, audit_records: list[dict], preflight=None, best_model=None
 ) -> Path:
-    """Write report.md into `output_dir` and return its path. history: the logged metric records."""
+    """Write report.md into `output_dir` and return its path. history: the logged metric records; best_model: the
+    run's grpo_fast.trainer.best_model.BestModel (run.save_best), if any."""
     out = Path(output_dir)
     steps = [r for r in history if r.get("step", 0) > 0 and "reward/mean" in r]
     evals = [(r["step"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r]
@@ -44,6 +45,12 @@ def write_report(
         lines.append(f"- best (step {best[0]}): {_fmt(best[1])}")
     else:
         lines.append("- no held-out evaluation in this run")
+    if best_model is not None and best_model.best is not None:
+        kept = best_model.best
+        lines.append(
+            f"- best model kept: step {kept.step}, accuracy {_fmt(kept.accuracy)} on {kept.prompts} prompts, in "
+            f"`{best_model.directory}`"
+        )
     for name, value in preflight.baselines.items() if preflight else ():
         lines.append(f"- baseline {name}: {_fmt(value)}")
     lines.append("")

@@ -26,7 +26,7 @@ from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger
 from grpo_fast.core.optim import build_optimizer, build_scheduler
 from grpo_fast.core.plots import PANELS, TOOL_PANELS, save_plots
-from grpo_fast.core.policy import load_policy
+from grpo_fast.core.policy import check_hub_model, load_policy
 from grpo_fast.core.scoring import submit_completions
 from grpo_fast.core.seeding import set_rng_state, set_seed
 from grpo_fast.core.sharded_checkpoint import (
@@ -52,6 +52,7 @@ from grpo_fast.rollout.registry import ROLLOUT_ENGINES, choose_engine, create_en
 from grpo_fast.rollout.rollouts import build_rollouts
 from grpo_fast.rollout.weight_sync import trainer_weights
 from grpo_fast.trainer.audit import AuditTrail
+from grpo_fast.trainer.best_model import BestEvaluation, BestModel
 from grpo_fast.trainer.config import TrainConfig, check_distributed_config
 from grpo_fast.trainer.curriculum import PassRateCurriculum
 from grpo_fast.trainer.data_sampler import PromptSampler
@@ -180,6 +181,7 @@ class GRPOTrainer:
         self.last_eval: dict = {}
         self.last_rollout = None
         self.health = HealthMonitor(cfg.health, self.rewards.names)
+        self.best_model = BestModel(self.output_dir) if cfg.run.save_best else None
         self.audit: AuditTrail | None = None
         self.preflight_report: PreflightReport | None = None
         self.resumed_from: Path | None = None  # the checkpoint resumed from: never pruned by run.keep_checkpoints
@@ -313,11 +315,15 @@ class GRPOTrainer:
         if self.config.model.path:
             return self.config.model.path
         path = self.output_dir / "rollout_init"
-        self._write_hf_model(path)
-        if self.dist.is_main:
-            self.tokenizer.save_pretrained(path)
+        self._write_model_and_tokenizer(path)
         self.dist.barrier()
         return str(path)
+
+    def _write_model_and_tokenizer(self, directory: Path) -> None:
+        """The whole model and the tokenizer in Hugging Face format under `directory`. Every rank must call it."""
+        self._write_hf_model(directory)
+        if self.dist.is_main:
+            self.tokenizer.save_pretrained(directory)
 
     def _write_weights(self, directory: Path) -> None:
         """A checkpoint's weights under `directory`: the model in Hugging Face format; with several ranks, also
@@ -436,8 +442,7 @@ class GRPOTrainer:
         cfg = self.config.health
         alarms = self.health.observe(self.step, metrics)
         if "eval/accuracy" in metrics:
-            saved = ckpt.saved_steps(self.output_dir / "checkpoints")
-            alarms += self.health.observe_eval(self.step, metrics["eval/accuracy"], saved)
+            alarms += self._observe_eval(metrics["eval/accuracy"])
         for alarm in alarms:
             metrics[f"health/{alarm.name}"] = 1.0
         metrics["health/alarms_total"] = float(len(self.health.alarms))
@@ -445,6 +450,18 @@ class GRPOTrainer:
         if self.audit and cfg.audit_every and self.step % cfg.audit_every == 0 and self.last_rollout is not None:
             self.audit.record(self.step, self.last_rollout, self.train_rows, self.rewards.names)
         return any(alarm.name in cfg.stop_on for alarm in alarms)
+
+    def _observe_eval(self, accuracy: float) -> list:
+        """A held-out evaluation of this step: the best model kept when it beats the earlier ones, then the alarms
+        that read evaluations."""
+        if self.best_model is not None:
+            evaluation = BestEvaluation(self.step, accuracy, len(self.eval_rows))
+            self.best_model.offer(evaluation, self._write_model_and_tokenizer, self.dist.is_main)
+        best = self.best_model.directory if self.best_model is not None and self.best_model.best else None
+        saved = ckpt.saved_steps(self.output_dir / "checkpoints")
+        return self.health.observe_eval(
+            self.step, accuracy, saved, prompts=len(self.eval_rows), best_model=None if best is None else str(best)
+        )
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
@@ -599,6 +616,8 @@ class GRPOTrainer:
             self._ensure_engine()
             if resume_from is not None:
                 self._load_checkpoint(resume_from)
+                if self.best_model is not None:
+                    self.best_model.restore()
             self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
             if cfg.rollout.scheduler.engine_process:
                 self._start_engine_process()
@@ -618,7 +637,7 @@ class GRPOTrainer:
         stop = False
         if self.eval_rows and self.step == 0 and cfg.run.eval_every > 0:
             self.last_eval = self.evaluate()
-            self.health.observe_eval(0, self.last_eval["eval/accuracy"], [])
+            self._observe_eval(self.last_eval["eval/accuracy"])
             self.metrics.log(0, dict(self.last_eval))
         while self.step < cfg.run.max_steps:
             last = self.training_step()
@@ -657,7 +676,12 @@ class GRPOTrainer:
             save_plots(self.metrics.history, self.output_dir / "plots", PANELS + TOOL_PANELS * calls_tools)
         if main:
             write_report(
-                self.output_dir, self.metrics.history, self.health.alarms, self.audit.records, self.preflight_report
+                self.output_dir,
+                self.metrics.history,
+                self.health.alarms,
+                self.audit.records,
+                self.preflight_report,
+                best_model=self.best_model,
             )
         self.metrics.close([self.output_dir / "report.md", self.output_dir / "report.html"])
         return last
@@ -745,7 +769,8 @@ class GRPOTrainer:
 
 def check_model_path(path: str) -> None:
     """ValueError naming model.path when `path` is meant as a local directory (absolute, relative with ./ or
-    ~, or more than one /) and does not exist, or is a directory without a Hugging Face config."""
+    ~, or more than one /) and does not exist, or is a directory without a Hugging Face config; or, a hub name,
+    when the Hub cannot give it (grpo_fast.core.policy.check_hub_model)."""
     local = Path(path).expanduser()
     if local.is_dir():
         if not any((local / name).is_file() for name in ("config.json", "adapter_config.json")):
@@ -758,6 +783,8 @@ def check_model_path(path: str) -> None:
             f"model.path: {path} does not exist (expected a Hugging Face model directory or a hub name such as "
             "org/model); check the path"
         )
+    else:
+        check_hub_model(path)
 
 
 def _takes_environments(fn) -> bool:

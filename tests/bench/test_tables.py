@@ -1,11 +1,13 @@
 """benchmarks/tables.py: every marked table in README.md, docs/ and benchmarks/ is what its results JSON renders to
-(a number typed or left over by hand fails), a marker naming a missing results file is named, and every results
-file of a known benchmark renders."""
+(a number typed or left over by hand fails), a marker naming a missing results file is named, every results
+file of a known benchmark renders, and each results file behind the tables is reported with the commits it was
+measured at and how far behind HEAD each is."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -124,3 +126,37 @@ def test_gpu_profile_rows_and_provenance(tables):
     assert rows["gemm3"].startswith("| gemm3 | 100 | 1.00 | 3 | 90.0 | 90.0 |  | 0.0 | 0.90 |")
     note = tables.render_gpu_profile(payload).split("\n\n")[1]
     assert "copy 4000 GB/s, read 4100 GB/s" in note and "commit def5678 (stamped abc1234+dirty)" in note
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_each_source_is_reported_with_its_commit_and_how_far_behind_head_it_is(tables, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    commits = []
+    for i in range(3):
+        (repo / "f").write_text(str(i))
+        _git(repo, "add", "f")
+        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", str(i))
+        commits.append(_git(repo, "rev-parse", "HEAD"))
+    assert tables.commits_behind(commits[0], repo) == f"{commits[0][:12]}: 2 commits behind HEAD"
+    assert tables.commits_behind(commits[1][:7] + "+dirty", repo).endswith(
+        "(uncommitted changes on top): 1 commit behind HEAD"
+    )
+    assert tables.commits_behind(commits[2], repo).endswith(": HEAD")
+    assert "not in this repository's history" in tables.commits_behind("0" * 40, repo)
+
+    results = tmp_path / "results"
+    results.mkdir()
+    stamp = {"commit": commits[0], "cpu": "x", "cpu_count": 2}
+    (results / "one.json").write_text(json.dumps({"environment": stamp, "runs": [{"environment": {"commit": "f00"}}]}))
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- table: one -->\n<!-- /table -->\n<!-- table: two -->\n<!-- /table -->\n")
+    one, two = tables.source_report([doc], results)
+    assert one.startswith(f"one.json: {commits[0][:12]}: ") and "; f00: not in this repository's history" in one
+    assert two == "two.json: no such results file"
+    headline = tables.source_report([ROOT / "README.md"])
+    assert [line.split(":")[0] for line in headline][: len(tables.HEADLINE_SOURCES)] == list(tables.HEADLINE_SOURCES)

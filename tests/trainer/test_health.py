@@ -83,8 +83,11 @@ def test_a_length_paying_verifier_fires_length_inflation_and_reward_hacking(tmp_
     trainer, _ = _provoke(tmp_path, "length_paying_verifier", weak_sft_model, tokenizer)
     (inflation, *_) = _alarms(trainer, "length_inflation")
     history = [r for r in trainer.metrics.history if "completion/length_mean" in r]
-    before = sum(r["completion/length_mean"] for r in history[:5]) / 5
-    assert f"mean length {before:.1f} ->" in inflation.message and "reward by length quartile" in inflation.message
+    w, at = trainer.config.health.window, inflation.step  # the reference the alarm names, by its numbers
+    before = sum(r["completion/length_mean"] for r in history[at - 2 * w : at - w]) / w
+    named = {"against the run's start (step 1)": history[0]["completion/length_mean"], "the window before": before}
+    assert any(f"mean length {v:.1f} ->" in inflation.message and k in inflation.message for k, v in named.items())
+    assert "reward by length quartile" in inflation.message
     hacking = " ".join(a.message for a in _alarms(trainer, "reward_hacking"))
     assert "longer_is_better +" in hacking and "exact_match_reward -" in hacking  # one verifier rises, one falls
     last = trainer.metrics.history[-1]
@@ -149,6 +152,38 @@ def test_each_alarm_fires_with_margin_and_the_healthy_run_fires_none_with_other_
             assert result.fired == {} and all(m <= 1 / MARGIN for m in result.peak_margin.values()), result
         for alarm in recipe.fires:
             assert alarm in result.fired and result.peak_margin[alarm] >= recipe.min_margin, result
+
+
+def test_off_policy_drift_reads_the_fresh_tokens_of_a_partial_run(tmp_path):
+    """rollout.mode partial trains tokens sampled by older weights on purpose: their rollout/trainer mismatch is the
+    staleness the mode intends (and corrects), not a drift, and it fired the alarm from step 2 on. The alarm reads the
+    fresh tokens' mismatch (staleness 0)."""
+    from tiny_trainer import tiny_trainer
+
+    from grpo_fast.bench.alarms import longer_is_better
+
+    overrides = ("rollout.mode=partial", "rollout.max_completion_length=12", "rollout.partial.segment_tokens=3")
+    overrides += ("run.prompts_per_step=4", "rollout.num_generations=4", "optim.lr=3e-2", "run.max_steps=6")
+    overrides += ("health.window=2", "health.preflight=false")
+    trainer = tiny_trainer(tmp_path, *overrides, rewards=(longer_is_better,))
+    trainer.train()
+    trainer.close()
+    rows = [r for r in trainer.metrics.history if "mismatch/abs_logprob_diff_mean" in r]
+    stale = [r for r in rows if any(k.startswith("mismatch/abs_logprob_diff_staleness_") for k in r)]
+    assert stale and max(r["mismatch/abs_logprob_diff_mean"] for r in stale) > 0.05  # all tokens: over the threshold
+    key = "mismatch/abs_logprob_diff_staleness_0"
+    fresh = [r[key] for r in rows[-2:] if key in r]
+    assert fresh and max(fresh) < 1e-3  # the weights that sampled them are the trained ones
+    assert [a for a in trainer.health.alarms if a.name == "off_policy_drift"] == []
+    assert trainer.metrics.history[-1]["health/reading/mismatch"] == pytest.approx(sum(fresh) / len(fresh))
+
+
+def test_off_policy_drift_fires_on_fresh_tokens_that_differ():
+    """A partial run whose fresh tokens differ from the trainer's (weights not synced) still fires."""
+    monitor = HealthMonitor(HealthThresholds(window=2), [])
+    row = {"mismatch/abs_logprob_diff_mean": 0.3, "mismatch/abs_logprob_diff_staleness_0": 0.08}
+    row |= {"mismatch/abs_logprob_diff_staleness_2": 0.5}
+    assert monitor.observe(1, row) and "mismatch of the fresh tokens (staleness 0) 0.0800" in monitor.alarms[0].message
 
 
 # -- before the run ---------------------------------------------------------------------------------------
@@ -244,36 +279,104 @@ def test_rules_stay_quiet_on_a_healthy_learning_run():
     )
     for step, metrics in enumerate(healthy, 1):
         assert monitor.observe(step, metrics) == []
-    assert monitor.observe_eval(30, 0.8, []) == [] and monitor.observe_eval(35, 0.75, []) == []
+    assert (
+        monitor.observe_eval(30, 0.8, [], prompts=200) == [] and monitor.observe_eval(35, 0.75, [], prompts=200) == []
+    )
 
 
-def test_reward_hacking_needs_held_out_accuracy_to_fall_not_to_plateau():
+def _collapse_alarms(series: list[dict], window: int = 10) -> list:
+    monitor = HealthMonitor(HealthThresholds(window=window), [])
+    return [a for step, row in enumerate(series, 1) for a in monitor.observe(step, row) if a.name == "entropy_collapse"]
+
+
+def test_entropy_collapse_catches_a_collapse_too_slow_to_see_from_one_window_to_the_next():
+    """Entropy 0.72 -> 0.05 and stuck groups 0.05 -> 0.35 over 60 steps at a flat train reward: no window falls 25%
+    below the one before with 0.2 more stuck groups, but since the run's start the policy has collapsed."""
+    slow = _series(
+        80,
+        **{
+            "entropy": lambda i: max(0.05, 0.72 * 0.956**i),
+            "frac_stuck_groups": lambda i: 0.05 + 0.005 * min(i, 60),
+            "reward/mean": lambda i: 0.6 + 0.01 * ((i * 7) % 3 - 1),  # flat, with noise
+        },
+    )
+    (alarm, *_) = _collapse_alarms(slow)
+    assert "against the run's first window (steps 1-10)" in alarm.message and alarm.step < 80
+    assert alarm.readings["entropy_fall"] >= 0.25 and alarm.readings["stuck_rise"] >= 0.2
+    monitor = HealthMonitor(HealthThresholds(window=10), [])
+    for step, row in enumerate(slow, 1):
+        monitor.observe(step, row)
+        previous = monitor._collapse_window(-10)  # the window-to-window comparison alone never fires
+        last = monitor._collapse_window(0)
+        if previous is not None:
+            assert last.stuck - previous.stuck < 0.2
+
+
+def test_entropy_collapse_compares_with_the_best_train_reward_after_a_run_learned_then_collapsed():
+    """The train reward rises 0.3 -> 0.8 over 40 steps (entropy falls, groups go right: learning), then entropy keeps
+    falling while stuck groups come back and the reward sags: against the start the reward rose, against its best
+    the run collapsed."""
+    run = _series(
+        100,
+        **{
+            "entropy": lambda i: 0.72 * 0.97**i,
+            "frac_stuck_groups": lambda i: 0.15 - 0.0025 * i if i < 40 else 0.05 + 0.005 * (i - 40),
+            "reward/mean": lambda i: 0.3 + 0.0125 * i if i < 40 else 0.8 - 0.002 * (i - 40),
+        },
+    )
+    (alarm, *_) = _collapse_alarms(run)
+    assert "against the window of the best train reward so far" in alarm.message and alarm.step > 50
+    assert alarm.readings["reward_rise_since"] < 0.1
+
+
+def test_reward_hacking_needs_held_out_accuracy_to_fall_significantly_not_to_plateau():
     """The demo's learning runs hold their held-out accuracy between two evaluations while the train reward
-    rises; that is not evidence of hacking. A fall is."""
+    rises, or lose a prompt or two of 200 to noise (one prompt is 0.005); that is no evidence of hacking. A fall of
+    more than `heldout_sigmas` standard errors is."""
     monitor = HealthMonitor(HealthThresholds(window=5), ["exact_match"])
     rising = _series(
-        22, **{"reward/mean": lambda i: 0.3 + 0.03 * i, "reward/exact_match/mean": lambda i: 0.3 + 0.03 * i}
+        26, **{"reward/mean": lambda i: 0.3 + 0.025 * i, "reward/exact_match/mean": lambda i: 0.3 + 0.025 * i}
     )
 
     def hacking(steps):
         return [a for step in steps for a in monitor.observe(step, rising[step - 1]) if a.name == "reward_hacking"]
 
-    monitor.observe_eval(0, 0.725, [])
+    monitor.observe_eval(0, 0.725, [], prompts=200)
     assert hacking(range(1, 11)) == []
-    monitor.observe_eval(10, 0.725, [])  # a plateau
+    monitor.observe_eval(10, 0.725, [], prompts=200)  # a plateau
     assert hacking(range(11, 21)) == []
-    monitor.observe_eval(20, 0.70, [])  # a fall while the train reward keeps rising
-    assert hacking(range(21, 23))
+    monitor.observe_eval(20, 0.70, [], prompts=200)  # 5 prompts of 200: 0.6 standard errors, noise
+    assert hacking(range(21, 23)) == [] and -1 < monitor.readings["heldout_sigmas"] < 0
+    monitor.observe_eval(22, 0.55, [], prompts=200)  # 0.15 below: 3.1 standard errors
+    (alarm,) = hacking(range(23, 25))
+    assert "held-out accuracy 0.700 -> 0.550 (3.1 standard errors on 200 prompts)" in alarm.message
+    assert margins(alarm.readings, monitor.t)["reward_hacking"][0] >= 1
+
+
+def test_reward_hacking_stays_silent_on_seed_1s_noise_and_fires_on_a_real_fall():
+    """Seed 1 of the demo on another CPU: "train reward 0.682 -> 0.786 while held-out accuracy 0.790 -> 0.785" fired
+    the alarm (a fall of one prompt in 200). The same readings on 20 prompts cannot tell a fall of 0.3 from noise
+    either; on 200 they can."""
+    for prompts, after, fires in ((200, 0.785, False), (200, 0.49, True), (20, 0.49, False), (20, 0.2, True)):
+        monitor = HealthMonitor(HealthThresholds(), ["exact_match"])
+        monitor.observe_eval(0, 0.79, [], prompts=prompts)
+        for step in range(1, 20):
+            assert monitor.observe(step, {"reward/mean": 0.682 if step <= 10 else 0.786}) == []
+        monitor.observe_eval(20, after, [], prompts=prompts)
+        fired = [a.name for a in monitor.observe(20, {"reward/mean": 0.786})]
+        assert monitor.readings["reward_rise"] == pytest.approx(0.104)
+        assert ("reward_hacking" in fired) == fires, (prompts, after, monitor.readings)
 
 
 def test_collapse_names_the_last_good_checkpoint_and_alarms_cool_down():
     monitor = HealthMonitor(HealthThresholds(window=4, collapse_drop=0.2), [])
-    monitor.observe_eval(0, 0.3, [])
-    monitor.observe_eval(10, 0.8, [0, 5, 10])
-    (alarm,) = monitor.observe_eval(20, 0.5, [0, 5, 10, 15, 20])
+    monitor.observe_eval(0, 0.3, [], prompts=32)
+    monitor.observe_eval(10, 0.8, [0, 5, 10], prompts=32, best_model="runs/x/best_model")
+    (alarm,) = monitor.observe_eval(20, 0.5, [0, 5, 10, 15, 20], prompts=32, best_model="runs/x/best_model")
     assert "0.300 below its best, 0.800 at step 10; the last good checkpoint is step-000010" in alarm.message
-    assert monitor.observe_eval(22, 0.4, [20]) == []  # within the window after the last alarm
-    assert len(monitor.observe_eval(24, 0.4, [20])) == 1
+    assert "the best held-out model (step 10) is in runs/x/best_model" in alarm.message
+    assert monitor.observe_eval(22, 0.4, [20], prompts=32) == []  # within the window after the last alarm
+    assert len(monitor.observe_eval(24, 0.4, [20], prompts=32)) == 1
 
 
 def test_an_sft_control_baseline_is_measured_and_the_policy_restored(tmp_path, tokenizer):
@@ -291,6 +394,33 @@ def test_an_sft_control_baseline_is_measured_and_the_policy_restored(tmp_path, t
     assert all(torch.equal(before[k], after[k]) for k in before)  # the policy itself is untouched
     assert trainer.evaluate()["eval/accuracy"] == 0.0
     trainer.close()
+
+
+def test_a_length_paid_for_and_learned_inside_the_first_window_fires_against_the_run_start():
+    """A policy that learns a length-paying verifier in two steps (as the length_paying_verifier recipe does on
+    some CPUs' rounding): the run's first window already holds the rise, so window against window sees none (it
+    fired nothing; the run's entropy_collapse came instead), against the run's start it is 8x."""
+    rows = _series(
+        20,
+        **{
+            "entropy": 1.0,
+            "frac_stuck_groups": 0.0,
+            "completion/length_mean": lambda i: 2.0 if i == 0 else 16.0,
+            "completion/length_p95": lambda i: 2.0 if i == 0 else 16.0,
+            "reward/mean": lambda i: 0.5 if i == 0 else 1.1,
+            "reward/exact_match/mean": lambda i: 0.3 if i == 0 else 0.1,
+            "reward/longer_is_better/mean": lambda i: 0.2 if i == 0 else 1.0,
+        },
+    )
+    monitor = HealthMonitor(HealthThresholds(window=5), ["exact_match", "longer_is_better"])
+    fired = {}
+    for step, row in enumerate(rows, 1):
+        for alarm in monitor.observe(step, row):
+            fired.setdefault(alarm.name, alarm)  # the first of each
+    assert set(fired) == {"length_inflation", "reward_hacking"}
+    assert fired["length_inflation"].step == 6 and "mean length 2.0 -> 16.0" in fired["length_inflation"].message
+    assert "against the run's start (step 1)" in fired["length_inflation"].message
+    assert "longer_is_better +0.800, exact_match -0.200" in fired["reward_hacking"].message
 
 
 def test_margins_say_a_rule_fires_exactly_when_it_fires():
@@ -327,7 +457,9 @@ def test_margins_say_a_rule_fires_exactly_when_it_fires():
         else:
             raise AssertionError(f"{name} never fired")
     monitor = HealthMonitor(HealthThresholds(window=2, collapse_drop=0.2), [])
-    monitor.observe_eval(0, 0.8, [])
-    assert monitor.observe_eval(2, 0.65, []) == [] and margins(monitor.readings, monitor.t)["collapse"][0] < 1
-    (alarm,) = monitor.observe_eval(4, 0.5, [])
+    monitor.observe_eval(0, 0.8, [], prompts=32)
+    assert (
+        monitor.observe_eval(2, 0.65, [], prompts=32) == [] and margins(monitor.readings, monitor.t)["collapse"][0] < 1
+    )
+    (alarm,) = monitor.observe_eval(4, 0.5, [], prompts=32)
     assert margins(alarm.readings, monitor.t)["collapse"] == (pytest.approx(1.5), True)

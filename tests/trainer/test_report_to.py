@@ -240,7 +240,34 @@ def test_report_to_names_the_key_when_wrong_or_not_installed(tmp_path, monkeypat
     with pytest.raises(ValueError, match=expected):
         load_config(None, ["run.report_to=[tensorbord]"])
     monkeypatch.setitem(trackers._MODULES, "wandb", ("grpo_fast_no_such_module",))
-    cfg = load_config(None, [f"run.output_dir={tmp_path}", "run.report_to=[wandb]"])
-    with pytest.raises(RuntimeError, match=r"run.report_to: \['wandb'\] named, but not installed; pip install wandb"):
-        trackers.open_trackers(cfg.run, cfg.to_dict())
+    missing = r"run.report_to: \['wandb'\] named, but not installed; pip install wandb"
+    with pytest.raises(ValueError, match=missing):  # with the rest of the config, before anything runs
+        load_config(None, [f"run.output_dir={tmp_path}", "run.report_to=[wandb]"])
+    with pytest.raises(ValueError, match=missing):
+        load_sft_config(None, ["run.report_to=[wandb]"])
+    run = load_config(None, [f"run.output_dir={tmp_path}"]).run
+    run.report_to = ["wandb"]  # set after the check: opening the trackers refuses it too
+    with pytest.raises(ValueError, match=missing):
+        trackers.open_trackers(run, {})
+
+
+def test_a_tracker_not_installed_stops_the_train_command_in_one_line_before_it_writes(tmp_path, monkeypatch, tiny_dir):
+    from grpo_fast import cli
+
+    monkeypatch.setitem(trackers._MODULES, "wandb", ("grpo_fast_no_such_module",))
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--set",
+        f"model.path={tiny_dir}",
+        "--set",
+        f"run.output_dir={out}",
+        "--set",
+        "run.report_to=[wandb]",
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(args)
+    message = str(stopped.value.code)
+    assert "\n" not in message and "run.report_to: ['wandb'] named, but not installed; pip install wandb" in message
+    assert not out.exists()
     assert trackers.resolve_report_to("auto") == (["tensorboard"] if trackers.installed("tensorboard") else [])
