@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from grpo_fast.registry import Registry
+from grpo_fast.registry import Registry, callable_contract
 from grpo_fast.rollout.chat_turns import ChatFormat
 from grpo_fast.rollout.environments import Environments
 from grpo_fast.rollout.generation import CustomRollouts, Rollouts, SingleTurn
@@ -18,8 +18,12 @@ from grpo_fast.rollout.multi_turn import MultiTurn
 from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.rollout.tools import Tool
 
-TOOLS = Registry("tool", {"multiply": "grpo_fast.rollout.builtin_tools:multiply"})
-ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rewards.code.python_tool:PythonEnvironment"})
+TOOLS = Registry("tool", {"multiply": "grpo_fast.rollout.builtin_tools:multiply"}, contract=callable_contract("tool"))
+ENVIRONMENTS = Registry(
+    "environment",
+    {"python": "grpo_fast.rewards.code.python_tool:PythonEnvironment"},
+    contract=callable_contract("environment"),
+)
 
 
 def build_rollouts(
@@ -70,4 +74,4 @@ def _factory(spec: str | Mapping[str, str] | None):
 def _custom(spec: str | None):
     if spec is None:
         return None
-    return Registry("rollout function", {}).get(spec)
+    return Registry("rollout function", contract=callable_contract("rollout function")).get(spec)
