@@ -129,14 +129,14 @@ def callable_contract(kind: str) -> Contract:
 
 def import_modules(modules: Iterable[str], key: str = "imports") -> None:
     """Import each of `modules` (a config's plug-in modules, whose imports register their entries); ValueError naming
-    `key` and the module that fails to import."""
+    `key` and the module that fails to import or whose registration a registry refuses."""
     for index, module in enumerate(modules):
         if not isinstance(module, str) or not module or ":" in module:
             raise ValueError(f"{key}[{index}]: expected a module name such as 'my_pkg.losses', got {module!r}")
         try:
             importlib.import_module(module)
-        except ImportError as err:
-            raise ValueError(f"{key}[{index}]: cannot import {module!r} ({err})") from err
+        except (ImportError, TypeError, ValueError) as err:
+            raise ValueError(f"{key}[{index}]: importing {module!r} failed: {err}") from err
 
 
 def lazy_exports(package: str, exports: Mapping[str, str]):

@@ -89,7 +89,7 @@ def check_loss_type(name: str, loss_type: Any) -> LossType:
     naming what is wrong otherwise."""
     if not isinstance(loss_type, LossType):
         raise TypeError(f"loss type {name!r}: expected a LossType, got {type(loss_type).__name__}")
-    if loss_type.name != name:
+    if ":" not in name and loss_type.name != name:  # "package.module:attribute" names no `name`
         raise TypeError(f"loss type {name!r}: its `name` is {loss_type.name!r}")
     if not isinstance(loss_type.reduction, Reduction):
         raise TypeError(f"loss type {name!r}: reduction must be a member of Reduction, got {loss_type.reduction!r}")
