@@ -106,7 +106,7 @@ class GRPOLossConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         objective = self.objective_spec
-        object.__setattr__(self, "objective_settings", objective.settings(dict(self.objective_options)))
+        objective.settings(dict(self.objective_options))  # checks them
         if self.importance_sampling_level not in objective.levels:
             raise ValueError(
                 f"importance_sampling_level: the objective {objective.name!r} takes {list(objective.levels)} (its "
@@ -132,8 +132,8 @@ class GRPOLossConfig:
 
     @property
     def options(self) -> Any:
-        """The objective's options (its `options` class, from objective_options), or None."""
-        return self.__dict__["objective_settings"]
+        """The objective's options (an instance of its `options` class, from objective_options), or None."""
+        return self.objective_spec.settings(dict(self.objective_options))
 
     @property
     def needs_whole_sequences(self) -> bool:
