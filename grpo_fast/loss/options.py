@@ -23,6 +23,11 @@ class GRPOLossConfig:
     `grpo-fast train --help-config` prints them). The loss types and objectives: grpo_fast.loss.loss_types and
     grpo_fast.loss.objectives (docs/config.md lists them, generated from the registries)."""
 
+    # The objective's options, built once in __post_init__, live in a slot: __dict__ holds the fields alone (code
+    # that copies a config through it keeps working), and torch.compile reads a built object instead of tracing
+    # the options' construction and checks (which it cannot: they resolve type hints).
+    __slots__ = ("_objective_settings", "__dict__", "__weakref__")
+
     loss_type: str = option(
         "dapo",
         "the loss type: an objective and a reduction (the loss types table of docs/config.md; TRL's names where TRL "
@@ -106,7 +111,7 @@ class GRPOLossConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         objective = self.objective_spec
-        objective.settings(dict(self.objective_options))  # checks them
+        object.__setattr__(self, "_objective_settings", objective.settings(dict(self.objective_options)))
         if self.importance_sampling_level not in objective.levels:
             raise ValueError(
                 f"importance_sampling_level: the objective {objective.name!r} takes {list(objective.levels)} (its "
@@ -117,6 +122,13 @@ class GRPOLossConfig:
         if self.delta is not None and not self.delta > 1.0 + self.clip_high:
             raise ValueError(f"delta: expected a value > {1.0 + self.clip_high} (1 + epsilon_high), got {self.delta!r}")
         LogitHead(self.logit_scale, self.final_logit_softcapping)  # checks both
+
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_objective_settings", self.objective_spec.settings(dict(self.objective_options)))
 
     @property
     def loss_spec(self) -> LossType:
@@ -133,7 +145,7 @@ class GRPOLossConfig:
     @property
     def options(self) -> Any:
         """The objective's options (an instance of its `options` class, from objective_options), or None."""
-        return self.objective_spec.settings(dict(self.objective_options))
+        return self._objective_settings
 
     @property
     def needs_whole_sequences(self) -> bool:

@@ -3,6 +3,10 @@ error everywhere, and a loss type added through the registry alone works end to 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import pickle
+
 import pytest
 import torch
 
@@ -172,3 +176,14 @@ def test_a_loss_type_added_through_the_registry_alone_runs_in_the_triton_kernels
     triton_result = _loss_and_grads(grpo_loss, batch, _config(dummy_loss_type, beta=0.04, backend="triton"))
     for got, want in zip(triton_result, torch_result, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_config_copied_keeps_its_objective_options():
+    """The objective's options are built once, outside __dict__: a copy through __dict__ (the benchmarks'), a pickle
+    (a process boundary), a deepcopy and dataclasses.replace each carry them, and __dict__ holds the fields alone."""
+    config = GRPOLossConfig(loss_type="icepop", objective_options={"alpha": 0.4})
+    assert set(config.__dict__) == {f.name for f in dataclasses.fields(config)}
+    copies = [GRPOLossConfig(**config.__dict__), pickle.loads(pickle.dumps(config)), copy.deepcopy(config)]
+    copies.append(dataclasses.replace(config, beta=0.1))
+    for other in copies:
+        assert (other.options.alpha, other.options.beta) == (0.4, config.options.beta)
