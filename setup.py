@@ -1,5 +1,6 @@
-"""Build script: packages (with `kernels/` shipped as `grpo_fast.kernels`) and the optional
-C++/CUDA extension `grpo_fast._C` compiled from `csrc/` through torch's cpp_extension.
+"""Build script: packages (with `kernels/` shipped as `grpo_fast.kernels`; grpo_fast/kernels/__init__.py, which points
+a source tree's package at kernels/, is not installed) and the optional C++/CUDA extension `grpo_fast._C` compiled
+from `csrc/` through torch's cpp_extension.
 
 Environment:
   GRPO_FAST_SKIP_EXT=1     do not build the extension (pure-Python install).
@@ -22,7 +23,7 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).parent
-PACKAGES = find_packages(include=["grpo_fast", "grpo_fast.*"]) + ["grpo_fast.kernels"]
+PACKAGES = find_packages(include=["grpo_fast", "grpo_fast.*"], exclude=["grpo_fast.kernels"]) + ["grpo_fast.kernels"]
 PACKAGE_DIR = {"grpo_fast.kernels": "kernels"}
 
 

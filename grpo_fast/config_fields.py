@@ -63,16 +63,20 @@ def option(
     help: str = "",  # noqa: A002 (the metadata key of transformers' argument dataclasses)
     *,
     factory: Callable[[], Any] | None = None,
-    choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+    choices: Iterable[str] | Callable[[], Iterable[str]] | Any | None = None,
+    also: tuple[str, ...] = (),
     low: float | None = None,
     high: float | None = None,
     low_open: bool = False,
     high_open: bool = False,
 ) -> Any:
-    """A dataclass field with its help, choices (a collection, or a function giving the current ones, e.g. a
-    registry's names) and bounds; `factory` for mutable defaults."""
+    """A dataclass field with its help, choices (a collection, a function giving the current ones, or a registry —
+    grpo_fast.registry.Registry: its names, or "package.module:attribute", loaded and checked when the value is set —
+    with `also` further values it admits, such as "auto") and bounds; `factory` for mutable defaults."""
     metadata: dict[str, Any] = {"help": " ".join(help.split())}
-    if choices is not None:
+    if _is_registry(choices):
+        metadata["registry"], metadata["also"] = choices, tuple(also)
+    elif choices is not None:
         metadata["choices"] = choices if callable(choices) else tuple(choices)
     if low is not None or high is not None:
         metadata["bounds"] = Bounds(low, high, low_open, high_open)
@@ -88,7 +92,11 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def choices_of(field: dataclasses.Field) -> tuple | None:
-    """A field's allowed values: its `choices`, or the values of a Literal type; None when unrestricted."""
+    """A field's allowed values: its `choices` (a registry's: its names and the path spelling), or the values of a
+    Literal type; None when unrestricted."""
+    registry = field.metadata.get("registry")
+    if registry is not None:
+        return (*field.metadata["also"], *registry.names(), "package.module:attribute")
     choices = field.metadata.get("choices")
     if callable(choices):
         return tuple(choices())
@@ -101,7 +109,11 @@ def check_field(cls: type, name: str, value: Any, key: str, from_text: bool = Fa
     3e-4); ValueError naming `key` for anything else."""
     field = cls.__dataclass_fields__[name]
     value = coerce(value, field_types(cls)[name], key, from_text)
-    choices = choices_of(field)
+    registry = field.metadata.get("registry")
+    if registry is not None and value is not None and value not in field.metadata["also"]:
+        registry.get(value, key=key)  # a registered name, or "package.module:attribute" that loads and passes
+        return value
+    choices = None if registry is not None else choices_of(field)
     if choices is not None and value is not None and value not in choices:
         raise ValueError(f"{key}: expected one of {choices}, got {value!r}")
     bounds = field.metadata.get("bounds")
@@ -109,6 +121,11 @@ def check_field(cls: type, name: str, value: Any, key: str, from_text: bool = Fa
         if not bounds.admits(value):
             raise ValueError(f"{key}: expected a value {bounds.text()}, got {value!r}")
     return value
+
+
+def _is_registry(choices: Any) -> bool:
+    """Whether `choices` is a registry (grpo_fast.registry.Registry, by its interface: this layer imports none)."""
+    return callable(getattr(choices, "names", None)) and callable(getattr(choices, "get", None))
 
 
 def coerce(value: Any, hint: Any, key: str, from_text: bool = False) -> Any:

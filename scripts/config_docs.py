@@ -1,7 +1,8 @@
 """Writes docs/config.md, the reference of every config key, from the config fields themselves (their type,
-default, bounds and help), and docs/trl.md, what grpo_fast makes of each field of TRL's GRPOConfig (from
-grpo_fast.trainer.trl_args's tables; skipped without TRL installed). `python scripts/config_docs.py --check` fails
-when a file is not current (tests/core/test_config_tree.py and tests/rollout/test_trl_drop_in.py run it)."""
+default, bounds and help) and the loss types and objectives from their registries, and docs/trl.md, what grpo_fast
+makes of each field of TRL's GRPOConfig (from grpo_fast.trainer.trl_args's tables; skipped without TRL installed).
+`python scripts/config_docs.py --check` fails when a file is not current (tests/core/test_config_tree.py and
+tests/rollout/test_trl_drop_in.py run it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from grpo_fast.core.config_tree import markdown_tables
+from grpo_fast.core.config_tree import iter_keys, markdown_tables
+from grpo_fast.loss import LOSS_TYPES, OBJECTIVES
 from grpo_fast.sft.config import SFTConfig
 from grpo_fast.trainer.config import SampleRunConfig, TrainConfig
 
@@ -37,11 +39,39 @@ key's new home when it moved.
 """
 
 
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+
+def loss_tables() -> str:
+    """The loss types and the objectives (with their options), generated from LOSS_TYPES and OBJECTIVES."""
+    lines = ["## Loss types (`loss.loss_type`)", "", "| name | objective | reduction | TRL's name | summary |"]
+    lines.append("|---|---|---|---|---|")
+    for name, row in LOSS_TYPES.items():
+        trl = f"`{row.trl_name}`" if row.trl_name else "—"
+        lines.append(_row(f"`{name}`", f"`{row.objective.name}`", row.reduction.value, trl, row.summary))
+    lines += ["", "## Objectives (`loss.objective`; their own options under `loss.objective_options`)", ""]
+    lines += ["| name | reads from the rollout | Triton kernel | summary |", "|---|---|---|---|"]
+    for name, objective in OBJECTIVES.items():
+        reads = "the engine's logprobs" if objective.needs_rollout_logprobs else "—"
+        kernel = "yes" if objective.kernel is not None else "no (PyTorch)"
+        lines.append(_row(f"`{name}`", reads, kernel, objective.summary))
+    for name, objective in OBJECTIVES.items():
+        if objective.options is not None:
+            lines += ["", f"### `{name}` options", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+            for doc in iter_keys(objective.options, "loss.objective_options"):
+                constraint = f" ({doc.constraint})" if doc.constraint else ""
+                lines.append(_row(f"`{doc.key}`", doc.type, f"`{doc.default}`", doc.help + constraint))
+    return "\n".join(lines) + "\n"
+
+
 def render() -> str:
     parts = [
         INTRO,
         "# `grpo-fast train` / `check` (TrainConfig)\n",
         markdown_tables(TrainConfig(), heading="##"),
+        "\n# Loss types and objectives\n",
+        loss_tables(),
         "\n# `grpo-fast sample` (SampleRunConfig: the training sections above, and)\n",
         markdown_tables(SampleRunConfig(), sections=("sample",), heading="##"),
         "\n# `grpo-fast sft` (SFTConfig)\n",

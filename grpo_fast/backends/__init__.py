@@ -8,7 +8,8 @@
 | cpu    | CPU    | grpo_fast._C: ATen GEMMs + OpenMP epilogue |
 
 Built-ins are imported on first use. `register_backend(name, backend)` adds one (checked against the contract
-at once); the loss's `backend=` option then accepts its name.
+at once, grpo_fast.backends.base.check_backend); the loss's `backend=` option then accepts its name, and a backend
+object is also named without registering as "package.module:attribute".
 
 "auto" takes the first backend of `AUTO_ORDER` that loads, runs on the device and passes a one-time
 self-check there (a tiny forward and backward against the torch backend): a backend that fails to compile or
@@ -20,16 +21,17 @@ Nothing here touches the GPU at import time.
 
 from __future__ import annotations
 
-import importlib
 import logging
 
 import torch
 
+from ..registry import Registry
 from .base import Backend, Capabilities, ChunkedHooks, LogprobStats, check_backend
 from .chunked import TORCH_BACKEND, ChunkedBackend
 
 __all__ = [
     "AUTO_ORDER",
+    "BACKENDS",
     "Backend",
     "Capabilities",
     "ChunkedBackend",
@@ -42,13 +44,17 @@ __all__ = [
     "self_check",
 ]
 
-# name -> the backend, or "module:attribute" (relative to this package) imported on first use
-_ENTRIES: dict[str, Backend | str] = {
-    "torch": TORCH_BACKEND,
-    "triton": ".triton:TRITON_BACKEND",
-    "cuda": ".native:CUDA_BACKEND",
-    "cpu": ".native:CPU_BACKEND",
-}
+BACKENDS = Registry(
+    "backend",
+    {
+        "torch": TORCH_BACKEND,
+        "triton": "grpo_fast.backends.triton:TRITON_BACKEND",
+        "cuda": "grpo_fast.backends.native:CUDA_BACKEND",
+        "cpu": "grpo_fast.backends.native:CPU_BACKEND",
+    },
+    contract=check_backend,
+)
+"""The backends by name (the loss's `backend` option; "auto" chooses among them, see AUTO_ORDER)."""
 AUTO_ORDER: dict[str, tuple[str, ...]] = {"cuda": ("triton", "cuda", "torch"), "cpu": ("cpu", "torch")}
 """What "auto" tries, in order, per device type."""
 _AUTO_CHOICE: dict[str, Backend] = {}  # device type -> the backend "auto" settled on
@@ -59,9 +65,9 @@ logger = logging.getLogger(__name__)
 def register_backend(name: str, backend: Backend, *, auto_on: tuple[str, ...] = ()) -> Backend:
     """Add `backend` under `name` (checked against the contract now); `auto_on`: device types on which "auto"
     tries it before the torch backend."""
-    if name == "auto" or name in _ENTRIES:
-        raise ValueError(f"backend {name!r} is already registered")
-    _ENTRIES[name] = check_backend(name, backend)
+    if name == "auto":
+        raise ValueError("backend 'auto' is already registered (it chooses among the others)")
+    BACKENDS.register(name, backend)
     for device_type in auto_on:
         order = AUTO_ORDER.get(device_type, ("torch",))
         AUTO_ORDER[device_type] = (*order[:-1], name, order[-1])
@@ -71,20 +77,15 @@ def register_backend(name: str, backend: Backend, *, auto_on: tuple[str, ...] = 
 
 def backend_names() -> tuple[str, ...]:
     """The registered backend names (without "auto")."""
-    return tuple(_ENTRIES)
+    return BACKENDS.names()
 
 
 def _load(name: str) -> Backend:
     """The backend object, or ImportError saying why it cannot load."""
-    entry = _ENTRIES[name]
-    if isinstance(entry, str):
-        module, _, attribute = entry.partition(":")
-        try:
-            loaded = getattr(importlib.import_module(module, __name__), attribute)
-        except (ImportError, AttributeError) as err:
-            raise ImportError(f"backend {name!r} is unavailable: {err}") from err
-        entry = _ENTRIES[name] = check_backend(name, loaded)
-    return entry
+    try:
+        return BACKENDS.get(name)
+    except ValueError as err:
+        raise ImportError(f"backend {name!r} is unavailable: {err}") from err
 
 
 def unavailable_reason(name: str, device: torch.device) -> str | None:
@@ -96,14 +97,14 @@ def unavailable_reason(name: str, device: torch.device) -> str | None:
 
 
 def get_backend(name: str, device: torch.device) -> Backend:
-    """Resolve `name` ("auto" or a registered name) for tensors on `device`."""
+    """Resolve `name` ("auto", a registered name or "package.module:attribute") for tensors on `device`."""
     if name == "auto":
         if device.type not in _AUTO_CHOICE:
             _AUTO_CHOICE[device.type] = _choose_auto(device)
         return _AUTO_CHOICE[device.type]
-    if name not in _ENTRIES:
+    if name not in BACKENDS and ":" not in str(name):
         raise ValueError(f"backend: expected 'auto' or one of {backend_names()}, got {name!r}")
-    backend = _load(name)
+    backend = _load(name) if name in BACKENDS else BACKENDS.get(name, key="backend")
     reason = backend.availability(device)
     if reason is not None:
         raise ValueError(f"backend: {name!r} does not run on {device.type} tensors here: {reason}")
@@ -148,4 +149,4 @@ def self_check(backend, device: torch.device) -> str | None:
 
 def available_backends(device: torch.device) -> list[str]:
     """Names of the backends that load and run on `device`."""
-    return [name for name in _ENTRIES if unavailable_reason(name, device) is None]
+    return [name for name in BACKENDS.names() if unavailable_reason(name, device) is None]

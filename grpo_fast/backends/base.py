@@ -9,7 +9,8 @@ pass (3 GEMMs instead of 4, see grpo_fast.backends.chunked). A backend with a la
 never the loss's own types: which loss options map to which kernel options is layer 2's business
 (grpo_fast.loss.token_loss).
 
-`check_backend` enforces the contract when a backend is registered (grpo_fast.backends.register_backend).
+`check_backend` is the contract of the BACKENDS registry (grpo_fast.backends): enforced when a backend is registered
+or first loaded.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def check_backend(name: str, backend: object) -> Backend:
     missing = [member for member in required if not callable(getattr(backend, member, None))]
     if missing:
         raise TypeError(f"backend {name!r}: missing {missing} (grpo_fast.backends.base.Backend / ChunkedHooks)")
-    if getattr(backend, "name", None) != name:
+    if ":" not in name and getattr(backend, "name", None) != name:  # "package.module:attribute" names no `name`
         raise TypeError(f"backend {name!r}: its `name` attribute is {getattr(backend, 'name', None)!r}")
     if capabilities.token_loss_kernel is not None and not callable(capabilities.token_loss_kernel):
         raise TypeError(f"backend {name!r}: token_loss_kernel must be callable")

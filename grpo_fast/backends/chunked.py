@@ -59,61 +59,71 @@ class Epilogue(Protocol):
 
 
 class TorchEpilogue:
-    """The epilogue in plain PyTorch ops, fp32 throughout. Rows go in blocks so that the temporaries (the
-    exponentials; with a soft cap also tanh) stay within a budget whatever the tile size: `temp_bytes` on CPU,
-    where a block of a few MiB stays in cache, and `accelerator_temp_bytes` on a GPU, where every op of a
-    block is a kernel launch of ~15 µs of host time: 4 MiB blocks were 3 rows of a 152k vocabulary, ~20
-    launches per 3 rows, and the epilogue ran launch-bound at 12x the three GEMMs (benchmarks/NOTES.md,
-    "First GPU run")."""
+    """The epilogue in plain PyTorch ops, fp32 throughout, with one block-shaped temporary (the probabilities; with
+    a soft cap also tanh): rows go in blocks whose temporaries stay within a budget whatever the tile size, few ops
+    per block, the softmax a row-wise kernel.
 
-    def __init__(self, temp_bytes: int = 4 << 20, accelerator_temp_bytes: int = 256 << 20):
-        self.temp_bytes = temp_bytes
-        self.accelerator_temp_bytes = accelerator_temp_bytes
+    On CPU (`temp_bytes`) every op over a block is an OpenMP parallel region, whose threads wait for each other at
+    its end: on a loaded host a descheduled thread stalls the others, so the cost grows with the number of ops, not
+    the bytes. Blocks of 16 MiB take ~25 of them per 48 MiB chunk where blocks of 4 MiB and ten ops each took ~250
+    (benchmarks/NOTES.md, "The torch backend under load"). On a GPU (`accelerator_temp_bytes`) every op of a block
+    is a kernel launch of ~15 µs of host time: 4 MiB blocks were 3 rows of a 152k vocabulary, and the epilogue ran
+    launch-bound at 12x the three GEMMs (benchmarks/NOTES.md, "First GPU run")."""
+
+    def __init__(self, temp_bytes: int = 16 << 20, accelerator_temp_bytes: int = 256 << 20):
+        self.temp_bytes, self.accelerator_temp_bytes = temp_bytes, accelerator_temp_bytes
 
     def _blocks(self, z, softcap):
-        temporaries = 3 if softcap else 2
         budget = self.temp_bytes if z.device.type == "cpu" else self.accelerator_temp_bytes
+        temporaries = 2 if softcap else 1
         return row_slices(z.shape[0], budget // (temporaries * z.shape[1] * z.element_size()))
 
+    @torch.no_grad()
     def stats(self, z, targets, softcap=0.0):
         out = torch.empty(3, z.shape[0], dtype=z.dtype, device=z.device)
-        for rows in self._blocks(z, softcap):
-            block = z[rows]
-            if softcap:  # the logits κ tanh(x / κ) of the block x
-                block = torch.div(block, softcap).tanh_().mul_(softcap)
-            row_max = block.amax(dim=1, keepdim=True)
-            shifted = torch.sub(block, row_max)
-            exp = shifted.exp()
-            sum_exp = exp.sum(dim=1)
-            # H = log Σ e^{z−m} − Σ_v e^{z_v − m} (z_v − m) / Σ e^{z−m}: in shifted units, so that nothing of the
-            # size of the logits themselves cancels (unshifted, logits of ±15 lost 1e-5 of H in fp32).
-            sum_exp_z = torch.bmm(exp.unsqueeze(1), shifted.unsqueeze(2)).view(-1)
-            log_sum_exp = torch.log(sum_exp)
-            out[2, rows] = row_max.view(-1) + log_sum_exp
-            out[1, rows] = log_sum_exp - sum_exp_z / sum_exp
-            lse = out[2, rows]
-            out[0, rows] = block.gather(1, targets[rows].view(-1, 1)).view(-1) - lse
+        for rows in self._blocks(z, softcap):  # each block's temporaries are freed before the next one's exist
+            self._stats_block(z[rows], targets[rows], softcap, out[:, rows])
         return out[0], out[1], out[2]
 
+    @staticmethod
+    def _stats_block(block, targets, softcap, out):
+        """out [3, R] = (logp, entropy, lse) of the block [R, V]. softmax is one row-wise kernel (its passes over a
+        row stay in cache). lse = m − log p_max: the row's largest probability is at least 1 / V, so its log is
+        exact to an ulp (log p_y would underflow). H = −Σ p log p = −Σ xlogy(p, p), formed in place of p: nothing of
+        the logits' size cancels (lse − Σ p z lost 1e-5 of H at logits of ±15 in fp32)."""
+        if softcap:  # the logits κ tanh(x / κ) of the block x
+            block = torch.div(block, softcap).tanh_().mul_(softcap)
+        row_max, at_max = block.max(dim=1, keepdim=True)
+        p = torch.softmax(block, dim=1)
+        out[2] = (row_max - torch.log(p.gather(1, at_max))).view(-1)
+        out[1] = -torch.special.xlogy(p, p, out=p).sum(dim=1)
+        out[0] = block.gather(1, targets.view(-1, 1)).view(-1) - out[2]
+
+    @torch.no_grad()
     def grad_(self, z, targets, lse, entropy, grad_logp, grad_entropy, softcap=0.0):
         for rows in self._blocks(z, softcap):
-            block, g_logp, row_lse = z[rows], grad_logp[rows].view(-1, 1), lse[rows].view(-1, 1)
-            if softcap:  # the block x becomes the logits κ tanh(x / κ); t = tanh(x / κ) is kept for the slope
-                tanh = torch.div(block, softcap).tanh_()
-                block.copy_(tanh).mul_(softcap)
-            if grad_entropy is None:  # dz = gℓ (onehot − p)
-                block.sub_(row_lse).exp_().mul_(-g_logp)
-            else:
-                # dz = p (a log p + b) + gℓ onehot with a = −gH, b = −gH H − gℓ; log p = z − lse formed first
-                # (a z − a lse cancels: large logits lost all of dz's entropy part in fp32).
-                log_p = block.sub_(row_lse)
-                p = log_p.exp()
-                a = -grad_entropy[rows].view(-1, 1)
-                b = a * entropy[rows].view(-1, 1) - g_logp
-                log_p.mul_(a).add_(b).mul_(p)
-            block.scatter_add_(1, targets[rows].view(-1, 1), g_logp)
-            if softcap:  # ∂L/∂x = dℓ (1 − t²)
-                block.mul_(tanh.square_().neg_().add_(1.0))
+            g_entropy = None if grad_entropy is None else grad_entropy[rows].view(-1, 1)
+            row = (targets[rows].view(-1, 1), lse[rows].view(-1, 1), entropy[rows].view(-1, 1))
+            self._grad_block(z[rows], *row, grad_logp[rows].view(-1, 1), g_entropy, softcap)
+
+    @staticmethod
+    def _grad_block(block, targets, lse, entropy, g_logp, g_entropy, softcap):
+        """The block [R, V] overwritten with its dz (see `Epilogue.grad_`); per-row inputs [R, 1]."""
+        if softcap:  # the block x becomes the logits κ tanh(x / κ); t = tanh(x / κ) is kept for the slope
+            tanh = torch.div(block, softcap).tanh_()
+            block.copy_(tanh).mul_(softcap)
+        if g_entropy is None:  # dz = gℓ (onehot − p), p from the row-wise softmax kernel
+            torch.mul(torch.softmax(block, dim=1), -g_logp, out=block)
+        else:
+            # dz = p (a log p + b) + gℓ onehot with a = −gH, b = −gH H − gℓ; log p = z − lse formed first
+            # (a z − a lse cancels: large logits lost all of dz's entropy part in fp32).
+            log_p = block.sub_(lse)
+            p = log_p.exp()
+            a = -g_entropy
+            log_p.mul_(a).add_(a * entropy - g_logp).mul_(p)
+        block.scatter_add_(1, targets, g_logp)
+        if softcap:  # ∂L/∂x = dℓ (1 − t²)
+            block.mul_(tanh.square_().neg_().add_(1.0))
 
 
 def row_slices(num_rows: int, step: int) -> list[slice]:
@@ -392,5 +402,5 @@ class _GradAccumulator:
         return self.grad_hidden.to(hidden_dtype), self.grad_weight, self.grad_bias
 
 
-TORCH_BACKEND = ChunkedBackend("torch", TorchEpilogue(), cpu_workspace_bytes=16 << 20, gpu_workspace_bytes=512 << 20)
+TORCH_BACKEND = ChunkedBackend("torch", TorchEpilogue(), cpu_workspace_bytes=48 << 20, gpu_workspace_bytes=512 << 20)
 """The PyTorch oracle: runs on any device."""

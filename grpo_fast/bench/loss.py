@@ -594,3 +594,37 @@ def _start_payload(args, config, device, names, shapes) -> dict:
         payload["runs"], payload["previous_results"] = old["runs"], old["results"]
     payload["runs"].append(run_stamp)
     return payload
+
+
+def interleaved(shape: Shape, dtype_name: str, device: torch.device, config, names: list[str], rounds: int) -> dict:
+    """Every variant of `names` timed in this one process, in turn, `rounds` times after one warm-up each: wall and
+    CPU (process) time per round, and each round's ratio to the first variant's. On a loaded machine the load moves
+    between the separate processes of `run`; here the variants compared share it, round by round. No memory: that
+    needs a process per variant (`run`)."""
+    batch = make_batch(shape.N, shape.H, shape.V, dtype=DTYPES[dtype_name], device=str(device))
+    steps = {name: make_step(name, batch, config)[0] for name in names}
+    for step in steps.values():
+        step()
+    samples = {name: {"wall_s": [], "cpu_s": []} for name in names}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            start, cpu_start = time.perf_counter(), time.process_time()
+            step()
+            synchronize_device(device)
+            samples[name]["wall_s"].append(time.perf_counter() - start)
+            samples[name]["cpu_s"].append(time.process_time() - cpu_start)
+    base = samples[names[0]]
+    rows = []
+    for name in names:
+        row = base_row(name, shape, dtype_name) | samples[name]
+        for kind in ("wall_s", "cpu_s"):
+            ratios = sorted(a / b for a, b in zip(row[kind], base[kind], strict=True))
+            row[f"{kind[:-2]}_ratio_to_{names[0]}"] = {"median": ratios[len(ratios) // 2], "min": ratios[0],
+                                                      "max": ratios[-1]}  # fmt: skip
+        rows.append(row)
+    return {"rounds": rounds, "baseline": names[0], "results": rows}
+
+
+def synchronize_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from grpo_fast.config_fields import build, choices_of, type_text
+from grpo_fast.registry import import_modules
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ def load_tree(
     upgrades: tuple[Upgrade, ...] = (),
 ):
     """The config tree `cls` from a YAML file or a nested dict (copied, not modified), then `--set key=value`
-    overrides; `upgrades` turn old spellings into current ones, each with a logged warning."""
+    overrides; `upgrades` turn old spellings into current ones, each with a logged warning. A tree with an `imports`
+    key imports those modules first, so that the plug-ins they register are known when the sections are read."""
     data: dict = {}
     if isinstance(source, dict):
         data = copy.deepcopy(source)
@@ -44,6 +46,8 @@ def load_tree(
     for upgrade in upgrades:
         for warning in upgrade(data):
             logger.warning("config: %s", warning)
+    if "imports" in cls.__dataclass_fields__ and isinstance(data.get("imports"), list):
+        import_modules(data["imports"])
     return build(cls, data)
 
 

@@ -58,7 +58,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from ..loss import LOSS_TYPES, GRPOLossConfig, Objective, Reduction, checks, fused_logprobs, grpo_loss
+from ..loss import LOSS_TYPES, GRPOLossConfig, Reduction, checks, fused_logprobs, grpo_loss
 
 # Liger's loss types without sequence-level importance sampling.
 _TOKEN_LEVEL_ONLY = ("cispo", "sapo", "vespo")
@@ -167,7 +167,7 @@ class LigerFusedLinearGRPOLoss(nn.Module):
             epsilon_low=self.epsilon_low,
             epsilon_high=self.epsilon_high,
             # Liger caps the ratio at delta in the clipped surrogate only.
-            delta=self.delta if LOSS_TYPES[self.loss_type].objective is Objective.CLIPPED else None,
+            delta=self.delta if LOSS_TYPES[self.loss_type].objective.name == "clipped" else None,
             beta=self.beta,
             temperature=self.temperature,
             importance_sampling_level=self.importance_sampling_level,

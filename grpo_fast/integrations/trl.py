@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..loss import LOSS_TYPES, GRPOLossConfig, fused_logprobs, grpo_loss
-from ..loss.loss_types import Objective, Reduction
+from ..loss.loss_types import Reduction
 from .hidden import output_head, unwrap_peft
 
 SUPPORTED_TRL = "1.16"
@@ -374,7 +374,7 @@ def _make_compute_loss(backend: str, loss_options: dict):
 def _log_metrics(trainer, mode: str, metrics: dict, config: GRPOLossConfig) -> None:
     """TRL's per-step metrics from ours (each a local mean, averaged over processes)."""
     names = ["entropy"] + (["kl"] if config.beta != 0.0 else [])
-    if config.loss_spec.objective is Objective.CLIPPED:
+    if config.objective_spec.name == "clipped":
         names += ["clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"]
     for name in names:
         if name in metrics:

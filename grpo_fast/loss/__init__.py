@@ -4,7 +4,8 @@
     fused_logprobs          per-token logprobs and entropies alone (logprobs.py)
     logits_grpo_loss        loss from logits the caller already holds (logits_loss.py)
     GRPOLossConfig          the options (options.py)
-    LOSS_TYPES              the table of loss types (loss_types.py)
+    LOSS_TYPES              the loss types: an objective and a reduction each (loss_types.py)
+    OBJECTIVES, Objective   the per-token objectives, each one definition (objective.py, objectives/)
 
 Layer 1 (the vocabulary-sized GEMMs and their epilogue) lives in grpo_fast.backends.
 """
@@ -12,16 +13,21 @@ Layer 1 (the vocabulary-sized GEMMs and their epilogue) lives in grpo_fast.backe
 from .fused_loss import GRPOLoss, grpo_loss
 from .logits_loss import logits_grpo_loss
 from .logprobs import fused_logprobs
-from .loss_types import LOSS_TYPES, LossType, Objective, Reduction, get_loss_type, register_loss_type
+from .loss_types import LOSS_TYPES, LossType, Reduction, get_loss_type, register_loss_type
+from .objective import OBJECTIVES, Objective, ObjectiveOptions, Surrogate, SurrogateInputs
 from .options import GRPOLossConfig
 
 __all__ = [
     "LOSS_TYPES",
+    "OBJECTIVES",
     "GRPOLoss",
     "GRPOLossConfig",
     "LossType",
     "Objective",
+    "ObjectiveOptions",
     "Reduction",
+    "Surrogate",
+    "SurrogateInputs",
     "fused_logprobs",
     "get_loss_type",
     "grpo_loss",

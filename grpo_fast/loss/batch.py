@@ -1,8 +1,11 @@
 """Validates the GRPO front ends' per-token arguments and turns them into flat `[N]` tensors.
 
-Padded layout: completion_ids / completion_mask / old / ref / is_weights are [B, T], advantages and
-is_weights may be [B] or [B, 1] (one per sequence; vespo then counts a weight once per sequence).
+Padded layout: completion_ids / completion_mask / old / ref / is_weights / rollout logprobs are [B, T], advantages
+and is_weights may be [B] or [B, 1] (one per sequence; vespo then counts a weight once per sequence).
 Packed layout (`cu_seqlens` [B+1] given): the same arguments are [N], advantages and is_weights may be [B].
+
+The checks that read values (token ids in range, finite inputs, mask values, offsets) are `check_values`; under
+torch.compile they run inside the custom op grpo_fast::checked_targets, whose output the loss consumes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from .token_math import TokenInputs, entropy_weights, reduction_weights
 
 
 class PerTokenArguments(NamedTuple):
-    """The front ends' per-token arguments as the caller gave them (old, ref and is_weights may be None)."""
+    """The front ends' per-token arguments as the caller gave them (old, ref, is_weights and the rollout's logprobs
+    may be None)."""
 
     completion_ids: torch.Tensor
     completion_mask: torch.Tensor
@@ -29,6 +33,7 @@ class PerTokenArguments(NamedTuple):
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
     is_weights: torch.Tensor | None
+    rollout_logprobs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -55,21 +60,24 @@ def prepare_batch(
     skips the checks that read values (host synchronisations on a GPU)."""
     if not isinstance(config, GRPOLossConfig):
         raise TypeError(f"config: expected a GRPOLossConfig, got {type(config).__name__}")
-    completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights = per_token
-    ids, layout = _checked_layout(completion_ids, completion_mask, cu_seqlens, source_name, source, dtype, validate)
-    active = layout.mask.bool()
-    flat_ids = ids.reshape(-1)
-    if validate:
-        checks.require_token_ids("completion_ids", flat_ids, vocab, active)
-    targets = torch.where(active, flat_ids, torch.zeros_like(flat_ids)).to(torch.int64)
-
-    flatten = _Flattener(ids, layout, packed=cu_seqlens is not None, dtype=dtype, validate=validate)
+    completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights, rollout_logprobs = per_token
+    check_offsets = validate and not torch.compiler.is_compiling()
+    ids, layout = _checked_layout(
+        completion_ids, completion_mask, cu_seqlens, source_name, source, dtype, check_offsets
+    )
+    flatten = _Flattener(ids, layout, packed=cu_seqlens is not None, dtype=dtype)
     advantages_flat = flatten("advantages", advantages, allow_per_seq=True)
     if advantages_flat is None:
         raise ValueError("advantages: required ([B] or per-token)")
     if config.beta != 0.0 and ref_logprobs is None:
         raise ValueError(f"ref_logprobs: required when beta > 0 (beta={config.beta})")
-    _check_num_items(num_items_in_batch, validate)
+    objective = config.objective_spec
+    if objective.needs_rollout_logprobs and rollout_logprobs is None:
+        raise ValueError(
+            f"rollout_logprobs: the objective {objective.name!r} needs the inference engine's logprobs of the sampled "
+            "tokens (shaped like completion_ids); pass them (the trainer passes the engine's sampling logprobs)"
+        )
+    _check_num_items(num_items_in_batch, validate and not torch.compiler.is_compiling())
     inputs = TokenInputs(
         old_logprobs=flatten("old_logprobs", old_logprobs, allow_per_seq=False),
         ref_logprobs=flatten("ref_logprobs", ref_logprobs, allow_per_seq=False) if config.beta != 0.0 else None,
@@ -78,13 +86,69 @@ def prepare_batch(
         loss_weights=reduction_weights(layout, config, num_items_in_batch),
         entropy_weights=entropy_weights(layout),
         is_weights_per_sequence="is_weights" in flatten.per_sequence,
+        rollout_logprobs=(
+            flatten("rollout_logprobs", rollout_logprobs, allow_per_seq=False)
+            if objective.needs_rollout_logprobs
+            else None
+        ),
     )
+    flat_ids, mask = ids.reshape(-1), completion_mask.reshape(-1)
+    if torch.compiler.is_compiling():  # the value checks as a custom op whose output (the targets) is used
+        targets = checked_targets(flat_ids, mask, vocab, *_float_inputs(inputs), validate)
+    else:
+        targets = check_values(flat_ids, mask, vocab, *_float_inputs(inputs), validate=validate)
     return PreparedBatch(layout, targets, inputs)
 
 
-def _checked_layout(completion_ids, completion_mask, cu_seqlens, source_name, source, dtype, validate):
-    """(completion_ids, TokenLayout) of the padded [B, T] or packed [N] + cu_seqlens [B+1] layout, every shape,
-    device and (with `validate`) value checked against `source`."""
+FLOAT_INPUTS = ("advantages", "old_logprobs", "ref_logprobs", "is_weights", "rollout_logprobs")
+
+
+def _float_inputs(inputs: TokenInputs) -> tuple[torch.Tensor | None, ...]:
+    """The flat per-token float inputs in FLOAT_INPUTS' order (0 at padding, so only an active NaN/inf remains)."""
+    return tuple(getattr(inputs, name) for name in FLOAT_INPUTS)
+
+
+def check_values(ids, mask, vocab, *float_inputs, validate: bool = True) -> torch.Tensor:
+    """The checks that read values — mask values in {0, 1}, token ids in [0, vocab) and finite per-token inputs
+    where the mask is set — when `validate`; -> the layer-1 targets [N] int64 (the ids, 0 at padding). ids, mask
+    [N]; float_inputs: flat [N] or None, named by FLOAT_INPUTS. (cu_seqlens' values: `_checked_layout`.)"""
+    active = mask != 0
+    if validate:
+        if mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError("completion_mask: expected values in {0, 1}")
+        checks.require_token_ids("completion_ids", ids, vocab, active)
+        for name, values in zip(FLOAT_INPUTS, float_inputs, strict=True):
+            if values is not None:
+                checks.require_finite(name, values, active)
+    return torch.where(active, ids, torch.zeros_like(ids)).to(torch.int64)
+
+
+@torch.library.custom_op("grpo_fast::checked_targets", mutates_args=())
+def checked_targets(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    vocab: int,
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    is_weights: torch.Tensor | None,
+    rollout_logprobs: torch.Tensor | None,
+    validate: bool,
+) -> torch.Tensor:
+    """`check_values` as an op: under torch.compile the value checks run when the graph runs (a ValueError naming
+    the argument, as in eager mode), and their output, the targets [N] int64, feeds layer 1."""
+    floats = (advantages, old_logprobs, ref_logprobs, is_weights, rollout_logprobs)
+    return check_values(ids, mask, vocab, *floats, validate=validate)
+
+
+@checked_targets.register_fake
+def _(ids, mask, vocab, *rest):
+    return torch.empty_like(ids, dtype=torch.int64)
+
+
+def _checked_layout(completion_ids, completion_mask, cu_seqlens, source_name, source, dtype, check_offsets):
+    """(completion_ids, TokenLayout) of the padded [B, T] or packed [N] + cu_seqlens [B+1] layout, every shape and
+    device checked against `source`, and with `check_offsets` cu_seqlens' values (the others: `check_values`)."""
     device, leading = source.device, tuple(source.shape[:-1])
     if len(leading) != (1 if cu_seqlens is not None else 2):
         layout_name = "[N, ...] (packed, cu_seqlens given)" if cu_seqlens is not None else "[B, T, ...] (padded)"
@@ -95,8 +159,6 @@ def _checked_layout(completion_ids, completion_mask, cu_seqlens, source_name, so
     checks.require_device("completion_ids", ids, device)
     mask = checks.require_tensor("completion_mask", completion_mask)
     checks.require_device("completion_mask", mask, device)
-    if validate and mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
-        raise ValueError("completion_mask: expected values in {0, 1}")
     if cu_seqlens is None:
         if ids.dim() != 2:
             raise ValueError(f"completion_ids: expected shape [B, T] (padded layout), got {list(ids.shape)}")
@@ -109,9 +171,9 @@ def _checked_layout(completion_ids, completion_mask, cu_seqlens, source_name, so
     checks.require_shape("completion_mask", mask, ids.shape, "[N] like completion_ids")
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"cu_seqlens: expected [B+1] offsets, got shape {list(cu.shape)}")
-    if validate and (int(cu[0]) != 0 or int(cu[-1]) != ids.numel()):
+    if check_offsets and (int(cu[0]) != 0 or int(cu[-1]) != ids.numel()):
         raise ValueError(f"cu_seqlens: expected [B+1] offsets from 0 to N={ids.numel()}, got {cu.tolist()}")
-    if validate and bool((cu[1:] < cu[:-1]).any()):
+    if check_offsets and bool((cu[1:] < cu[:-1]).any()):
         raise ValueError("cu_seqlens: expected non-decreasing offsets")
     return ids, packed_layout(mask != 0, cu, dtype)
 
@@ -120,8 +182,8 @@ class _Flattener:
     """Flattens one optional per-token argument to [N] (`dtype`, 0 at inactive positions), accepting one value
     per sequence ([B], or TRL's [B, 1]) where allowed; records which arguments came per sequence."""
 
-    def __init__(self, ids: torch.Tensor, layout: TokenLayout, packed: bool, dtype: torch.dtype, validate: bool):
-        self.ids, self.layout, self.packed, self.dtype, self.validate = ids, layout, packed, dtype, validate
+    def __init__(self, ids: torch.Tensor, layout: TokenLayout, packed: bool, dtype: torch.dtype):
+        self.ids, self.layout, self.packed, self.dtype = ids, layout, packed, dtype
         self.active = layout.mask.bool()
         self.per_sequence: set[str] = set()
 
@@ -145,8 +207,6 @@ class _Flattener:
             raise ValueError(
                 f"{name}: expected shape {per_seq}{list(ids.shape)} like completion_ids, got {list(value.shape)}"
             )
-        if self.validate:
-            checks.require_finite(name, flat, self.active)
         return torch.where(self.active, flat, torch.zeros_like(flat))
 
 

@@ -6,9 +6,6 @@ metrics and the per-token upstream gradients (gℓ, gH) that layer 1 turns into 
 
 from __future__ import annotations
 
-import dataclasses
-import json
-
 import torch
 from torch import nn
 
@@ -16,10 +13,10 @@ from ..backends import LogprobStats, get_backend
 from ..backends.chunked import accumulation_dtype
 from .batch import PerTokenArguments, PreparedBatch, prepare_batch
 from .head import LogitHead
-from .logprobs import check_linear_inputs
+from .logprobs import backend_name, check_linear_inputs, linear_logprobs_op
 from .options import GRPOLossConfig
-from .token_loss import select_token_loss
-from .token_math import SUM_NAMES, finalize_metrics
+from .token_loss import KernelTokenLoss, select_token_loss
+from .token_math import SUM_NAMES, finalize_metrics, token_terms
 
 
 def _sequence_aligned_chunks(layout, rows_per_chunk: int) -> list[slice] | None:
@@ -167,12 +164,15 @@ def grpo_loss(
     cu_seqlens: torch.Tensor | None = None,
     validate: bool = True,
     logprobs_out: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO-family policy loss (TRL semantics, see GRPOLossConfig) and its metrics.
 
     Padded layout: hidden [B, T, H] (position t predicts completion_ids[:, t]), completion_ids,
     completion_mask [B, T]; advantages [B] or [B, T]; old_logprobs, ref_logprobs [B, T];
-    is_weights [B] or [B, T]. Packed layout (cu_seqlens [B+1] given): hidden [N, H] and the
+    is_weights [B] or [B, T]; rollout_logprobs [B, T], the inference engine's logprobs of the sampled tokens, read
+    by the objectives that declare `needs_rollout_logprobs` (icepop, kpop, ipo; an error naming it when such an
+    objective runs without them). Packed layout (cu_seqlens [B+1] given): hidden [N, H] and the
     per-token arguments [N]. weight [V, H] and bias [V] share hidden's dtype and device.
 
     old_logprobs=None is on-policy (ratio 1, gradient of the ratio kept). num_items_in_batch is the
@@ -181,7 +181,7 @@ def grpo_loss(
 
     Returns (loss [] fp32, metrics: dict of detached 0-dim fp32 tensors — kl (beta > 0),
     clip_ratio/low_mean, clip_ratio/high_mean, clip_ratio/region_mean, entropy, logprob_mean,
-    is_weight_mean (is_weights given)).
+    is_weight_mean (is_weights given), trust_region/masked_mean (an objective that drops tokens)).
 
     validate=False skips the checks of values (token ids in range, finite per-token inputs, mask values),
     each a device-to-host synchronisation on a GPU, for callers that checked them already (the trainer
@@ -189,15 +189,16 @@ def grpo_loss(
 
     logprobs_out: a floating tensor of hidden's leading shape ([B, T], or [N] packed) on its device that
     receives each completion token's logprob under the current weights, detached, from the loss's own forward
-    (what `fused_logprobs` gives, without a second lm_head pass; 0 outside completion_mask; eager mode only).
+    (what `fused_logprobs` gives, without a second lm_head pass; 0 outside completion_mask).
+
+    Under torch.compile(fullgraph=True) the loss traces without a graph break (see `_traced_grpo_loss`).
     """
-    per_token = (completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights)
-    if torch.compiler.is_compiling():  # one custom op for dynamo (the eager path reads the host)
-        if logprobs_out is not None:
-            raise ValueError("grpo_loss: logprobs_out is not supported under torch.compile; call fused_logprobs")
-        return _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate)
+    per_token = (completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights, rollout_logprobs)
+    out = _flat_logprobs_out(logprobs_out, hidden)
+    if torch.compiler.is_compiling():
+        return _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate, out)
     inputs, batch, backend = _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate)
-    loss, sums = _GRPOLossFunction.apply(*inputs, batch, config, backend, _flat_logprobs_out(logprobs_out, hidden))
+    loss, sums = _GRPOLossFunction.apply(*inputs, batch, config, backend, out)
     return loss, finalize_metrics(sums.detach(), batch.layout.mask.sum(), config, is_weights is not None)
 
 
@@ -237,98 +238,47 @@ def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, co
 
 
 # -- torch.compile ---------------------------------------------------------------------------------------
-# Under dynamo, `grpo_loss` is one custom op: its eager implementation runs the fused loss and forms the
-# gradients of hidden, weight and bias at once (as the chunked backends do anyway), and its autograd
-# formula scales them by the upstream gradient. The config travels as JSON (a custom op takes no dataclass).
+# Under dynamo the loss is built the way flash-attention and quack build theirs: each kernel is a torch.library
+# custom op with a fake implementation (layer 1: grpo_fast::linear_logprobs and its backward; a backend's layer-2
+# kernel: grpo_fast::token_loss_kernel; the value checks: grpo_fast::checked_targets), autograd is registered on
+# top of them, and the O(N) token math between them is traced PyTorch, the objective's definition itself. Layer 1
+# recomputes the logits tiles in its backward (4 GEMMs, where the eager chunked path forms dz in its forward).
 
 
-@torch.library.custom_op("grpo_fast::grpo_loss", mutates_args=())
-def _grpo_loss_op(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    advantages: torch.Tensor,
-    old_logprobs: torch.Tensor | None,
-    ref_logprobs: torch.Tensor | None,
-    is_weights: torch.Tensor | None,
-    num_items_in_batch: torch.Tensor | None,
-    cu_seqlens: torch.Tensor | None,
-    config: str,
-    validate: bool,
-    needs_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss [], [metric sums, active tokens] [len(SUM_NAMES) + 1], dh, dW, db ([0] without bias))."""
-    per_token = (completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights)
-    options = GRPOLossConfig(**json.loads(config))
-    inputs, batch, backend = _prepare(
-        hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, options, validate
+def _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate, out):
+    flat_hidden, _ = check_linear_inputs(hidden, weight, bias)
+    batch = prepare_batch(
+        PerTokenArguments(*per_token),
+        num_items_in_batch=num_items_in_batch,
+        cu_seqlens=cu_seqlens,
+        config=config,
+        vocab=weight.shape[0],
+        source_name="hidden",
+        source=hidden,
+        dtype=accumulation_dtype(flat_hidden.dtype),
+        validate=validate,
     )
-    # A custom op runs below the autograd dispatcher: the autograd function's forward and backward are called
-    # directly, with a stand-in for its ctx.
-    ctx = _DirectContext(needs_grad)
-    loss, sums = _GRPOLossFunction.forward(ctx, *inputs, batch, options, backend, None)
-    if needs_grad:
-        dh, dw, db, *_ = _GRPOLossFunction.backward(ctx, torch.ones_like(loss), None)
-        dh = dh.view(hidden.shape)
+    inv_temperature, softcap = LogitHead(config.logit_scale, config.final_logit_softcapping).tile(config.temperature)
+    backend = backend_name(config.backend, flat_hidden.device.type)
+    logp, entropy, _ = linear_logprobs_op(
+        flat_hidden,
+        weight.contiguous(),
+        None if bias is None else bias.contiguous(),
+        batch.targets,
+        inv_temperature,
+        softcap,
+        backend,
+        config.deterministic,
+        config.workspace_bytes or 0,
+    )
+    if out is not None:
+        out.copy_(torch.where(batch.layout.mask > 0, logp.detach(), 0.0))
+    kernel = select_token_loss(get_backend(backend, flat_hidden.device), config)
+    if isinstance(kernel, KernelTokenLoss) and kernel.applies(logp, batch.layout):
+        loss, sums = kernel.differentiable(logp, entropy, batch.inputs, batch.layout, config)
     else:
-        dh, dw, db = torch.zeros_like(hidden), torch.zeros_like(weight), None
-    db = hidden.new_zeros(0) if bias is None else (db if db is not None else torch.zeros_like(bias))
-    stats = torch.cat([sums, batch.layout.mask.sum().to(sums.dtype).view(1)])
-    return loss, stats, dh, dw, db
-
-
-class _DirectContext:
-    """What _GRPOLossFunction uses of autograd's ctx, for calling its forward and backward directly."""
-
-    def __init__(self, needs_grad: bool) -> None:
-        self.needs_input_grad = (needs_grad,) * 3 + (False,) * 3
-
-    def save_for_backward(self, *tensors) -> None:
-        self.saved_tensors = tensors
-
-    def mark_non_differentiable(self, *tensors) -> None:
-        pass
-
-
-@_grpo_loss_op.register_fake
-def _(hidden, weight, bias, completion_ids, completion_mask, advantages, *rest):
-    acc = accumulation_dtype(hidden.dtype)
-    db = torch.empty_like(bias) if bias is not None else hidden.new_empty(0)
-    stats = hidden.new_empty(len(SUM_NAMES) + 1, dtype=acc)
-    return hidden.new_empty((), dtype=acc), stats, torch.empty_like(hidden), torch.empty_like(weight), db
-
-
-def _grpo_loss_op_setup(ctx, inputs, output):
-    ctx.has_bias = inputs[2] is not None
-    ctx.save_for_backward(*output[2:])
-
-
-def _grpo_loss_op_backward(ctx, grad_loss, grad_stats, grad_dh, grad_dw, grad_db):
-    dh, dw, db = ctx.saved_tensors
-    scaled = [(g * grad_loss).to(g.dtype) for g in (dh, dw)]
-    return (*scaled, (db * grad_loss).to(db.dtype) if ctx.has_bias else None, *([None] * 11))
-
-
-_grpo_loss_op.register_autograd(_grpo_loss_op_backward, setup_context=_grpo_loss_op_setup)
-
-
-@torch.compiler.assume_constant_result
-def _options_json(config: GRPOLossConfig) -> str:
-    """The config as the op's JSON argument, evaluated once at trace time (a constant of the graph)."""
-    return json.dumps(dataclasses.asdict(config))
-
-
-def _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
-    if num_items_in_batch is not None and not isinstance(num_items_in_batch, torch.Tensor):
-        num_items_in_batch = torch.tensor(float(num_items_in_batch))
-    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    options = _options_json(config)
-    loss, stats, *_ = _grpo_loss_op(
-        hidden, weight, bias, *per_token, num_items_in_batch, cu_seqlens, options, validate, needs_grad
-    )
-    return loss, finalize_metrics(stats[:-1], stats[-1], config, per_token[-1] is not None)
+        loss, sums = token_terms(logp, entropy, batch.inputs, batch.layout, config)
+    return loss, finalize_metrics(sums, batch.layout.mask.sum(), config, per_token[5] is not None)
 
 
 class GRPOLoss(nn.Module):
@@ -355,6 +305,7 @@ class GRPOLoss(nn.Module):
         is_weights=None,
         num_items_in_batch=None,
         cu_seqlens=None,
+        rollout_logprobs=None,
     ):
         return grpo_loss(
             hidden,
@@ -369,6 +320,7 @@ class GRPOLoss(nn.Module):
             config=self.config,
             bias=bias,
             cu_seqlens=cu_seqlens,
+            rollout_logprobs=rollout_logprobs,
         )
 
     def extra_repr(self) -> str:

@@ -20,7 +20,7 @@ class TokenLayout:
     seq_starts:  [B+1] int64, row offsets of the sequences (cu_seqlens).
     mask:        [N] in {0, 1} (fp32, fp64 for fp64 inputs), active (completion, non-padding) tokens.
     active_per_seq: [B], Σ mask over each sequence.
-    padded_width: T for a padded batch; None for a packed one (see `padded_length`).
+    padded_width: T for a padded batch; None for a packed one (see `longest_sequence`).
     """
 
     seq_index: torch.Tensor
@@ -29,14 +29,10 @@ class TokenLayout:
     active_per_seq: torch.Tensor
     padded_width: int | None
 
-    @property
-    def padded_length(self) -> int:
-        """T for a padded batch, the longest sequence for a packed one (read from the device only when
-        asked: dr_grpo without max_completion_length)."""
-        if self.padded_width is not None:
-            return self.padded_width
+    def longest_sequence(self) -> torch.Tensor:
+        """The longest sequence's rows as a 0-dim int64 tensor on the layout's device (no host read: traceable)."""
         lengths = self.seq_starts[1:] - self.seq_starts[:-1]
-        return int(lengths.max()) if lengths.numel() else 0
+        return lengths.max() if lengths.numel() else lengths.new_zeros(())
 
     @property
     def num_seqs(self) -> int:

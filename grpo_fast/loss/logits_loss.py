@@ -66,6 +66,7 @@ def logits_grpo_loss(
     *,
     cu_seqlens: torch.Tensor | None = None,
     inplace_backward: bool = False,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`grpo_loss` from logits [B, T, V] (or packed [N, V] with cu_seqlens); same options and metrics.
 
@@ -76,7 +77,9 @@ def logits_grpo_loss(
     if inplace_backward and not logits.is_contiguous():
         raise ValueError("logits: inplace_backward=True needs a contiguous logits tensor")
     batch = prepare_batch(
-        PerTokenArguments(completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights),
+        PerTokenArguments(
+            completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights, rollout_logprobs
+        ),
         num_items_in_batch=num_items_in_batch,
         cu_seqlens=cu_seqlens,
         config=config,

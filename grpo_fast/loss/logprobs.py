@@ -42,7 +42,7 @@ def check_temperature(temperature) -> float:
 
 
 @torch.compiler.assume_constant_result
-def _backend_name(backend: str, device_type: str) -> str:
+def backend_name(backend: str, device_type: str) -> str:
     """The concrete backend that `backend` ("auto" or a name) resolves to on this device type."""
     return get_backend(backend, torch.device(device_type)).name
 
@@ -56,7 +56,7 @@ def _resolve(backend: str, device: torch.device, deterministic: bool):
 # so torch.compile(fullgraph=True) traces through fused_logprobs. Backward recomputes the logits
 # tiles (layer 1's recompute mode, 4 GEMMs in all).
 @torch.library.custom_op("grpo_fast::linear_logprobs", mutates_args=())
-def _linear_logprobs(
+def linear_logprobs_op(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,
@@ -74,7 +74,7 @@ def _linear_logprobs(
     return stats.logprobs, stats.entropy, stats.lse
 
 
-@_linear_logprobs.register_fake
+@linear_logprobs_op.register_fake
 def _(hidden, weight, bias, targets, inv_temperature, softcap, backend, deterministic, workspace_bytes):
     dtype = accumulation_dtype(hidden.dtype)
     return tuple(hidden.new_empty(hidden.shape[0], dtype=dtype) for _ in range(3))
@@ -148,7 +148,7 @@ def _backward(ctx, grad_logp, grad_entropy, _grad_lse):
     return grad_h, grad_w, None if bias is None else grad_b, None, None, None, None, None, None
 
 
-_linear_logprobs.register_autograd(_backward, setup_context=_setup_context)
+linear_logprobs_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def fused_logprobs(
@@ -183,8 +183,8 @@ def fused_logprobs(
     head = LogitHead(logit_scale, final_logit_softcapping)
     inv_temperature, softcap = head.tile(check_temperature(temperature))
     checks.require_options(workspace_bytes, return_entropy=return_entropy, deterministic=deterministic)
-    name = _backend_name(backend, flat_hidden.device.type)  # resolve "auto" (and fail early) outside the op
-    logp, entropy, _ = _linear_logprobs(
+    name = backend_name(backend, flat_hidden.device.type)  # resolve "auto" (and fail early) outside the op
+    logp, entropy, _ = linear_logprobs_op(
         flat_hidden,
         weight.contiguous(),
         None if bias is None else bias.contiguous(),

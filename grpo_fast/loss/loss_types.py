@@ -1,57 +1,27 @@
-"""The table of loss types: the one place that says what each `loss_type` name means.
+"""The loss types: the one place that says what each `loss_type` name means.
 
-A loss type is a per-token objective (what each token contributes) and a reduction (how the masked
-per-token losses of a batch become one number). Everything that depends on the loss type reads this
-table: config validation, the token math (PyTorch and Triton), the fp64 reference, the trainer's
-micro-batch scaling and the tests. An unknown name is an error wherever it is named.
+A loss type is a per-token objective (what each token contributes; grpo_fast.loss.objective) and a reduction (how
+the masked per-token losses of a batch become one number), with the name TRL gives it, if any. Everything that
+depends on the loss type reads this registry: config validation, the token math (PyTorch and Triton), the fp64
+reference, the trainer's micro-batch scaling, the docs (scripts/config_docs.py) and the tests — TRL's parity tests
+run exactly the rows with a `trl_name`. An unknown name is an error wherever it is named.
 
-Adding a loss type that combines an existing objective and reduction is one `register_loss_type`
-call. A new objective is a member of `Objective` with its definition (TRL's formula, differentiated by
-autograd in the fp64 reference) in `DEFINITIONS` below, plus its gradient math in `token_math.py`; a Triton
-kernel for it is optional (without one, the token math runs in PyTorch on every backend).
+A loss type that combines an existing objective and reduction is one `LOSS_TYPES.register` call (or a row named in
+YAML as "package.module:attribute"). A new objective is one module (grpo_fast.loss.objectives has one per method).
 
 Notation: m_i the mask of token i, L_b = Σ_{i∈b} m_i the active tokens of sequence b, B sequences,
-N = Σ m the active tokens of the batch; ρ_i the ratio π/π_old (per token, or one per sequence at
-importance_sampling_level="sequence"), A_i the advantage, ℓ_i the logprob, o_i the old logprob, sg the
-stop-gradient. Every row mirrors TRL 1.16's `GRPOTrainer._compute_loss` for the same name.
+N = Σ m the active tokens of the batch.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
-import torch
-
-
-class Objective(Enum):
-    """The per-token surrogate p_i of ratio ρ_i and advantage A_i (token_math.py has the gradients).
-
-    Importance weights w_i (`is_weights`, TRL's vLLM importance_sampling_ratio) multiply p_i, except
-    for VESPO, which folds them into its sequence weight."""
-
-    CLIPPED = "clipped"
-    """PPO's clipped surrogate −min(ρA, clip(ρ, 1 − ε_lo, 1 + ε_hi)A), optionally ρ capped at δ."""
-    CISPO = "cispo"
-    """REINFORCE with the detached, capped ratio: −sg(min(ρ, ε_hi)) A ℓ (MiniMax-M1). Needs epsilon_high."""
-    SAPO = "sapo"
-    """A soft gate instead of the clip: −(4/τ) σ(τ (ρ − 1)) A with τ = sapo_temperature_pos where A > 0,
-    sapo_temperature_neg otherwise (SAPO, arXiv 2511.20347). Its slope at ρ = 1 is that of ρA."""
-    VESPO = "vespo"
-    """REINFORCE scaled by a detached gamma weight of the sequence's ratio: −sg(φ_b) A ℓ with
-    φ = exp(λ + k log W − λ W) (φ(1) = 1), log W = clamp(Σ_{i∈b} m_i (clamp(ℓ_i − o_i, −20, 20)
-    + clamp(log w_i, log 1e-8, 20)), log 1e-8, 20) (weights given per sequence: clamp(log w_b) once)
-    — the sum of the token log-ratios, whatever importance_sampling_level says — and (k, λ) =
-    (vespo_k_pos, vespo_lambda_pos) where A ≥ 0, the _neg pair otherwise, λ floored at 1e-4; an
-    overflowing φ counts as 0 (VESPO, arXiv 2602.10693)."""
-
-    @property
-    def needs_whole_sequences(self) -> bool:
-        """Whether a token's term depends on the other tokens of its sequence at token level too (VESPO's
-        φ_b), so that layer 2 must see whole sequences at once."""
-        return self is Objective.VESPO
+from ..registry import Registry
+from .objective import OBJECTIVES, Objective
+from .objectives.trl import CISPO, CLIPPED, SAPO, VESPO
 
 
 class Reduction(Enum):
@@ -97,121 +67,69 @@ class Reduction(Enum):
 
 @dataclass(frozen=True)
 class LossType:
-    """One row of the table: a name (TRL's where TRL has it), its objective and its reduction."""
+    """One loss type: its name, its objective (an Objective, or the name or "package.module:attribute" of a
+    registered one, resolved when the row is made), its reduction, a summary, and TRL's `loss_type` for the same
+    formulas (None: TRL has no such row)."""
 
     name: str
-    objective: Objective
+    objective: Objective | str
     reduction: Reduction
     summary: str = ""
+    trl_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.objective, str):
+            object.__setattr__(
+                self, "objective", OBJECTIVES.get(self.objective, key=f"loss type {self.name!r}, objective")
+            )
 
 
-LOSS_TYPES: dict[str, LossType] = {}
-
-
-def register_loss_type(loss_type: LossType) -> LossType:
-    """Add a row to the table (a name may be registered once)."""
-    if loss_type.name in LOSS_TYPES:
-        raise ValueError(f"loss_type: {loss_type.name!r} is already registered")
-    if not isinstance(loss_type.objective, Objective) or not isinstance(loss_type.reduction, Reduction):
-        raise TypeError("LossType: objective and reduction must be members of Objective and Reduction")
-    LOSS_TYPES[loss_type.name] = loss_type
+def check_loss_type(name: str, loss_type: Any) -> LossType:
+    """`loss_type` if it is a LossType named `name` with a registered-kind objective and a Reduction; TypeError
+    naming what is wrong otherwise."""
+    if not isinstance(loss_type, LossType):
+        raise TypeError(f"loss type {name!r}: expected a LossType, got {type(loss_type).__name__}")
+    if ":" not in name and loss_type.name != name:  # "package.module:attribute" names no `name`
+        raise TypeError(f"loss type {name!r}: its `name` is {loss_type.name!r}")
+    if not isinstance(loss_type.reduction, Reduction):
+        raise TypeError(f"loss type {name!r}: reduction must be a member of Reduction, got {loss_type.reduction!r}")
+    OBJECTIVES.contract(f"{loss_type.objective!r} of loss type {name!r}", loss_type.objective)
     return loss_type
 
 
-def get_loss_type(name: str) -> LossType:
-    """The row named `name`; ValueError naming the known types otherwise."""
-    try:
-        return LOSS_TYPES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"loss_type: expected one of {tuple(LOSS_TYPES)}, got {name!r}") from None
+TRL_ROWS = (
+    LossType("grpo", CLIPPED, Reduction.SEQUENCE_MEAN, "GRPO: per-sequence token mean", "grpo"),
+    LossType("bnpo", CLIPPED, Reduction.TOKEN_MEAN, "token mean of the (micro-)batch", "bnpo"),
+    LossType("dr_grpo", CLIPPED, Reduction.CONSTANT_LENGTH, "Dr. GRPO: sum / (B * max length)", "dr_grpo"),
+    LossType("dapo", CLIPPED, Reduction.GLOBAL_TOKEN_MEAN, "DAPO: token mean of the whole batch", "dapo"),
+    LossType("cispo", CISPO, Reduction.GLOBAL_TOKEN_MEAN, "CISPO: capped-ratio REINFORCE, reduced like dapo", "cispo"),
+    LossType("sapo", SAPO, Reduction.SEQUENCE_MEAN, "SAPO: sigmoid-gated ratio, reduced like grpo", "sapo"),
+    LossType("luspo", CLIPPED, Reduction.SEQUENCE_SUM, "LUSPO: clipped, per-sequence token sums", "luspo"),
+    LossType("vespo", VESPO, Reduction.GLOBAL_TOKEN_MEAN, "VESPO: gamma-weighted REINFORCE, like dapo", "vespo"),
+)
+"""Every row TRL 1.16's `GRPOTrainer._compute_loss` knows, under its name and with its formulas."""
+
+LOSS_TYPES = Registry(
+    "loss type",
+    {
+        **{row.name: row for row in TRL_ROWS},
+        "icepop": "grpo_fast.loss.objectives.icepop:LOSS_TYPE",
+        "kpop": "grpo_fast.loss.objectives.kpop:LOSS_TYPE",
+        "ipo": "grpo_fast.loss.objectives.ipo:LOSS_TYPE",
+        "dppo_tv": "grpo_fast.loss.objectives.dppo:DPPO_TV_LOSS_TYPE",
+        "dppo_kl": "grpo_fast.loss.objectives.dppo:DPPO_KL_LOSS_TYPE",
+        "gmpo": "grpo_fast.loss.objectives.gmpo:LOSS_TYPE",
+    },
+    contract=check_loss_type,
+)
+"""The loss types by name (`loss_type`); a plug-in row registers here or is named as "package.module:attribute"."""
 
 
-@dataclass(frozen=True)
-class SurrogateInputs:
-    """An objective's inputs in TRL's padded layout, all [B, T] (ratio and weights may be [B, 1]).
-
-    ratio: ρ = exp(log_ratio) at the configured importance-sampling level (differentiable); log_ratio: the token
-    log-ratios ℓ − o; advantages A; logprobs ℓ; mask m; is_weights w or None; config: the GRPOLossConfig."""
-
-    ratio: torch.Tensor
-    log_ratio: torch.Tensor
-    advantages: torch.Tensor
-    logprobs: torch.Tensor
-    mask: torch.Tensor
-    is_weights: torch.Tensor | None
-    config: object
+def register_loss_type(loss_type: LossType) -> LossType:
+    """Add a row under its own name (checked now; a name is registered once)."""
+    return LOSS_TYPES.register(loss_type.name, loss_type)
 
 
-Definition = Callable[[SurrogateInputs], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-"""inputs -> (per-token surrogate p [B, T] before weights and reduction, low-clip flags, high-clip flags [B, T])."""
-
-
-def _clipped(x: SurrogateInputs):
-    c = x.config
-    clipped = torch.clamp(x.ratio, 1 - c.epsilon_low, 1 + c.clip_high)
-    unclipped = x.ratio if c.delta is None else torch.clamp(x.ratio, max=c.delta)
-    low = (x.ratio < 1 - c.epsilon_low) & (x.advantages < 0)
-    high = (x.ratio > 1 + c.clip_high) & (x.advantages > 0)
-    return -torch.min(unclipped * x.advantages, clipped * x.advantages), low, high
-
-
-def _cispo(x: SurrogateInputs):
-    capped = torch.clamp(x.ratio, max=x.config.clip_high).detach()
-    high = (x.ratio > x.config.clip_high) & (x.advantages > 0)
-    return -capped * x.advantages * x.logprobs, torch.zeros_like(high), high
-
-
-def _sapo(x: SurrogateInputs):
-    c, adv = x.config, x.advantages
-    tau = torch.where(adv > 0, adv.new_tensor(c.sapo_temperature_pos), adv.new_tensor(c.sapo_temperature_neg))
-    none = torch.zeros_like(adv, dtype=torch.bool)  # no clipping: TRL logs no clip ratios
-    return -torch.sigmoid(tau * (x.ratio - 1)) * 4 / tau * adv, none, none
-
-
-def _vespo(x: SurrogateInputs):
-    none = torch.zeros_like(x.advantages, dtype=torch.bool)
-    return -_gamma_weights(x) * x.advantages * x.logprobs, none, none
-
-
-@torch.no_grad()
-def _gamma_weights(x: SurrogateInputs) -> torch.Tensor:
-    """VESPO's φ, TRL's `GRPOTrainer.get_gamma_weights` (is_weights: its per-token importance_sampling_ratio
-    [B, T], here 0 at padding, so the log-weights are masked; or one ratio per sequence [B, 1], added once)."""
-    c, adv, mask = x.config, x.advantages, x.mask
-    lower_clamp = math.log(1e-8)
-    seq_log_ratio = torch.sum(torch.clamp(x.log_ratio, -20.0, 20.0) * mask, dim=-1, keepdim=True)
-    if x.is_weights is not None:
-        log_is_ratio = torch.clamp(torch.log(x.is_weights), lower_clamp, 20.0)
-        if x.is_weights.shape[-1] != 1 or mask.shape[-1] == 1:  # per token: masked (TRL's are 1 at padding)
-            log_is_ratio = log_is_ratio * mask
-        seq_log_ratio = seq_log_ratio + torch.sum(log_is_ratio, dim=-1, keepdim=True)  # per sequence: once
-    log_w_seq = torch.clamp(seq_log_ratio, lower_clamp, 20.0)
-    nonneg = adv >= 0
-    k = torch.where(nonneg, adv.new_tensor(c.vespo_k_pos), adv.new_tensor(c.vespo_k_neg))
-    lam = torch.where(nonneg, adv.new_tensor(c.vespo_lambda_pos), adv.new_tensor(c.vespo_lambda_neg)).clamp(min=1e-4)
-    phi = torch.exp(lam + k * log_w_seq - lam * torch.exp(log_w_seq))
-    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
-
-
-DEFINITIONS: dict[Objective, Definition] = {
-    Objective.CLIPPED: _clipped,
-    Objective.CISPO: _cispo,
-    Objective.SAPO: _sapo,
-    Objective.VESPO: _vespo,
-}
-"""Each objective's definition as TRL 1.16 computes it, for the fp64 reference (autograd gives its gradient)."""
-WEIGHTS_INSIDE = frozenset({Objective.VESPO})
-"""Objectives whose importance weights enter the surrogate itself instead of multiplying it."""
-
-
-for _row in (
-    LossType("grpo", Objective.CLIPPED, Reduction.SEQUENCE_MEAN, "GRPO: per-sequence token mean"),
-    LossType("bnpo", Objective.CLIPPED, Reduction.TOKEN_MEAN, "token mean of the (micro-)batch"),
-    LossType("dr_grpo", Objective.CLIPPED, Reduction.CONSTANT_LENGTH, "Dr. GRPO: sum / (B * max length)"),
-    LossType("dapo", Objective.CLIPPED, Reduction.GLOBAL_TOKEN_MEAN, "DAPO: token mean of the whole batch"),
-    LossType("cispo", Objective.CISPO, Reduction.GLOBAL_TOKEN_MEAN, "CISPO: capped-ratio REINFORCE"),
-    LossType("sapo", Objective.SAPO, Reduction.SEQUENCE_MEAN, "SAPO: sigmoid-gated ratio, reduced like grpo"),
-    LossType("luspo", Objective.CLIPPED, Reduction.SEQUENCE_SUM, "LUSPO: clipped, per-sequence token sums"),
-    LossType("vespo", Objective.VESPO, Reduction.GLOBAL_TOKEN_MEAN, "VESPO: gamma-weighted REINFORCE, like dapo"),
-):
-    register_loss_type(_row)
+def get_loss_type(name: str, key: str = "loss_type") -> LossType:
+    """The row named `name` (or "package.module:attribute"); ValueError naming `key` and the known types otherwise."""
+    return LOSS_TYPES.get(name, key=key)

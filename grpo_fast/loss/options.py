@@ -6,27 +6,39 @@ Names and semantics follow Hugging Face TRL's `GRPOConfig` / `GRPOTrainer._compu
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from ..backends import backend_names
+from ..backends import BACKENDS
 from ..config_fields import check_fields, option
 from .head import LogitHead
-from .loss_types import LOSS_TYPES, LossType, Objective, get_loss_type
+from .loss_types import LOSS_TYPES, LossType, get_loss_type
+from .objective import OBJECTIVES, Objective
 
 
 @dataclass(frozen=True)
 class GRPOLossConfig:
     """Options of `grpo_loss` / `GRPOLoss`; each field's help is its metadata (`help(GRPOLossConfig)` or
-    `grpo-fast train --help-config` prints them). The loss types: grpo_fast.loss.loss_types."""
+    `grpo-fast train --help-config` prints them). The loss types and objectives: grpo_fast.loss.loss_types and
+    grpo_fast.loss.objectives (docs/config.md lists them, generated from the registries)."""
+
+    # The objective's options, built once in __post_init__, live in a slot: __dict__ holds the fields alone (code
+    # that copies a config through it keeps working), and torch.compile reads a built object instead of tracing
+    # the options' construction and checks (which it cannot: they resolve type hints).
+    __slots__ = ("_objective_settings", "__dict__", "__weakref__")
 
     loss_type: str = option(
         "dapo",
-        "a row of the loss-type table (TRL's names): grpo (sequence means), bnpo (token mean of the micro-batch), "
-        "dr_grpo (sum / (B x max length)), dapo (sum / num_items_in_batch), cispo (capped-ratio REINFORCE, like "
-        "dapo), sapo (sigmoid gate, like grpo), luspo (per-sequence sums), vespo (gamma-weighted REINFORCE, like "
-        "dapo; is_weights enter its sequence weight)",
-        choices=lambda: tuple(LOSS_TYPES),
+        "the loss type: an objective and a reduction (the loss types table of docs/config.md; TRL's names where TRL "
+        "has the row), or a plug-in row as package.module:attribute",
+        choices=LOSS_TYPES,
+    )
+    objective: str | None = option(
+        None,
+        "the per-token objective, in place of the loss type's (its reduction stays): a registered objective (the "
+        "objectives table of docs/config.md) or package.module:attribute (null: the loss type's)",
+        choices=OBJECTIVES,
     )
     epsilon_low: float = option(
         0.2, "clip range [1 - epsilon_low, 1 + epsilon_high] of the ratio", low=0, high=1, high_open=True
@@ -74,8 +86,10 @@ class GRPOLossConfig:
     )
     backend: str = option(
         "auto",
-        "layer 1's backend (grpo_fast.backends: auto, torch, triton, cuda, cpu, a registered one)",
-        choices=lambda: ("auto", *backend_names()),
+        "layer 1's backend (grpo_fast.backends; auto: the fastest that passes its self-check here), a registered "
+        "one or package.module:attribute",
+        choices=BACKENDS,
+        also=("auto",),
     )
     workspace_bytes: int | None = option(
         None, "bytes of one logits tile of the chunked backends (null: the backend's default)", low=1
@@ -85,30 +99,61 @@ class GRPOLossConfig:
         1.0, "the model's logit scale s of logits = c tanh(s (h W + b) / c) / T (loss.head.logit_head reads it)"
     )
     final_logit_softcapping: float | None = option(None, "the model's final logit soft cap c (null: none)")
+    objective_options: dict = dataclasses.field(
+        default_factory=dict,
+        hash=False,
+        metadata={
+            "help": "the objective's own hyper-parameters (its options section: the objectives table of "
+            "docs/config.md), e.g. {alpha: 0.5, beta: 5.0} for icepop"
+        },
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
-        spec = get_loss_type(self.loss_type)
-        if spec.objective is Objective.CISPO and self.epsilon_high is None:
+        objective = self.objective_spec
+        object.__setattr__(self, "_objective_settings", objective.settings(dict(self.objective_options)))
+        if self.importance_sampling_level not in objective.levels:
             raise ValueError(
-                f"epsilon_high: loss_type={self.loss_type!r} caps the ratio at epsilon_high; give it (e.g. 5.0)"
+                f"importance_sampling_level: the objective {objective.name!r} takes {list(objective.levels)} (its "
+                f"ratio is its own), got {self.importance_sampling_level!r}"
             )
+        if objective.validate is not None:
+            objective.validate(self)
         if self.delta is not None and not self.delta > 1.0 + self.clip_high:
             raise ValueError(f"delta: expected a value > {1.0 + self.clip_high} (1 + epsilon_high), got {self.delta!r}")
         LogitHead(self.logit_scale, self.final_logit_softcapping)  # checks both
 
+    def __getstate__(self) -> dict:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        object.__setattr__(self, "_objective_settings", self.objective_spec.settings(dict(self.objective_options)))
+
     @property
     def loss_spec(self) -> LossType:
-        """The row of the loss-type table that `loss_type` names."""
+        """The loss type that `loss_type` names."""
         return get_loss_type(self.loss_type)
+
+    @property
+    def objective_spec(self) -> Objective:
+        """The objective: `objective` when given, else the loss type's."""
+        if self.objective is None:
+            return self.loss_spec.objective
+        return OBJECTIVES.get(self.objective, key="objective")
+
+    @property
+    def options(self) -> Any:
+        """The objective's options (an instance of its `options` class, from objective_options), or None."""
+        return self._objective_settings
 
     @property
     def needs_whole_sequences(self) -> bool:
         """Whether layer 2 must see whole sequences at once: sequence-level ratios (GSPO), or an objective
-        with a per-sequence term at token level too (vespo), or off-policy sequence masking."""
+        with a per-sequence term at token level too (vespo, gmpo), or off-policy sequence masking."""
         return (
             self.importance_sampling_level == "sequence"
-            or self.loss_spec.objective.needs_whole_sequences
+            or self.objective_spec.whole_sequences
             or self.off_policy_mask_threshold is not None
         )
 

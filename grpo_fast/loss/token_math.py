@@ -1,7 +1,5 @@
-"""Layer 2 of the loss: the O(N) GRPO token math, in PyTorch (the twin of kernels/grpo_token_loss.py).
-
-The loss type (grpo_fast.loss.loss_types) picks the objective (clipped, cispo, sapo or vespo) and the
-reduction weights c_i.
+"""Layer 2 of the loss: the O(N) GRPO token math in PyTorch (kernels/grpo_token_loss.py is a Triton twin of the
+built-in objectives).
 
 Notation, per token i of sequence b (flat rows, see grpo_fast.loss.layout):
   ℓ_i current logprob, o_i old logprob, r_i reference logprob, A_i advantage, w_i importance weight,
@@ -9,52 +7,40 @@ Notation, per token i of sequence b (flat rows, see grpo_fast.loss.layout):
   c_i = reduction weight of the loss type (mask folded in, see `reduction_weights`),
   e_i = m_i / max(Σ m, 1) (the entropy bonus is a masked mean, whatever the loss type, as in TRL).
 
-  s_i = ℓ_i − o_i                                (token level)
-  s_i = s_b = Σ_{j∈b} m_j (ℓ_j − o_j) / max(L_b, 1)   (sequence level, GSPO)
+  s_i = ℓ_i − o_i                                       (token level)
+  s_i = s_b = Σ_{j∈b} m_j (ℓ_j − o_j) / max(L_b, 1)     (sequence level, GSPO)
   ρ_i = exp(s_i)
-  clipped:      t1 = min(ρ, δ) (δ optional), t2 = clip(ρ, 1 − ε_lo, 1 + ε_hi), p_i = −min(t1 A, t2 A)
-  cispo:        p_i = −sg(min(ρ, ε_hi)) A ℓ_i
-  sapo:         p_i = −(4/τ_i) σ(τ_i (ρ_i − 1)) A_i,  τ_i = τ_pos if A_i > 0 else τ_neg
-  vespo:        p_i = −sg(φ_i) A_i ℓ_i,  φ_i = exp(λ_i + k_i log W_b − λ_i W_b) (0 if it overflows),
-                log W_b = clamp(Σ_{j∈b} m_j (clamp(ℓ_j − o_j, −20, 20) + clamp(log w_j, log 1e-8, 20)), log 1e-8, 20)
-                (the log w term only with importance weights; weights given per sequence, [B], enter once:
-                clamp(log w_b) instead of the sum over tokens), (k_i, λ_i) = (k_pos, max(λ_pos, 1e-4)) if
-                A_i ≥ 0 else the _neg pair; vespo's w_i enter W_b only, so its v_i = 1 below (v_i = w_i otherwise)
-  kl_i = exp(r_i − ℓ_i) − (r_i − ℓ_i) − 1        (k3 estimator)
+  p_i = the objective's per-token surrogate (its `definition`, grpo_fast.loss.objectives), times TRL's token masks
+        g_i (off-policy and entropy masks) and, unless the objective takes them inside, the weights w_i
+  kl_i = exp(r_i − ℓ_i) − (r_i − ℓ_i) − 1              (k3 estimator)
   κ_i = kl_i ρ_i with use_bias_correction_kl, kl_i otherwise (ρ differentiable, before δ)
 
-  L = Σ_i c_i (v_i p_i + β κ_i) − entropy_coef Σ_i e_i H_i
+  L = Σ_i c_i (p_i + β κ_i) − entropy_coef Σ_i e_i H_i
 
-Gradients handed to layer 1 (gℓ = ∂L/∂ℓ, gH = ∂L/∂H), split into a part through ℓ_i directly (d_i) and a
-part through s_i (q_i = ∂L/∂s_i, which at sequence level reaches every token of the sequence):
-  ∂p/∂s: clipped −A ∂t/∂s with t the branch the min picks, ∂t1/∂s = ρ [ρ ≤ δ], ∂t2/∂s = ρ [1−ε_lo ≤ ρ ≤ 1+ε_hi];
-         sapo −4 A σ_i (1 − σ_i) ρ_i with σ_i = σ(τ_i (ρ_i − 1)); cispo, vespo 0 (their ratio is detached)
-  ∂p/∂ℓ directly: cispo −min(ρ, ε_hi) A; vespo −φ A; clipped, sapo 0
-  d_i = c_i v_i ∂p_i/∂ℓ_i + β c_i (1 − exp(r_i − ℓ_i)) (· ρ_i with bias correction)
-  q_i = c_i v_i ∂p_i/∂s_i (+ β c_i kl_i ρ_i with bias correction)
-  token level:    gℓ_i = d_i + q_i
-  sequence level: gℓ_j = d_j + m_j / max(L_b, 1) · Σ_{i∈b} q_i
-  gH_i = −entropy_coef e_i
+The gradients handed to layer 1, gℓ = ∂L/∂ℓ and gH = ∂L/∂H, are autograd over these O(N) terms (`token_terms`):
+the objective's definition is the only statement of its math. At sequence level ∂L/∂ℓ_j reaches every token of
+the sequence through s_b (m_j / L_b · Σ_{i∈b} ∂L/∂s_i), which autograd gives from the same definition.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from .layout import TokenLayout
-from .loss_types import Objective, Reduction
+from .loss_types import Reduction
+from .objective import RowSequences, SurrogateInputs
 from .options import GRPOLossConfig
 
 # Order of the partial sums in `TokenLossOutput.sums` (chunks add them up).
-SUM_NAMES = ("loss", "kl", "clip_low", "clip_high", "clip_region", "entropy", "logprob", "is_weight")
+SUM_NAMES = ("loss", "kl", "clip_low", "clip_high", "clip_region", "entropy", "logprob", "is_weight", "masked")
 
 
 @dataclass(frozen=True)
 class TokenInputs:
-    """Per-token inputs of layer 2, all flat `[N]` fp32 (None where the option is off)."""
+    """Per-token inputs of layer 2, all flat `[N]` in the accumulation dtype (None where the option is off)."""
 
     old_logprobs: torch.Tensor | None
     ref_logprobs: torch.Tensor | None
@@ -65,16 +51,26 @@ class TokenInputs:
     is_weights_per_sequence: bool = False
     """Whether `is_weights` came as one weight per sequence ([B] / [B, 1], broadcast over its tokens here):
     vespo then adds log w_b once per sequence to log W_b (TRL's sequence-level ratio), not once per token."""
+    rollout_logprobs: torch.Tensor | None = None
+    """The inference engine's logprobs of the sampled tokens, for an objective that needs them (else None)."""
 
 
 @dataclass(frozen=True)
 class TokenLossOutput:
-    """sums: [len(SUM_NAMES)] fp32 — the loss and the masked metric sums of these rows.
+    """sums: [len(SUM_NAMES)] — the loss and the masked metric sums of these rows.
     grad_logprobs: [R] ∂L/∂ℓ.  grad_entropy: [R] ∂L/∂H, or None when entropy_coef == 0."""
 
     sums: torch.Tensor
     grad_logprobs: torch.Tensor
     grad_entropy: torch.Tensor | None
+
+
+class TokenTerms(NamedTuple):
+    """loss: [] L of these rows, differentiable w.r.t. the logprobs and entropies it was given.
+    sums: [len(SUM_NAMES)] the loss and the masked metric sums (detached)."""
+
+    loss: torch.Tensor
+    sums: torch.Tensor
 
 
 def reduction_weights(
@@ -89,8 +85,10 @@ def reduction_weights(
     if reduction is Reduction.SEQUENCE_SUM:
         return mask / float(max(layout.num_seqs, 1))
     if reduction is Reduction.CONSTANT_LENGTH:
-        length = config.max_completion_length or layout.padded_length
-        return mask / float(layout.num_seqs * max(length, 1))
+        length = config.max_completion_length or layout.padded_width
+        if length is not None:
+            return mask / float(layout.num_seqs * max(length, 1))
+        return mask / (layout.num_seqs * layout.longest_sequence().clamp(min=1)).to(mask.dtype)
     if reduction is Reduction.GLOBAL_TOKEN_MEAN and num_items_in_batch is not None:
         count = torch.as_tensor(num_items_in_batch, dtype=mask.dtype, device=mask.device)
         return mask / count.clamp(min=1.0)
@@ -104,83 +102,9 @@ def entropy_weights(layout: TokenLayout) -> torch.Tensor:
     return layout.mask / layout.mask.sum().clamp(min=1.0)
 
 
-@dataclass(frozen=True)
-class ObjectiveInputs:
-    """What an objective's token math reads, for the rows of one call ([R] each): ratio ρ, advantages A,
-    logprobs ℓ, reduction weights c, policy weights w·g (importance weight times TRL's masks), the masks g alone
-    (None when off), token log-ratios ℓ − o, and for whole-sequence terms the layout and the rows' sequences."""
-
-    ratio: torch.Tensor
-    advantages: torch.Tensor
-    logprobs: torch.Tensor
-    c: torch.Tensor
-    policy_weight: torch.Tensor
-    gate: torch.Tensor | None
-    token_log_ratio: torch.Tensor
-    inputs: TokenInputs
-    layout: TokenLayout
-    seq: torch.Tensor | None
-    rows: slice
-    config: GRPOLossConfig
-
-
-ObjectiveTerms = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-"""(c v p, d, q, low, high) [R]: the weighted loss terms, the direct gradient part d_i = c_i v_i ∂p_i/∂ℓ_i, the
-part through the ratio q_i = c_i v_i ∂p_i/∂s_i, and the clip flags (bool)."""
-
-
-def _clipped_terms(x: ObjectiveInputs) -> ObjectiveTerms:
-    config, ratio, adv = x.config, x.ratio, x.advantages
-    lo, hi = 1.0 - config.epsilon_low, 1.0 + config.clip_high
-    t1 = ratio if config.delta is None else torch.clamp(ratio, max=config.delta)
-    t2 = torch.clamp(ratio, lo, hi)
-    dt1 = ratio if config.delta is None else ratio * (ratio <= config.delta)
-    dt2 = ratio * ((ratio >= lo) & (ratio <= hi))
-    first = t1 * adv <= t2 * adv
-    per_token = -torch.minimum(t1 * adv, t2 * adv)
-    d_ratio = x.c * x.policy_weight * (-adv * torch.where(first, dt1, dt2))
-    low, high = (ratio < lo) & (adv < 0), (ratio > hi) & (adv > 0)
-    return x.c * x.policy_weight * per_token, torch.zeros_like(x.c), d_ratio, low, high
-
-
-def _cispo_terms(x: ObjectiveInputs) -> ObjectiveTerms:
-    capped = torch.clamp(x.ratio, max=x.config.clip_high)
-    per_token = -capped * x.advantages * x.logprobs
-    d_logp = x.c * x.policy_weight * (-capped * x.advantages)
-    high = (x.ratio > x.config.clip_high) & (x.advantages > 0)
-    return x.c * x.policy_weight * per_token, d_logp, torch.zeros_like(x.c), torch.zeros_like(high), high
-
-
-def _sapo_terms(x: ObjectiveInputs) -> ObjectiveTerms:
-    config, adv, c = x.config, x.advantages, x.c
-    tau = torch.where(adv > 0, c.new_tensor(config.sapo_temperature_pos), c.new_tensor(config.sapo_temperature_neg))
-    sig = torch.sigmoid(tau * (x.ratio - 1.0))
-    per_token = -(4.0 / tau) * sig * adv
-    d_ratio = c * x.policy_weight * (-4.0 * adv * sig * (1.0 - sig) * x.ratio)
-    none = torch.zeros_like(adv, dtype=torch.bool)
-    return c * x.policy_weight * per_token, torch.zeros_like(c), d_ratio, none, none
-
-
-def _vespo_terms(x: ObjectiveInputs) -> ObjectiveTerms:
-    inputs = x.inputs
-    mask = x.layout.mask[x.rows]
-    phi = vespo_weights(
-        x.token_log_ratio, inputs.is_weights, x.advantages, mask, x.seq, x.layout, x.config, x.rows,
-        inputs.is_weights_per_sequence,
-    )  # fmt: skip
-    per_token = -phi * x.advantages * x.logprobs
-    v = torch.ones_like(x.c) if x.gate is None else x.gate  # vespo's importance weights are inside φ
-    none = torch.zeros_like(mask, dtype=torch.bool)
-    return x.c * v * per_token, x.c * v * (-phi * x.advantages), torch.zeros_like(x.c), none, none
-
-
-TOKEN_TERMS = {
-    Objective.CLIPPED: _clipped_terms,
-    Objective.CISPO: _cispo_terms,
-    Objective.SAPO: _sapo_terms,
-    Objective.VESPO: _vespo_terms,
-}
-"""Each objective's token math (the formulas of the module docstring)."""
+def covers_all(rows: slice, layout: TokenLayout) -> bool:
+    """Whether `rows` are all N rows of the layout."""
+    return rows == slice(None) or (rows.start in (None, 0) and rows.stop in (None, layout.num_tokens))
 
 
 def grpo_token_loss(
@@ -191,83 +115,108 @@ def grpo_token_loss(
     config: GRPOLossConfig,
     rows: slice = slice(None),
 ) -> TokenLossOutput:
-    """Loss, metric sums and (gℓ, gH) for the token rows `rows` (whole sequences at sequence level).
+    """Loss, metric sums and (gℓ, gH) for the token rows `rows` (whole sequences where the config needs them),
+    the gradients by autograd over `token_terms`.
 
-    logprobs, entropy: [R] fp32 for those rows (entropy may be None when entropy_coef == 0).
+    logprobs, entropy: [R] for those rows (entropy may be None when entropy_coef == 0 and no mask reads it).
     """
+    logp = logprobs.detach().requires_grad_()
+    entropy_leaf = None if entropy is None else entropy.detach().requires_grad_(config.entropy_coef != 0.0)
+    with torch.enable_grad():
+        terms = token_terms(logp, entropy_leaf, inputs, layout, config, rows)
+        wrt = [logp] if config.entropy_coef == 0.0 else [logp, entropy_leaf]
+        grads = torch.autograd.grad(terms.loss, wrt, allow_unused=True) if terms.loss.requires_grad else [None] * 2
+    grad_logp = torch.zeros_like(logp) if grads[0] is None else grads[0]
+    grad_entropy = None
+    if config.entropy_coef != 0.0:
+        grad_entropy = torch.zeros_like(logp) if grads[1] is None else grads[1]
+    return TokenLossOutput(terms.sums, grad_logp.detach(), grad_entropy)
+
+
+def token_terms(
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor | None,
+    inputs: TokenInputs,
+    layout: TokenLayout,
+    config: GRPOLossConfig,
+    rows: slice = slice(None),
+) -> TokenTerms:
+    """L of the rows `rows` (the module docstring's formula), differentiable w.r.t. `logprobs` and `entropy` [R],
+    and its metric sums."""
+    objective = config.objective_spec
     mask = layout.mask[rows]
     adv = inputs.advantages[rows]
     c = inputs.loss_weights[rows]
     old = logprobs.detach() if inputs.old_logprobs is None else inputs.old_logprobs[rows]
-    weight = torch.ones_like(c) if inputs.is_weights is None else inputs.is_weights[rows]
+    weights = None if inputs.is_weights is None else inputs.is_weights[rows]
+    rollout = None if inputs.rollout_logprobs is None else inputs.rollout_logprobs[rows]
+    whole = config.needs_whole_sequences or covers_all(rows, layout)
+    sequences = RowSequences(layout.seq_index[rows], layout.num_seqs, layout.active_per_seq, whole, objective.name)
 
     token_log_ratio = logprobs - old
-    log_ratio = token_log_ratio
-    sequence_level = config.importance_sampling_level == "sequence"
-    seq = layout.seq_index[rows] if config.needs_whole_sequences else None
-    if sequence_level:
-        seq_len = layout.active_per_seq.clamp(min=1.0)
-        log_ratio = (layout.seq_sum(token_log_ratio * mask, seq) / seq_len)[seq]
-    ratio = torch.exp(log_ratio)
-
-    gate, e = _token_masks(logprobs, entropy, old, adv, mask, seq, layout, config, rows)
-    e = inputs.entropy_weights[rows] if e is None else e
-    policy_weight = weight if gate is None else weight * gate
-    objective = config.loss_spec.objective
-    if objective not in TOKEN_TERMS:
-        raise NotImplementedError(f"loss_type {config.loss_type!r}: no token math for objective {objective.value!r}")
-    x = ObjectiveInputs(
-        ratio, adv, logprobs, c, policy_weight, gate, token_log_ratio, inputs, layout, seq, rows, config
-    )
-    loss_terms, d_logp, d_ratio, low, high = TOKEN_TERMS[objective](x)
+    if config.importance_sampling_level == "sequence":
+        ratio = torch.exp(sequences.mean(token_log_ratio, mask))
+    else:
+        ratio = torch.exp(token_log_ratio)
+    x = SurrogateInputs(
+        ratio, token_log_ratio, adv, logprobs, old, rollout, mask, weights, inputs.is_weights_per_sequence,
+        sequences, config, config.options,
+    )  # fmt: skip
+    surrogate = objective.definition(x)
+    per_token = surrogate.per_token
+    gate, e = _token_masks(logprobs.detach(), entropy, old, adv, mask, sequences, config, rows, layout)
+    if gate is not None:
+        per_token = per_token * gate
+    if weights is not None and not objective.weights_inside:
+        per_token = per_token * weights
+    loss_terms = c * per_token
     kl = None
     if config.beta != 0.0:
         # Padding rows get ref − ℓ = 0 (kl = 0) so that exp cannot overflow where c = 0.
         ref_gap = torch.where(mask > 0, inputs.ref_logprobs[rows] - logprobs, torch.zeros_like(logprobs))
         kl = torch.exp(ref_gap) - ref_gap - 1.0
-        d_kl = 1.0 - torch.exp(ref_gap)
-        if config.use_bias_correction_kl:  # κ = kl ρ: ∂κ/∂ℓ = ρ ∂kl/∂ℓ directly, + kl ρ through s
-            d_kl = d_kl * ratio
-            d_ratio = d_ratio + config.beta * c * kl * ratio
+        if config.use_bias_correction_kl:  # κ = kl ρ (ρ before δ)
             kl = kl * ratio
         loss_terms = loss_terms + config.beta * c * kl
-        d_logp = d_logp + config.beta * c * d_kl
-    if sequence_level:
-        d_logp = d_logp + mask * (layout.seq_sum(d_ratio, seq) / seq_len)[seq]
-    else:
-        d_logp = d_logp + d_ratio
-
-    grad_entropy = None
     loss = loss_terms.sum()
     if config.entropy_coef != 0.0:
+        e = inputs.entropy_weights[rows] if e is None else e
         loss = loss - config.entropy_coef * (e * entropy).sum()
-        grad_entropy = -config.entropy_coef * e
+    return TokenTerms(loss, _sums(loss, kl, surrogate, mask, entropy, logprobs, weights))
 
-    zero = logprobs.new_zeros(())
-    sums = torch.stack(
+
+def _sums(loss, kl, surrogate, mask, entropy, logprobs, weights) -> torch.Tensor:
+    """[len(SUM_NAMES)]: the loss and the masked metric sums, detached (weights 1 where absent)."""
+    low, high = surrogate.low, surrogate.high
+    zero = loss.new_zeros(())
+
+    def masked_sum(values):
+        return zero if values is None else (mask * values.detach()).sum()
+
+    return torch.stack(
         [
-            loss,
-            zero if kl is None else (mask * kl).sum(),
-            (mask * low).sum(),
-            (mask * high).sum(),
-            (mask * (low | high)).sum(),
-            zero if entropy is None else (mask * entropy).sum(),
-            (mask * logprobs).sum(),
-            (mask * weight).sum(),
+            loss.detach(),
+            masked_sum(kl),
+            masked_sum(low),
+            masked_sum(high),
+            masked_sum(low | high),
+            masked_sum(entropy),
+            masked_sum(logprobs),
+            masked_sum(weights) if weights is not None else mask.sum(),
+            masked_sum(surrogate.masked),
         ]
     )
-    return TokenLossOutput(sums.detach(), d_logp.detach(), grad_entropy)
 
 
-def _token_masks(logprobs, entropy, old, adv, mask, seq, layout, config: GRPOLossConfig, rows: slice):
+def _token_masks(logprobs, entropy, old, adv, mask, sequences, config: GRPOLossConfig, rows: slice, layout):
     """(g [R] | None, e [R] | None): which tokens keep their policy term under TRL's off-policy and entropy masks
     (None: all), and the entropy weights when the entropy mask changes them (the bonus acts on the same tokens,
     TRL's effective_mask)."""
     gate = entropy_weights_of_top = None
     if config.off_policy_mask_threshold is not None:
-        gate = off_policy_keep(logprobs, old, adv, mask, seq, layout, config.off_policy_mask_threshold)
+        gate = off_policy_keep(logprobs, old, adv, mask, sequences, config.off_policy_mask_threshold)
     if config.top_entropy_quantile < 1.0:
-        if rows != slice(None) and (rows.start not in (None, 0) or rows.stop not in (None, layout.num_tokens)):
+        if not covers_all(rows, layout):
             raise ValueError("top_entropy_quantile: the entropy quantile needs every row of the call at once")
         top = high_entropy_mask(entropy, mask, config.top_entropy_quantile)
         gate = top if gate is None else gate * top
@@ -282,11 +231,23 @@ def high_entropy_mask(entropy: torch.Tensor | None, mask: torch.Tensor, top_quan
     if entropy is None:
         raise ValueError("top_entropy_quantile: needs the entropies")
     active = mask > 0
-    values = entropy.detach()[active].float()
-    if values.numel() == 0:
-        return torch.zeros_like(mask)
-    threshold = torch.quantile(values, 1.0 - top_quantile)
+    threshold = _active_quantile(entropy.detach().float(), active, 1.0 - top_quantile)
     return ((entropy.detach() * mask >= threshold) & active).to(mask.dtype)
+
+
+def _active_quantile(values: torch.Tensor, active: torch.Tensor, q: float) -> torch.Tensor:
+    """torch.quantile(values[active], q) (linear interpolation between the sorted values, as torch computes it),
+    without selecting the active values (static shapes: traceable); +inf when none is active."""
+    if values.numel() == 0:  # a static shape: no rows at all
+        return values.new_full((), float("inf"))
+    ordered = torch.sort(torch.where(active, values, torch.full_like(values, float("inf")))).values
+    count = active.sum()
+    rank = (count - 1).clamp(min=0).to(values.dtype) * q
+    below = rank.to(torch.int64)
+    above = torch.minimum(rank.ceil().to(torch.int64), (count - 1).clamp(min=0))
+    at_below, at_above = (ordered.gather(0, index.reshape(1)) for index in (below, above))  # no host read
+    lerped = torch.lerp(at_below, at_above, rank - below.to(values.dtype)).reshape(())
+    return torch.where(count > 0, lerped, torch.full_like(lerped, float("inf")))
 
 
 def off_policy_keep(
@@ -294,48 +255,14 @@ def off_policy_keep(
     old: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    seq: torch.Tensor,
-    layout: TokenLayout,
+    sequences: RowSequences,
     threshold: float,
 ) -> torch.Tensor:
     """1.0 where a token keeps its policy term under off-policy sequence masking (DeepSeek-V3.2, TRL's
     `get_off_policy_mask`): A_i ≥ 0, or its sequence's mean KL estimate Σ m (o − sg(ℓ)) / max(L_b, 1) is at
-    most `threshold`; 0.0 otherwise (whole sequences; `seq` the rows' sequence index)."""
+    most `threshold`; 0.0 otherwise (whole sequences)."""
     kl = torch.nan_to_num(old - logprobs.detach(), nan=0.0)
-    seq_kl = layout.seq_sum(kl * mask, seq) / layout.active_per_seq.clamp(min=1.0)
-    return ((advantages >= 0) | (seq_kl[seq] <= threshold)).to(mask.dtype)
-
-
-def vespo_weights(
-    token_log_ratio: torch.Tensor,
-    is_weights: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    seq: torch.Tensor,
-    layout: TokenLayout,
-    config: GRPOLossConfig,
-    rows: slice = slice(None),
-    per_sequence: bool = False,
-) -> torch.Tensor:
-    """φ [R] (detached) of vespo for rows `rows` (whole sequences; `seq` their sequence index), from the
-    token log-ratios ℓ − o [R], importance weights (all N rows, or None), advantages and mask [R]:
-    φ_i = exp(λ_i + k_i log W_b − λ_i W_b), 0 where that overflows (TRL's `get_gamma_weights`).
-    per_sequence: the weights are one per sequence broadcast over its tokens; clamp(log w_b) then enters
-    log W_b once (as m_i / L_b per token), as TRL's [B, 1] sequence ratio does."""
-    log_floor = math.log(1e-8)
-    log_terms = torch.clamp(token_log_ratio.detach(), -20.0, 20.0)
-    if is_weights is not None:  # log(0) = −inf (TRL's token_mask) clamps to log 1e-8
-        log_is = torch.clamp(torch.log(is_weights[rows]), log_floor, 20.0)
-        if per_sequence:
-            log_is = log_is / layout.active_per_seq.clamp(min=1.0)[seq]
-        log_terms = log_terms + log_is
-    log_w = torch.clamp(layout.seq_sum(mask * log_terms, seq), log_floor, 20.0)[seq]
-    nonneg = advantages >= 0
-    k_pos, k_neg = (log_w.new_tensor(config.vespo_k_pos), log_w.new_tensor(config.vespo_k_neg))
-    lam_pos, lam_neg = (log_w.new_tensor(max(lam, 1e-4)) for lam in (config.vespo_lambda_pos, config.vespo_lambda_neg))
-    k, lam = torch.where(nonneg, k_pos, k_neg), torch.where(nonneg, lam_pos, lam_neg)
-    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
-    return torch.nan_to_num(phi, nan=0.0, posinf=0.0, neginf=0.0)
+    return ((advantages >= 0) | (sequences.mean(kl, mask) <= threshold)).to(mask.dtype)
 
 
 def finalize_metrics(
@@ -355,4 +282,6 @@ def finalize_metrics(
     metrics["logprob_mean"] = values["logprob"] / count
     if has_is_weights:
         metrics["is_weight_mean"] = values["is_weight"] / count
+    if config.objective_spec.masks_tokens:
+        metrics["trust_region/masked_mean"] = values["masked"] / count
     return metrics

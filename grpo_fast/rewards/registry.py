@@ -24,7 +24,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from grpo_fast.registry import Registry
+from grpo_fast.registry import Registry, callable_contract
 from grpo_fast.rewards.columns import RewardFunc
 from grpo_fast.rewards.self_test import RewardInfo, Sample
 
@@ -43,6 +43,7 @@ REWARD_FUNCTIONS = Registry(
         "countdown": "grpo_fast.rewards.tasks:countdown_reward",
         "reward_model": "grpo_fast.rewards.reward_model:reward_model",
     },
+    contract=callable_contract("reward function"),
 )
 
 

@@ -1,7 +1,8 @@
 """Rollout engines by name: "vllm" (in-process vLLM) and "hf" (transformers `generate`), plus plug-ins.
 
 A plug-in engine is a `RolloutEngine` subclass with a `from_config` classmethod; register it with
-`ROLLOUT_ENGINES.register("name", MyEngine)` or name it in the config as "package.module:MyEngine".
+`ROLLOUT_ENGINES.register("name", MyEngine)` or name it in the config as "package.module:MyEngine". Either way it is
+checked there (`check_engine`): a class with an abstract method left (no `load_weights` ...) is refused, naming it.
 
 "auto" picks what is faster for the model and the hardware (`choose_engine`): vLLM on a GPU and for
 models of AUTO_HF_MAX_PARAMS_CPU parameters and more on CPU; transformers below that on CPU, where vLLM's
@@ -18,14 +19,26 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo_fast.config_fields import build
-from grpo_fast.registry import Registry
+from grpo_fast.registry import Registry, refuse_missing
 from grpo_fast.rollout.base import EngineSelection, RolloutEngine
 
 logger = logging.getLogger(__name__)
 
+
+def check_engine(name: str, engine_cls: Any) -> type[RolloutEngine]:
+    """`engine_cls` if it is a RolloutEngine subclass with every abstract method implemented; TypeError naming what
+    is missing otherwise."""
+    if not (isinstance(engine_cls, type) and issubclass(engine_cls, RolloutEngine)):
+        raise TypeError(f"rollout engine {name!r}: expected a RolloutEngine subclass, got {engine_cls!r}")
+    missing = sorted(engine_cls.__abstractmethods__)
+    refuse_missing("rollout engine", name, missing, "grpo_fast.rollout.base.RolloutEngine")
+    return engine_cls
+
+
 ROLLOUT_ENGINES = Registry(
     "rollout engine",
     {"vllm": "grpo_fast.rollout.vllm_engine:VLLMEngine", "hf": "grpo_fast.rollout.hf_engine:HFEngine"},
+    contract=check_engine,
 )
 AUTO_ORDER = ("vllm", "hf")
 """What "auto" may pick, in order of preference where the model's size does not decide (no model given)."""
@@ -80,9 +93,7 @@ def create_engine(name: str, config, *, model, tokenizer, export_model: Callable
     """Build the engine `name` ("auto", a registered name or "package.module:Class") for a training run.
     The engine's `selection` (an EngineSelection) says which engine "auto" picked and why; it is logged."""
     selection = choose_engine(name, model)
-    engine_cls = ROLLOUT_ENGINES.get(selection.name)
-    if not (isinstance(engine_cls, type) and issubclass(engine_cls, RolloutEngine)):
-        raise ValueError(f"rollout engine {name!r}: expected a RolloutEngine subclass, got {engine_cls!r}")
+    engine_cls = ROLLOUT_ENGINES.get(selection.name)  # checked against the contract (check_engine) when loaded
     if not engine_cls.available():
         raise RuntimeError(
             f"rollout.engine: {selection.name!r} is not available here (its library, {selection.name}, is not "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
 
-from grpo_fast.registry import Registry
+from grpo_fast.registry import Registry, callable_contract
 from grpo_fast.rollout.chat_turns import ChatFormat, prepare_tool_template
 from grpo_fast.rollout.contract import Capabilities
 from grpo_fast.rollout.environments import Environments
@@ -21,8 +21,12 @@ from grpo_fast.rollout.multi_turn import MULTI_TURN, MultiTurn
 from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.rollout.tools import Tool
 
-TOOLS = Registry("tool", {"multiply": "grpo_fast.rollout.builtin_tools:multiply"})
-ENVIRONMENTS = Registry("environment", {"python": "grpo_fast.rollout.python_tool:PythonEnvironment"})
+TOOLS = Registry("tool", {"multiply": "grpo_fast.rollout.builtin_tools:multiply"}, contract=callable_contract("tool"))
+ENVIRONMENTS = Registry(
+    "environment",
+    {"python": "grpo_fast.rollout.python_tool:PythonEnvironment"},
+    contract=callable_contract("environment"),
+)
 
 
 def build_rollouts(
@@ -103,4 +107,4 @@ def _factory(spec: str | Mapping[str, str] | None):
 def _custom(spec: str | None):
     if spec is None:
         return None
-    return Registry("rollout function", {}).get(spec)
+    return Registry("rollout function", contract=callable_contract("rollout function")).get(spec)

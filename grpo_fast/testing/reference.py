@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from ..loss.loss_types import DEFINITIONS, WEIGHTS_INSIDE, Reduction, SurrogateInputs
+from ..loss.loss_types import Reduction
+from ..loss.objective import PaddedSequences, SurrogateInputs
 from ..loss.options import GRPOLossConfig
 
 
@@ -50,25 +51,32 @@ def loss_from_logprobs(
     is_weights=None,
     num_items_in_batch=None,
     config: GRPOLossConfig = GRPOLossConfig(),
+    rollout_logprobs=None,
 ):
-    """TRL's `_compute_loss` from per-token logprobs and entropies [B, T] (however they were computed):
-    the loss type's objective (its definition in the loss-type table) and reduction pick TRL's formulas."""
-    objective = config.loss_spec.objective
+    """TRL's `_compute_loss` from per-token logprobs and entropies [B, T] (however they were computed): the
+    objective's definition (grpo_fast.loss.objectives) on the padded batch, and the loss type's reduction."""
+    objective = config.objective_spec
     mask = completion_mask.to(logp.dtype)
     adv = _per_sequence_column(advantages.to(logp.dtype))
     old = logp.detach() if old_logprobs is None else old_logprobs.to(logp.dtype)
     weights = None if is_weights is None else _per_sequence_column(is_weights.to(logp.dtype))
+    rollout = None if rollout_logprobs is None else rollout_logprobs.to(logp.dtype)
     log_ratio = logp - old
     if config.importance_sampling_level == "token":
         ratio = torch.exp(log_ratio)
     else:
         ratio = torch.exp(((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1))
-    inputs = SurrogateInputs(ratio, log_ratio, adv, logp, mask, weights, config)
-    per_token_loss, low, high = DEFINITIONS[objective](inputs)
+    per_sequence = weights is not None and weights.shape[-1] == 1 and mask.shape[-1] != 1
+    inputs = SurrogateInputs(
+        ratio, log_ratio, adv, logp, old, rollout, mask, weights, per_sequence, PaddedSequences(mask), config,
+        config.options,
+    )  # fmt: skip
+    surrogate = objective.definition(inputs)
+    per_token_loss, low, high = surrogate.per_token, surrogate.low, surrogate.high
     keep = _kept_tokens(logp, entropy, old, adv, mask, config)
     if keep is not None:
         per_token_loss = per_token_loss * keep
-    if weights is not None and objective not in WEIGHTS_INSIDE:
+    if weights is not None and not objective.weights_inside:
         per_token_loss = per_token_loss * weights
     if config.beta != 0.0:
         per_token_kl = _k3_kl(logp, ref_logprobs.to(logp.dtype), ratio, config)
@@ -94,6 +102,8 @@ def loss_from_logprobs(
     metrics["logprob_mean"] = masked_mean(logp)
     if weights is not None:
         metrics["is_weight_mean"] = masked_mean(weights)
+    if objective.masks_tokens:
+        metrics["trust_region/masked_mean"] = masked_mean(surrogate.masked)
     return loss, metrics
 
 

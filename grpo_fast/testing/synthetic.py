@@ -11,8 +11,9 @@ from ..loss.logprobs import fused_logprobs
 
 @dataclass
 class LossBatch:
-    """hidden [B, T, H], weight [V, H], completion_ids / completion_mask / old / ref / is_weights [B, T],
-    advantages [B]; all on one device, hidden and weight in `dtype`, the rest fp32 (fp64 for fp64)."""
+    """hidden [B, T, H], weight [V, H], completion_ids / completion_mask / old / ref / is_weights / rollout (the
+    inference engine's logprobs) [B, T], advantages [B]; all on one device, hidden and weight in `dtype`, the rest
+    fp32 (fp64 for fp64)."""
 
     hidden: torch.Tensor
     weight: torch.Tensor
@@ -22,11 +23,12 @@ class LossBatch:
     old_logprobs: torch.Tensor
     ref_logprobs: torch.Tensor
     is_weights: torch.Tensor
+    rollout_logprobs: torch.Tensor
 
     def token_arguments(self, rows: slice = slice(None)) -> dict[str, torch.Tensor]:
         """The per-sequence / per-token keyword arguments of `grpo_loss` for the sequences `rows`."""
         names = ("completion_ids", "completion_mask", "advantages", "old_logprobs", "ref_logprobs", "is_weights")
-        return {name: getattr(self, name)[rows] for name in names}
+        return {name: getattr(self, name)[rows] for name in (*names, "rollout_logprobs")}
 
 
 def make_loss_batch(
@@ -43,7 +45,8 @@ def make_loss_batch(
 ) -> LossBatch:
     """A batch whose hidden/weight give logits of standard deviation ~logit_scale, a completion mask
     with ragged right padding (about `active_fraction` active), and old/ref logprobs that differ from
-    the current ones by noise of scale `drift` (so clipping and KL are exercised).
+    the current ones by noise of scale `drift` (so clipping and KL are exercised); the engine's logprobs differ from
+    the old ones by noise of scale `drift` too, kept below 0 (so the trust-region masks are exercised).
 
     Everything is drawn and computed on `device` (a real-shape batch never touches the CPU); the same seed
     gives the same batch on the same device type."""
@@ -65,6 +68,7 @@ def make_loss_batch(
     ref = current + drift * randn(batch, length, dtype=aux)
     is_weights = (1 + 0.2 * randn(batch, length)).clamp(0.5, 2.0)
     advantages = randn(batch)
+    rollout = (old + drift * randn(batch, length, dtype=aux)).clamp(max=-1e-6)
     return LossBatch(
         hidden=hidden.to(dtype),
         weight=weight.to(dtype),
@@ -74,4 +78,5 @@ def make_loss_batch(
         old_logprobs=old,
         ref_logprobs=ref,
         is_weights=is_weights.to(aux),
+        rollout_logprobs=rollout,
     )

@@ -47,7 +47,9 @@ def bare_trl_trainer(
     trainer = object.__new__(GRPOTrainer)
     trainer.args = types.SimpleNamespace(**{n: getattr(config, n) for n in ARGS_OPTIONS}, steps_per_generation=1)
     vars(trainer.args).update(extra_args)
-    trainer.loss_type = config.loss_type
+    if config.loss_spec.trl_name is None or config.objective is not None:
+        raise ValueError(f"loss_type: {config.loss_type!r} (objective {config.objective_spec.name!r}) has no TRL row")
+    trainer.loss_type = config.loss_spec.trl_name
     trainer.beta = config.beta
     trainer.epsilon_low, trainer.epsilon_high = config.epsilon_low, config.clip_high
     trainer.importance_sampling_level = config.importance_sampling_level

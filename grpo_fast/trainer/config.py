@@ -22,6 +22,7 @@ from grpo_fast.core.policy import ModelConfig
 from grpo_fast.core.trackers import ReportingOptions, check_installed, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.registry import import_modules
 from grpo_fast.rollout.async_rollouts import AsyncOptions
 from grpo_fast.rollout.contract import SCHEDULERS, Scheduler, check_plan, engine_capabilities
 from grpo_fast.rollout.hf_engine import HFOptions
@@ -339,6 +340,11 @@ class TrainConfig(ConfigSection):
     """The whole run (TRL's GRPOConfig's role), as sections."""
 
     MOVED = {"sample": "a section of the `sample` command's config (SampleRunConfig, load_sample_config)"}
+    imports: list[str] = option(
+        help="modules imported before the rest of the config is read, so that the plug-ins they register (loss "
+        "types, objectives, backends, rollout engines, rewards, tools) can be named like built-ins",
+        factory=list,
+    )
     model: ModelConfig = option(help="the policy", factory=ModelConfig)
     data: DataConfig = option(help="prompts", factory=DataConfig)
     reward: RewardConfig = option(help="rewards", factory=RewardConfig)
@@ -379,6 +385,7 @@ def validate(cfg: TrainConfig) -> None:
     """The rules between fields (each field's own type and bounds are checked where it is set); ValueError
     naming the key."""
     r, g = cfg.rollout, cfg.grpo
+    import_modules(cfg.imports)
     if r.max_completion_length >= r.max_model_len:
         raise ValueError(
             f"rollout.max_completion_length: {r.max_completion_length} leaves no room for the prompt in "
@@ -401,6 +408,7 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError("loss.temperature: set by rollout.temperature (the loss must see the sampling temperature)")
     if cfg.loss.max_completion_length is not None:
         raise ValueError("loss.max_completion_length: set by rollout.max_completion_length")
+    _check_objective_inputs(cfg)
     if g.overlong_buffer >= r.max_completion_length:
         raise ValueError("grpo.overlong_buffer: expected 0 <= overlong_buffer < rollout.max_completion_length")
     _check_rollout_correction(g)
@@ -433,6 +441,30 @@ def validate(cfg: TrainConfig) -> None:
     if not cfg.curriculum.low <= cfg.curriculum.high:
         raise ValueError(
             f"curriculum.low / curriculum.high: expected low <= high, got {cfg.curriculum.low}, {cfg.curriculum.high}"
+        )
+
+
+def _check_objective_inputs(cfg: TrainConfig) -> None:
+    """An objective that reads the engine's logprobs (icepop, kpop, ipo) needs sampled ones, and corrects for the
+    train/inference mismatch itself: no second correction on top."""
+    objective, r, g = cfg.loss.objective_spec, cfg.rollout, cfg.grpo
+    if not objective.needs_rollout_logprobs:
+        return
+    if r.temperature == 0:
+        raise ValueError(
+            f"rollout.temperature: the objective {objective.name!r} reads the engine's sampling logprobs, which "
+            "greedy decoding (temperature 0) does not give; set rollout.temperature > 0"
+        )
+    if g.vllm_importance_sampling_correction or g.old_logprobs == "rollout":
+        raise ValueError(
+            f"grpo.vllm_importance_sampling_correction / grpo.old_logprobs: the objective {objective.name!r} corrects "
+            "against the engine's logprobs itself; set vllm_importance_sampling_correction: false and old_logprobs: "
+            "recompute"
+        )
+    if r.mode != "sync" and r.partial.correction in ("decoupled", "coupled"):
+        raise ValueError(
+            f"rollout.partial.correction: the objective {objective.name!r} corrects against the engine's logprobs "
+            f"itself; set it to none or mask, got {r.partial.correction!r}"
         )
 
 

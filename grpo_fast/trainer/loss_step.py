@@ -88,8 +88,8 @@ class _StepInputs:
     """What every update of one step reads: the batch [B, P+T] and its micro-batch plan, advantages [B], the
     completion mask [B, T], the old-policy, reference and engine logprobs [B, T] (None where unused), importance
     weights ([B, T] or [B], or None) or what each micro-batch computes them from (`weights_from`: the engine's
-    logprobs [B, T] and the correction's (mode, clip_min, clip_max)), each token's staleness [B, T] (host), and the
-    step's device metrics so far."""
+    logprobs [B, T] and the correction's (mode, clip_min, clip_max)), the engine's logprobs [B, T] for an objective
+    that reads them (None otherwise), each token's staleness [B, T] (host), and the step's device metrics so far."""
 
     batch: SequenceBatch
     plan: list
@@ -99,6 +99,7 @@ class _StepInputs:
     ref_lp: torch.Tensor | None
     is_weights: torch.Tensor | None
     weights_from: tuple[torch.Tensor, tuple] | None
+    rollout_lp: torch.Tensor | None
     measure_from: torch.Tensor | None
     staleness: torch.Tensor
     stats: dict[str, torch.Tensor]
@@ -373,6 +374,12 @@ class LossStep:
         stats: dict[str, torch.Tensor] = {}
 
         from_rollout = fix.old_from_rollout
+        objective = self.loss_config.objective_spec
+        if objective.needs_rollout_logprobs and not has_rollout_lp:
+            raise ValueError(
+                f"loss: the objective {objective.name!r} needs the engine's sampling logprobs of every completion "
+                "token (rollout.temperature > 0 and an engine that returns them)"
+            )
         if from_rollout and not has_rollout_lp:
             raise ValueError(
                 "grpo.old_logprobs 'rollout' (or rollout.partial.correction 'coupled') needs the engine's sampling "
@@ -407,6 +414,7 @@ class LossStep:
             ref_lp=ref_lp,
             is_weights=is_weights,
             weights_from=(rollout_lp, correction) if inline else None,
+            rollout_lp=rollout_lp if objective.needs_rollout_logprobs else None,
             # Otherwise the first update's forward runs the policy the engine sampled from: measure there.
             measure_from=rollout_lp if has_rollout_lp and not recompute else None,
             staleness=staleness,
@@ -433,6 +441,7 @@ class LossStep:
             step.plan,
             coef,
             step.weights_from,
+            step.rollout_lp,
         )
         if control is not None:  # TRL's update at the optimizer-step boundary (one read of the device)
             totals = torch.stack([entropy_sum.float(), torch.tensor(entropy_tokens, device=self.device).float()])
@@ -470,6 +479,7 @@ class LossStep:
         plan=None,
         entropy_coef: float | None = None,
         weights_from: tuple[torch.Tensor, tuple] | None = None,
+        rollout_lp: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, int]:
         """Backward of the loss of the whole `batch` as micro-batches (`plan`, default `micro_batches(batch)`),
         adding up to TRL 1.16's gradient (`GRPOTrainer._compute_loss` per micro-batch, summed). Per-token arguments
@@ -483,15 +493,15 @@ class LossStep:
         (TRL: / gradient_accumulation_steps; here rows / B): its coefficient becomes coef (rows / B) / share.
         `entropy_coef` overrides the loss config's (the adaptive controller's value). `weights_from` (engine logprobs
         [B, T], (mode, clip_min, clip_max) of a token-level mode), instead of is_weights: each micro-batch's weights
-        against its current logprobs, from its own hidden states. Returns (Σ entropy over this
-        rank's active tokens, a device tensor; their count): what the adaptive-entropy controller measures."""
+        against its current logprobs, from its own hidden states. `rollout_lp` [B, T]: the engine's logprobs, for an
+        objective that reads them. Returns (Σ entropy over this rank's active tokens, a device tensor; their count):
+        what the adaptive-entropy controller measures."""
         plan = self.micro_batches(batch) if plan is None else plan
         agg = defaultdict(list) if agg is None else agg
         row_tokens = batch.completion_mask.sum(1).tolist()
         n_rows, num_items = len(row_tokens), sum(row_tokens)
         if self.dist.enabled:  # the whole batch's rows and tokens: every rank's (each holds an equal share)
             n_rows, num_items = self.dist.sum(torch.tensor([n_rows, num_items])).tolist()
-        reduction = self.loss_config.loss_spec.reduction
         coef = self.loss_config.entropy_coef if entropy_coef is None else entropy_coef
         device = self.device
         weight = bias = None
@@ -503,13 +513,9 @@ class LossStep:
             if mb.idle:  # joins the ranks' collectives; contributes nothing
                 (hidden.sum() * 0.0 + weight.sum() * 0.0).backward()
                 continue
-            rows, tokens = mb.num_rows, sum(row_tokens[i] for i in mb.row_list)
-            share = reduction.micro_batch_share(rows, n_rows, tokens, num_items)
-            config = self.loss_config
-            if coef != 0.0 or config.entropy_coef != 0.0:
-                mb_coef = coef * (rows / max(n_rows, 1)) / share if share else 0.0
-                config = dataclasses.replace(config, entropy_coef=mb_coef)
-            per_token = [None if t is None else mb.tokens(t, device) for t in (old_lp, ref_lp, is_weights)]
+            tokens = sum(row_tokens[i] for i in mb.row_list)
+            share, config = self._micro_batch_share(mb.num_rows, n_rows, tokens, num_items, coef)
+            per_token = [None if t is None else mb.tokens(t, device) for t in (old_lp, ref_lp, is_weights, rollout_lp)]
             if weights_from is not None:
                 per_token[2] = self._inline_weights(mb, hidden, weight, bias, *weights_from)
             lp = None if current_logprobs is None else hidden.new_empty(hidden.shape[:-1], dtype=torch.float32)
@@ -519,13 +525,14 @@ class LossStep:
                 mb.completion_ids,
                 mb.completion_mask,
                 mb.tokens(advantages, device),
-                *per_token,
+                *per_token[:3],
                 num_items_in_batch=max(num_items, 1),  # every completion masked (all truncated): loss 0
                 config=config,
                 bias=bias,
                 cu_seqlens=mb.cu_seqlens,
                 validate=False,  # check_step_inputs checked the step's inputs once, on the host
                 logprobs_out=lp,  # the current policy's logprobs from the loss's own forward
+                rollout_logprobs=per_token[3],  # the engine's, for an objective that reads them
             )
             if share != 1.0:
                 loss = loss * share
@@ -538,6 +545,17 @@ class LossStep:
             for k, v in metrics.items():
                 agg[k].append(v)
         return entropy_sum, sum(row_tokens)
+
+    def _micro_batch_share(self, rows: int, n_rows: int, tokens: int, num_items: int, coef: float):
+        """(share, the loss config) of a micro-batch of `rows` sequences and `tokens` active tokens in a batch of
+        `n_rows` and `num_items`: its reduction's share, and the entropy coefficient `coef` as coef (rows / B) / share
+        (see accumulate_gradients)."""
+        share = self.loss_config.loss_spec.reduction.micro_batch_share(rows, n_rows, tokens, num_items)
+        config = self.loss_config
+        if coef != 0.0 or config.entropy_coef != 0.0:
+            mb_coef = coef * (rows / max(n_rows, 1)) / share if share else 0.0
+            config = dataclasses.replace(config, entropy_coef=mb_coef)
+        return share, config
 
     def _inline_weights(self, mb, hidden, weight, bias, engine_lp, correction) -> torch.Tensor:
         """A micro-batch's token-level importance weights against the current policy's logprobs, from its hidden

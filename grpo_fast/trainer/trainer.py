@@ -88,8 +88,8 @@ class NonFiniteTrainingError(RuntimeError):
 
 
 class GRPOTrainer:
-    """The GRPO-family trainer: every loss type of grpo_fast.loss.loss_types (GRPO, BNPO, Dr. GRPO, DAPO, CISPO,
-    SAPO, LUSPO, VESPO), GSPO's sequence-level ratios, and the options of the `grpo` section.
+    """The GRPO-family trainer: every loss type and objective of the loss's registries (grpo_fast.loss.LOSS_TYPES,
+    OBJECTIVES; docs/config.md lists them), GSPO's sequence-level ratios, and the options of the `grpo` section.
 
     model: a transformers CausalLM or a path/hub name. reward_funcs: reward specs (callables with TRL's
     signature `fn(prompts, completions, **columns) -> list[float | None]`, names or {name: ..., options}; see

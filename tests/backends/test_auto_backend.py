@@ -32,11 +32,13 @@ def fake_backends(monkeypatch):
     module.RAISING = ChunkedBackend("raising", _RaisingEpilogue(), 1 << 20, 1 << 20)
     module.WRONG = ChunkedBackend("wrong", _OffByOneEpilogue(), 1 << 20, 1 << 20)
     monkeypatch.setitem(sys.modules, "fake_backends", module)
-    monkeypatch.setitem(backends._ENTRIES, "raising", module.RAISING)
-    monkeypatch.setitem(backends._ENTRIES, "wrong", module.WRONG)
+    backends.BACKENDS.register("raising", module.RAISING)
+    backends.BACKENDS.register("wrong", module.WRONG)
     monkeypatch.setitem(backends.AUTO_ORDER, "cpu", ("raising", "wrong", "cpu", "torch"))
     monkeypatch.setattr(backends, "_AUTO_CHOICE", {})
-    return module
+    yield module
+    for name in ("raising", "wrong"):
+        backends.BACKENDS.unregister(name)
 
 
 def test_auto_skips_failing_backends_once(fake_backends, caplog):
@@ -65,7 +67,6 @@ def test_a_registered_backend_is_checked_and_usable_by_name(monkeypatch):
     """register_backend checks the contract at once; the loss's backend option then takes the name."""
     from grpo_fast import GRPOLossConfig
 
-    monkeypatch.setattr(backends, "_ENTRIES", dict(backends._ENTRIES))
     monkeypatch.setattr(backends, "AUTO_ORDER", dict(backends.AUTO_ORDER))
     monkeypatch.setattr(backends, "_AUTO_CHOICE", {})
     with pytest.raises(TypeError, match="missing .*forward_backward"):
@@ -76,10 +77,13 @@ def test_a_registered_backend_is_checked_and_usable_by_name(monkeypatch):
         backends.register_backend("incomplete", Incomplete("incomplete", TorchEpilogue(), 1 << 20, 1 << 20))
     mine = ChunkedBackend("mine", TorchEpilogue(), 1 << 20, 1 << 20, devices=("cpu",))
     backends.register_backend("mine", mine, auto_on=("cpu",))
-    assert backends.AUTO_ORDER["cpu"][-2:] == ("mine", "torch")
-    assert GRPOLossConfig(backend="mine").backend == "mine"
-    assert backends.get_backend("mine", torch.device("cpu")) is mine
-    with pytest.raises(ValueError, match="'mine' does not run on meta tensors"):
-        backends.get_backend("mine", torch.device("meta"))
-    with pytest.raises(ValueError, match="already registered"):
-        backends.register_backend("mine", mine)
+    try:
+        assert backends.AUTO_ORDER["cpu"][-2:] == ("mine", "torch")
+        assert GRPOLossConfig(backend="mine").backend == "mine"
+        assert backends.get_backend("mine", torch.device("cpu")) is mine
+        with pytest.raises(ValueError, match="'mine' does not run on meta tensors"):
+            backends.get_backend("mine", torch.device("meta"))
+        with pytest.raises(ValueError, match="already registered"):
+            backends.register_backend("mine", ChunkedBackend("mine", TorchEpilogue(), 1 << 20, 1 << 20))
+    finally:
+        backends.BACKENDS.unregister("mine")

@@ -17,8 +17,9 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
-from grpo_fast.kernels import linear_logprobs as kernels  # noqa: E402
 from triton.runtime.errors import OutOfResources  # noqa: E402
+
+from grpo_fast.kernels import linear_logprobs as kernels  # noqa: E402
 
 CPU = torch.device("cpu")
 BLOCKS = kernels.BlockConfig(block_n=128, block_v=128, block_h=64, num_warps=8, num_stages=3)

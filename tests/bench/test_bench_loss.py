@@ -106,3 +106,17 @@ def test_model_presets_are_the_real_lm_heads():
     assert [(s.model, s.N) for s in shapes] == [
         ("qwen2.5-7b", 4096), ("qwen2.5-7b", 16384), ("llama-3.1-8b", 4096), ("llama-3.1-8b", 16384)
     ]  # fmt: skip
+
+
+def test_interleaved_rounds_and_ratios():
+    """The interleaved timing: every variant once per round, each round's ratio to the baseline (its own: 1)."""
+    shape = loss.Shape(96, 32, 257)
+    result = loss.interleaved(shape, "fp32", CPU, GRPOLossConfig(), ["naive", "torch"], rounds=3)
+    assert result["baseline"] == "naive" and [r["variant"] for r in result["results"]] == ["naive", "torch"]
+    for row in result["results"]:
+        assert len(row["wall_s"]) == len(row["cpu_s"]) == 3 and min(row["wall_s"]) > 0
+    naive = result["results"][0]["wall_ratio_to_naive"]
+    assert naive["min"] == naive["median"] == naive["max"] == 1.0
+    torch_row = result["results"][1]
+    ratios = sorted(t / n for t, n in zip(torch_row["wall_s"], result["results"][0]["wall_s"], strict=True))
+    assert torch_row["wall_ratio_to_naive"] == {"median": ratios[1], "min": ratios[0], "max": ratios[2]}

@@ -1,13 +1,11 @@
 """grpo_loss / fused_logprobs / logits_grpo_loss (torch backend) against the naive fp64 oracle that
 materialises the logits and differentiates TRL's formulas with autograd (grpo_fast.testing.reference)."""
 
-import itertools
-
 import pytest
 import torch
 
 from grpo_fast import GRPOLoss, GRPOLossConfig, fused_logprobs, grpo_loss, logits_grpo_loss
-from grpo_fast.loss import LOSS_TYPES, Objective
+from grpo_fast.loss import LOSS_TYPES
 from grpo_fast.testing.reference import naive_grpo_loss, naive_logprobs_and_entropy
 from grpo_fast.testing.synthetic import make_loss_batch
 
@@ -27,7 +25,7 @@ OPTION_SETS = {
 
 def _config(loss_type, level, options, workspace=None):
     options = dict(options)
-    if LOSS_TYPES[loss_type].objective is Objective.CISPO:
+    if LOSS_TYPES[loss_type].objective.name == "cispo":
         options.pop("delta", None)
         options["epsilon_high"] = 1.2
     return GRPOLossConfig(
@@ -53,32 +51,28 @@ def _compare(loss, metrics, grads, ref_loss, ref_metrics, ref_grads, atol):
 
 @pytest.mark.parametrize("workspace", [None, TINY_WORKSPACE], ids=["one_chunk", "tiny_chunks"])
 @pytest.mark.parametrize("options", list(OPTION_SETS), ids=list(OPTION_SETS))
-@pytest.mark.parametrize(
-    "loss_type,level",
-    list(itertools.product(LOSS_TYPES, ["token", "sequence"])),
-)
+@pytest.mark.parametrize("loss_type,level", [(t, lv) for t, row in LOSS_TYPES.items() for lv in row.objective.levels])
 def test_grpo_loss_matches_naive_fp64(loss_type, level, options, workspace):
     batch = make_loss_batch(**SHAPE, dtype=torch.float64, seed=hash((loss_type, level)) % 1000)
     config = _config(loss_type, level, OPTION_SETS[options], workspace)
     use_is = options in ("plain", "all")
     args = (batch.completion_ids, batch.completion_mask, batch.advantages, batch.old_logprobs, batch.ref_logprobs)
-    is_weights = batch.is_weights if use_is else None
+    extra = dict(is_weights=batch.is_weights if use_is else None, rollout_logprobs=batch.rollout_logprobs)
 
     h, w, b = _leaves(batch, bias=options == "all")
-    ref_loss, ref_metrics = naive_grpo_loss(h, w, *args, is_weights=is_weights, config=config, bias=b)
+    ref_loss, ref_metrics = naive_grpo_loss(h, w, *args, **extra, config=config, bias=b)
     leaves = (h, w) if b is None else (h, w, b)
     ref_grads = torch.autograd.grad(ref_loss, leaves)
 
     h2, w2, _ = _leaves(batch)
     b2 = None if b is None else b.detach().clone().requires_grad_()
     leaves2 = (h2, w2) if b2 is None else (h2, w2, b2)
-    loss, metrics = grpo_loss(h2, w2, *args, is_weights=is_weights, config=config, bias=b2)
+    loss, metrics = grpo_loss(h2, w2, *args, **extra, config=config, bias=b2)
     grads = torch.autograd.grad(loss, leaves2)
     _compare(loss, metrics, grads, ref_loss, ref_metrics, ref_grads, atol=1e-12)
 
 
-@pytest.mark.parametrize("level", ["token", "sequence"])
-@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+@pytest.mark.parametrize("loss_type,level", [(t, lv) for t, row in LOSS_TYPES.items() for lv in row.objective.levels])
 def test_packed_layout_equals_padded(loss_type, level):
     """Packing the active tokens of each sequence (no padding) gives the padded result exactly."""
     batch = make_loss_batch(**SHAPE, dtype=torch.float64, seed=3)
@@ -102,6 +96,7 @@ def test_packed_layout_equals_padded(loss_type, level):
         batch.is_weights[mask],
         config=config,
         cu_seqlens=cu_seqlens,
+        rollout_logprobs=batch.rollout_logprobs[mask],
     )
     packed_grad_h, packed_grad_w = torch.autograd.grad(packed, (h2, w2))
     torch.testing.assert_close(packed, padded, rtol=1e-12, atol=1e-12)
@@ -178,15 +173,14 @@ def test_logits_grpo_loss_matches_naive(loss_type, inplace):
     batch = make_loss_batch(**SHAPE, dtype=torch.float64, seed=13)
     config = _config(loss_type, "token", OPTION_SETS["all"], workspace=TINY_WORKSPACE)
     args = (batch.completion_ids, batch.completion_mask, batch.advantages, batch.old_logprobs, batch.ref_logprobs)
+    extra = dict(is_weights=batch.is_weights, rollout_logprobs=batch.rollout_logprobs)
     h, w, _ = _leaves(batch)
-    ref_loss, ref_metrics = naive_grpo_loss(h, w, *args, is_weights=batch.is_weights, config=config)
+    ref_loss, ref_metrics = naive_grpo_loss(h, w, *args, **extra, config=config)
     ref_grad_h, ref_grad_w = torch.autograd.grad(ref_loss, (h, w))
 
     h2, w2, _ = _leaves(batch)
     logits = h2 @ w2.t()  # the lm_head matmul: its backward needs h and W, not the logits
-    loss, metrics = logits_grpo_loss(
-        logits, *args, is_weights=batch.is_weights, config=config, inplace_backward=inplace
-    )
+    loss, metrics = logits_grpo_loss(logits, *args, **extra, config=config, inplace_backward=inplace)
     grad_h, grad_w = torch.autograd.grad(loss, (h2, w2))
     _compare(loss, metrics, (grad_h, grad_w), ref_loss, ref_metrics, (ref_grad_h, ref_grad_w), atol=1e-12)
     if inplace:  # the buffer now holds ∂L/∂logits, not the logits

@@ -1,28 +1,33 @@
-"""The loss-type table is the single source of truth: every consumer reads it, an unknown name is an
-error everywhere, and a loss type added through the table alone works end to end."""
+"""The loss-type registry is the single source of truth: every consumer reads it, an unknown name is an
+error everywhere, and a loss type added through the registry alone works end to end."""
 
 from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
 
 import pytest
 import torch
 
 from grpo_fast import GRPOLossConfig, grpo_loss
-from grpo_fast.loss import LOSS_TYPES, LossType, Objective, Reduction, get_loss_type, register_loss_type
+from grpo_fast.loss import LOSS_TYPES, LossType, Reduction, get_loss_type, register_loss_type
 from grpo_fast.testing.reference import naive_grpo_loss
 from grpo_fast.testing.synthetic import make_loss_batch
 
 # A row that exists nowhere else in the code: the clipped objective with a per-call token mean.
-DUMMY = LossType("clipped_token_mean", Objective.CLIPPED, Reduction.TOKEN_MEAN, "test-only row")
+DUMMY = LossType("clipped_token_mean", "clipped", Reduction.TOKEN_MEAN, "test-only row")
 
 
 @pytest.fixture
-def dummy_loss_type(monkeypatch):
-    monkeypatch.setitem(LOSS_TYPES, DUMMY.name, DUMMY)
-    return DUMMY.name
+def dummy_loss_type():
+    register_loss_type(DUMMY)
+    yield DUMMY.name
+    LOSS_TYPES.unregister(DUMMY.name)
 
 
 def _config(loss_type: str, **options) -> GRPOLossConfig:
-    cispo = LOSS_TYPES[loss_type].objective is Objective.CISPO
+    cispo = LOSS_TYPES[loss_type].objective.name == "cispo"
     return GRPOLossConfig(loss_type=loss_type, epsilon_high=3.0 if cispo else 0.28, **options)
 
 
@@ -34,22 +39,29 @@ def _loss_and_grads(fn, batch, config, rows=slice(None), **kwargs):
 
 
 def test_unknown_loss_type_is_an_error_where_it_is_named():
-    with pytest.raises(ValueError, match="loss_type: expected one of .*'nope'"):
+    with pytest.raises(ValueError, match="loss_type: unknown name 'nope'; expected one of"):
         GRPOLossConfig(loss_type="nope")
-    with pytest.raises(ValueError, match="loss_type: expected one of"):
+    with pytest.raises(ValueError, match="loss_type: unknown name 'nope'"):
         get_loss_type("nope")
     with pytest.raises(ValueError, match="already registered"):
-        register_loss_type(LossType("dapo", Objective.CLIPPED, Reduction.TOKEN_MEAN))
-    with pytest.raises(TypeError, match="Objective and Reduction"):
+        register_loss_type(LossType("dapo", "clipped", Reduction.TOKEN_MEAN))
+    with pytest.raises(TypeError, match="reduction must be a member of Reduction"):
         register_loss_type(LossType("strings", "clipped", "token_mean"))
+    with pytest.raises(ValueError, match="objective: unknown name 'nope'"):
+        LossType("bad_objective", "nope", Reduction.TOKEN_MEAN)
+    assert "strings" not in LOSS_TYPES
 
 
-def test_trl_loss_types_are_rows_of_the_table():
-    """TRL 1.16's sapo / luspo / vespo: their objective and reduction (TRL's `_compute_loss`)."""
-    rows = {name: (spec.objective, spec.reduction) for name, spec in LOSS_TYPES.items()}
-    assert rows["sapo"] == (Objective.SAPO, Reduction.SEQUENCE_MEAN)  # normalised like grpo
-    assert rows["luspo"] == (Objective.CLIPPED, Reduction.SEQUENCE_SUM)  # (per_token_loss * mask).sum(-1).mean()
-    assert rows["vespo"] == (Objective.VESPO, Reduction.GLOBAL_TOKEN_MEAN)  # normalised like dapo / cispo
+def test_trl_loss_types_are_rows_of_the_registry():
+    """TRL 1.16's loss types, each under TRL's name with TRL's objective and reduction (`_compute_loss`); the others
+    have no TRL name, so the TRL parity tests run exactly TRL's rows."""
+    rows = {name: (spec.objective.name, spec.reduction) for name, spec in LOSS_TYPES.items()}
+    assert rows["sapo"] == ("sapo", Reduction.SEQUENCE_MEAN)  # normalised like grpo
+    assert rows["luspo"] == ("clipped", Reduction.SEQUENCE_SUM)  # (per_token_loss * mask).sum(-1).mean()
+    assert rows["vespo"] == ("vespo", Reduction.GLOBAL_TOKEN_MEAN)  # normalised like dapo / cispo
+    trl_rows = {name for name, spec in LOSS_TYPES.items() if spec.trl_name is not None}
+    assert trl_rows == {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"}
+    assert all(LOSS_TYPES[name].trl_name == name for name in trl_rows)
     assert Reduction.SEQUENCE_SUM.micro_batch_share(2, 5, 7, 30) == 2 / 5
     # vespo's φ needs whole sequences even at token level; sapo and luspo only at sequence level
     for name, token_level in (("vespo", True), ("sapo", False), ("luspo", False), ("grpo", False)):
@@ -88,8 +100,8 @@ def test_trl_options_reach_the_trainer_config_by_their_names():
 
 
 def test_an_objective_without_a_kernel_falls_back_to_pytorch_with_one_line(monkeypatch, caplog):
-    """A user objective has no code in the layer-2 kernels: a backend with such a kernel runs its token math in
-    PyTorch (one logged line), with the same numbers as the torch backend, instead of raising."""
+    """An objective without a code in the layer-2 kernels (icepop, a user's): a backend with such a kernel runs its
+    token math in PyTorch (one logged line) instead of raising."""
     import logging
 
     from grpo_fast.backends import Capabilities
@@ -100,9 +112,8 @@ def test_an_objective_without_a_kernel_falls_back_to_pytorch_with_one_line(monke
         name = "with_kernel"
         capabilities = Capabilities(token_loss_kernel=lambda *args: pytest.fail("the kernel must not run"))
 
-    monkeypatch.setattr(token_loss, "KERNEL_OBJECTIVE_CODES", {})  # as for an objective without a kernel code
     monkeypatch.setattr(token_loss, "_LOGGED_FALLBACKS", set())
-    config = _config("dapo")
+    config = _config("icepop")
     with caplog.at_level(logging.INFO, logger="grpo_fast.loss.token_loss"):
         chosen = [token_loss.select_token_loss(WithKernel(), config) for _ in range(3)]
     assert all(c is grpo_token_loss for c in chosen)
@@ -113,7 +124,7 @@ def test_an_objective_without_a_kernel_falls_back_to_pytorch_with_one_line(monke
 def test_unknown_loss_type_is_an_error_in_the_trainer_config():
     from grpo_fast.trainer.config import load_config
 
-    with pytest.raises(ValueError, match="loss.loss_type: expected one of"):
+    with pytest.raises(ValueError, match="loss.loss_type: unknown name 'nope'; expected one of"):
         load_config(None, ["loss.loss_type=nope"])
 
 
@@ -143,7 +154,7 @@ def test_micro_batch_shares_add_up_to_the_batch_loss(loss_type):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-def test_a_loss_type_added_through_the_table_alone_works(dummy_loss_type):
+def test_a_loss_type_added_through_the_registry_alone_works(dummy_loss_type):
     """Config, token math, the fp64 reference and the trainer's micro-batch share all take the new row;
     it gives exactly what the built-in row with the same objective and reduction (bnpo) gives."""
     batch = make_loss_batch(batch=3, length=7, hidden_size=24, vocab=53, dtype=torch.float64, seed=9)
@@ -158,10 +169,21 @@ def test_a_loss_type_added_through_the_table_alone_works(dummy_loss_type):
 
 
 @pytest.mark.triton
-def test_a_loss_type_added_through_the_table_alone_runs_in_the_triton_kernels(dummy_loss_type):
+def test_a_loss_type_added_through_the_registry_alone_runs_in_the_triton_kernels(dummy_loss_type):
     pytest.importorskip("triton")
     batch = make_loss_batch(batch=2, length=5, hidden_size=16, vocab=40, seed=4)
     torch_result = _loss_and_grads(grpo_loss, batch, _config(dummy_loss_type, beta=0.04, backend="torch"))
     triton_result = _loss_and_grads(grpo_loss, batch, _config(dummy_loss_type, beta=0.04, backend="triton"))
     for got, want in zip(triton_result, torch_result, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_config_copied_keeps_its_objective_options():
+    """The objective's options are built once, outside __dict__: a copy through __dict__ (the benchmarks'), a pickle
+    (a process boundary), a deepcopy and dataclasses.replace each carry them, and __dict__ holds the fields alone."""
+    config = GRPOLossConfig(loss_type="icepop", objective_options={"alpha": 0.4})
+    assert set(config.__dict__) == {f.name for f in dataclasses.fields(config)}
+    copies = [GRPOLossConfig(**config.__dict__), pickle.loads(pickle.dumps(config)), copy.deepcopy(config)]
+    copies.append(dataclasses.replace(config, beta=0.1))
+    for other in copies:
+        assert (other.options.alpha, other.options.beta) == (0.4, config.options.beta)

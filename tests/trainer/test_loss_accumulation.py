@@ -14,7 +14,7 @@ from accumulation_batch import accumulation_setup, gradients_by_name
 
 from grpo_fast import grpo_loss
 from grpo_fast.core.policy import completion_hidden
-from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Objective, Reduction
+from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Reduction
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +33,15 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type, p
     assert len(plan) == (4 if packed else 3)
     trainer.loss_step.loss_config = GRPOLossConfig(
         loss_type=loss_type,
-        epsilon_high=5.0 if LOSS_TYPES[loss_type].objective is Objective.CISPO else 0.28,
+        epsilon_high=5.0 if LOSS_TYPES[loss_type].objective.name == "cispo" else 0.28,
         beta=0.05,
         max_completion_length=8,
         backend="torch",
     )
     model.zero_grad(set_to_none=True)
+    engine_lp = inp["ref_lp"]  # logprobs other than the old ones, as the engine's (read by icepop, kpop, ipo)
     trainer.loss_step.accumulate_gradients(
-        batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], inp["is_weights"], plan=plan
+        batch, inp["advantages"], inp["old_lp"], inp["ref_lp"], inp["is_weights"], plan=plan, rollout_lp=engine_lp
     )
     accumulated = gradients_by_name(model)
 
@@ -55,6 +56,7 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type, p
         ref_logprobs=inp["ref_lp"],
         is_weights=inp["is_weights"],
         config=trainer.loss_step.loss_config,
+        rollout_logprobs=engine_lp,
     )
     loss.backward()
     full = gradients_by_name(model)

@@ -122,7 +122,7 @@ def test_old_and_reference_logprob_passes_use_the_loss_options_of_layer_1(monkey
             seen.append("deterministic")
             return self
 
-    monkeypatch.setattr(backends, "_ENTRIES", dict(backends._ENTRIES))
+    monkeypatch.setattr(backends.BACKENDS, "_entries", dict(backends.BACKENDS._entries))  # undone after the test
     backends.register_backend("recording", Recording("recording", TorchEpilogue(), 1 << 20, 1 << 20))
     options = ["loss.backend=recording", "loss.workspace_bytes=4096", "loss.deterministic=true", "loss.beta=0.1"]
     _step("grpo.num_iterations=2", *options)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import random
 
 # The built-in loss types, fixed here (not read from the registry, which tests may extend) so a seed keeps
-# naming the same case.
+# naming the same case; the trust-region ones are drawn last (`_draw_trust_region`), so that adding them left every
+# earlier draw of a seed as it was.
 LOSS_TYPE_NAMES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+TRUST_REGION_NAMES = ("icepop", "kpop", "ipo", "dppo_tv", "dppo_kl", "gmpo")
+TRUST_REGION_SHARE = 0.35
 APIS = ("grpo_loss", "GRPOLoss", "fused_logprobs", "logits_grpo_loss")
 BACKENDS = ("torch", "cpu", "triton")
 
@@ -41,6 +44,7 @@ def draw_params(backend: str, seed: int) -> dict:
     params |= _draw_token_inputs(rng, params)
     params["config"] = _draw_config(rng, params)
     params |= _draw_entry_point(rng, params)
+    params |= _draw_trust_region(rng, params)
     return params
 
 
@@ -181,6 +185,35 @@ def _draw_config(rng: random.Random, params: dict) -> dict:
     )
     config["deterministic"] = rng.random() < 0.3
     return config
+
+
+def _draw_trust_region(rng: random.Random, params: dict) -> dict:
+    """For a share of the loss cases (not extreme logits, whose logprobs carry no meaningful differences): a
+    trust-region loss type instead, its options drawn where its masks act, token-level where its ratio is its own,
+    and, for an objective that reads them, the inference engine's logprobs drawn near the old ones."""
+    draws = (rng.random(), rng.choice(TRUST_REGION_NAMES), rng.uniform(0.05, 0.6), random.Random(rng.random()))
+    chosen, name, drift, option_rng = draws
+    if chosen >= TRUST_REGION_SHARE or params["regime"] == "extreme" or params["api"] == "fused_logprobs":
+        return {"rollout": "none"}
+    config = params["config"]
+    config["loss_type"], config["objective_options"] = name, _objective_options(option_rng, name)
+    if name in ("ipo", "dppo_tv", "dppo_kl", "gmpo"):
+        config["importance_sampling_level"] = "token"
+    return {"rollout": "near" if name in ("icepop", "kpop", "ipo") else "none", "rollout_drift": drift}
+
+
+def _objective_options(rng: random.Random, name: str) -> dict:
+    """A trust-region objective's options (loss.objective_options), around where its mask or clip acts."""
+    if name == "icepop":
+        return dict(alpha=rng.uniform(0.3, 0.95), beta=rng.uniform(1.05, 3.0))
+    if name == "kpop":
+        return dict(threshold=10 ** rng.uniform(-3.0, 0.0))
+    if name == "ipo":
+        return dict(threshold=rng.uniform(0.01, 0.4), adv_tau=rng.uniform(0.5, 1.5), kl_tau=rng.choice((0.0, 0.01)))
+    if name in ("dppo_tv", "dppo_kl"):
+        low, high = (10 ** rng.uniform(-3.0, -0.5) for _ in range(2))
+        return dict(divergence_low=low, divergence_high=high, ratio_cap=rng.choice((20.0, rng.uniform(1.2, 5.0))))
+    return dict(clip_low=rng.uniform(0.05, 0.6), clip_high=rng.uniform(0.05, 0.6))
 
 
 def _draw_entry_point(rng: random.Random, params: dict) -> dict:

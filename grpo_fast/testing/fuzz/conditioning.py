@@ -11,6 +11,10 @@ margin = MARGIN · max(1, max |logit|) is ~170 fp32 ulps of a logprob or an entr
   * old logprobs: a token (token level) or a sequence (sequence level, off-policy mask) within the margin has
     its old logprob(s) moved by 3 margins, in a random direction, until none is (on-policy needs nothing: the
     ratio is exactly 1 and the mean log-ratio exactly 0 in every precision);
+  * the trust-region objectives' masks (icepop's and kpop's on the old against the engine's logprobs, ipo's on
+    the current against the engine's, dppo's on the current against the old): the engine's logprobs (the old
+    ones for dppo) of a token whose decision changes when its logprobs move by a margin are moved by 3 margins,
+    until none does (`keep_trust_regions_apart`); gmpo's clip points are log-ratios, like the clipped ones;
   * the entropy quantile ρ: kept if the threshold falls at least a margin from the two active entropies it
     interpolates (ρ = 0: the largest entropy a margin above the next), else redrawn; if no draw works (tied
     entropies: extreme logits give entropies of exactly 0) the quantile is switched off for that case.
@@ -39,7 +43,10 @@ def switch_points(config: dict) -> list[float]:
     loss_type = config["loss_type"]
     if loss_type == "cispo":
         return [math.log(config["epsilon_high"])] if config["epsilon_high"] > 0 else []
-    if loss_type in ("sapo", "vespo"):
+    if loss_type == "gmpo":
+        options = config["objective_options"]
+        return [-options["clip_low"], options["clip_high"]]
+    if loss_type in ("sapo", "vespo", "ipo", "dppo_tv", "dppo_kl"):  # no switch on the ratio (dppo: continuous)
         return []
     clip_low = config.get("epsilon_low", 0.2)
     clip_high = config.get("epsilon_high", clip_low)
@@ -79,6 +86,68 @@ def keep_decisions_apart(old, logp, advantages, rows, config: dict, margin: floa
         sequence_sign = _random_sign(rows.batch, gen)[rows.seq]  # a sequence moves as a whole
         old = torch.where(move, old + 3 * margin * torch.where(near_token, token_sign, sequence_sign), old)
     raise RuntimeError("conditioning: old logprobs still at a switch point after many moves")
+
+
+def keep_trust_regions_apart(flat: dict, logp, advantages, rows, params: dict, margin: float, dtype, gen) -> dict:
+    """{name: moved values [N] fp64} of the input a trust-region objective's mask compares (`flat`: the case's flat
+    inputs, old logprobs already conditioned; `logp` [N] fp64 the current logprobs): the engine's logprobs, or the old
+    ones for dppo, moved (see module docstring) until no active token's decision changes when the logprobs it reads
+    move by ±`margin`; {} when there is nothing to move (dppo on-policy: no difference to decide on)."""
+    config = params["config"]
+    name, options = config["loss_type"], config["objective_options"]
+    moving = "old_logprobs" if name.startswith("dppo") else "rollout_logprobs"
+    if name == "gmpo" or flat[moving] is None:
+        return {}
+    values = flat[moving]
+    for _ in range(_ATTEMPTS):
+        values = values.to(dtype).double()
+        inputs = {**flat, moving: values}
+        old = logp if inputs["old_logprobs"] is None else inputs["old_logprobs"].to(dtype).double()
+        engine = None if inputs["rollout_logprobs"] is None else inputs["rollout_logprobs"].to(dtype).double()
+        unstable = _unstable(name, options, logp, old, engine, advantages, margin) & rows.mask
+        if not unstable.any():
+            return {moving: values}
+        values = torch.where(unstable, values + 3 * margin * _random_sign(values.numel(), gen), values)
+    raise RuntimeError(f"conditioning: {name}'s mask still at a switch point after many moves")
+
+
+def _unstable(name: str, options: dict, logp, old, engine, advantages, margin: float) -> torch.Tensor:
+    """[N] bool: tokens whose mask decision differs at some corner of ±margin on the logprobs it reads."""
+    decide = {
+        "icepop": lambda cur, o, e: _inside(o - e, math.log(options["alpha"]), math.log(options["beta"])),
+        "kpop": lambda cur, o, e: torch.maximum(_binary_kl(o, e), _binary_kl(e, o)) <= options["threshold"],
+        "ipo": lambda cur, o, e: (cur.exp() - e.exp()).abs() <= options["threshold"],
+        "dppo_tv": lambda cur, o, e: _dppo_valid(cur, o, advantages, options, kl=False),
+        "dppo_kl": lambda cur, o, e: _dppo_valid(cur, o, advantages, options, kl=True),
+    }[name]
+    center = decide(logp, old, engine)
+    unstable = torch.zeros_like(center)
+    for signs in ((1, 1, 1), (1, -1, -1), (-1, 1, -1), (-1, -1, 1), (1, 1, -1), (-1, -1, -1), (1, -1, 1), (-1, 1, 1)):
+        shifted = [None if t is None else t + sign * margin for t, sign in zip((logp, old, engine), signs, strict=True)]
+        unstable |= decide(*shifted) != center
+    return unstable
+
+
+def _inside(log_ratio: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    return (log_ratio >= low) & (log_ratio <= high)
+
+
+def _binary_kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    p, q = log_p.exp().clamp(1e-8, 1 - 1e-8), log_q.exp().clamp(1e-8, 1 - 1e-8)
+    return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
+
+
+def _dppo_valid(cur, old, advantages, options: dict, kl: bool) -> torch.Tensor:
+    p, q = cur.exp(), old.exp()
+    if kl:
+        divergence = q * (old - cur) + (1 - q) * torch.log((1.0 - q + 1e-8) / (1.0 - p + 1e-8))
+        up, down = (
+            (divergence <= options["divergence_high"]) | (p <= q),
+            (divergence <= options["divergence_low"]) | (p >= q),
+        )
+    else:
+        up, down = p - q <= options["divergence_high"], p - q >= -options["divergence_low"]
+    return torch.where(advantages > 0, up, down)
 
 
 def _random_sign(count: int, gen: torch.Generator) -> torch.Tensor:

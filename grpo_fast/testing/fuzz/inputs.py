@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .cases import draw_params
-from .conditioning import decision_margin, keep_decisions_apart, robust_quantile
+from .cases import TRUST_REGION_NAMES, draw_params
+from .conditioning import decision_margin, keep_decisions_apart, keep_trust_regions_apart, robust_quantile
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 MASK_DTYPES = {"bool": torch.bool, "int64": torch.int64, "int32": torch.int32, "float32": torch.float32}
@@ -51,8 +51,9 @@ class FuzzInputs:
 
     hidden [B, T, H] (padded) or [N, H] (packed), weight [V, H], bias [V] | None: in the case dtype.
     logits [B, T, V] or [N, V] in the case dtype (logits_grpo_loss), else None.
-    token: completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights as passed:
-        padded [B, T] (advantages, is_weights also [B] or [B, 1]); packed [N] (or [B]); fp32 (fp64 cases: fp64).
+    token: completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights, rollout_logprobs
+        (the inference engine's, for the objectives that read them) as passed: padded [B, T] (advantages,
+        is_weights also [B] or [B, 1]); packed [N] (or [B]); fp32 (fp64 cases: fp64).
     targets [N] int64: the ids without junk at masked positions (fused_logprobs takes no mask).
     num_items_in_batch: None, a number or a tensor; cu_seqlens [B+1] (packed) | None.
     upstream: (gℓ, gH) [N] fp32, the upstream gradients of fused_logprobs' outputs.
@@ -104,6 +105,8 @@ def build(backend: str, seed: int) -> tuple[dict, FuzzInputs]:
     flat["old_logprobs"] = _around(logp, params["old"], params["drift"], gen)
     flat["ref_logprobs"] = _around(logp, params["ref"], NEAR_SPREAD if params["ref"] == "near" else FAR_LOG_RATIO, gen)
     flat["is_weights"] = _is_weights(params, rows, gen)
+    base = logp if flat["old_logprobs"] is None else flat["old_logprobs"]
+    flat["rollout_logprobs"] = _around(base, params["rollout"], params.get("rollout_drift", 0.0), gen)
     token = {name: None if v is None else _as_passed(name, v, params, rows, aux, gen) for name, v in flat.items()}
     inputs = FuzzInputs(
         hidden=hidden if params["layout"] == "packed" else hidden.view(rows.batch, params["T"], -1),
@@ -122,6 +125,14 @@ def build(backend: str, seed: int) -> tuple[dict, FuzzInputs]:
         old = keep_decisions_apart(flat["old_logprobs"], logp, advantages, rows, params["config"], margin, aux, gen)
         params["old_moved"] = int((old != flat["old_logprobs"].to(aux).double()).sum())
         token["old_logprobs"] = _as_passed("old_logprobs", old, params, rows, aux, gen)
+        flat["old_logprobs"] = old
+    if params["config"]["loss_type"] in TRUST_REGION_NAMES:
+        moved = keep_trust_regions_apart(
+            flat, logp, inputs.per_token("advantages").double(), rows, params, margin, aux, gen
+        )
+        for name, values in moved.items():
+            params[f"{name}_moved"] = int((values != flat[name].to(aux).double()).sum())
+            token[name] = _as_passed(name, values, params, rows, aux, gen)
     params["quantile_switched_off"] = robust_quantile(entropy, rows, params["config"], margin, gen)
     return params, inputs
 

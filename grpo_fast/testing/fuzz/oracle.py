@@ -44,6 +44,7 @@ def reference_outputs(params: dict, inputs: FuzzInputs, dtype: torch.dtype) -> t
     logp, entropy = _layer1(inputs, config, leaves, dtype)
     mask = rows.to_padded(rows.mask.to(aux), 0.0)
     old, ref = _flat_leaf(inputs, "old_logprobs", aux), _flat_leaf(inputs, "ref_logprobs", aux)
+    rollout = _flat_leaf(inputs, "rollout_logprobs", aux)
     advantages = _per_token_argument(inputs, "advantages", aux, 0.0)
     is_weights = _per_token_argument(inputs, "is_weights", aux, 1.0)
 
@@ -59,6 +60,7 @@ def reference_outputs(params: dict, inputs: FuzzInputs, dtype: torch.dtype) -> t
             is_weights,
             inputs.num_items_in_batch,
             config=config,
+            rollout_logprobs=_logprobs_argument(inputs, "rollout_logprobs", rollout.detach(), mask, logp),
         )
 
     loss, metrics = layer2(logp, entropy)
@@ -148,15 +150,16 @@ def _per_token_argument(inputs: FuzzInputs, name: str, aux, fill: float) -> torc
 
 
 def _flat_leaf(inputs: FuzzInputs, name: str, aux) -> torch.Tensor:
-    """old / reference logprobs [N] in `aux`, 0 at masked positions, differentiable (zeros when not given)."""
+    """old / reference / the engine's logprobs [N] in `aux`, 0 at masked positions, differentiable (zeros when not
+    given)."""
     rows, value = inputs.rows, inputs.token[name]
     flat = torch.zeros(rows.seq.numel(), dtype=aux) if value is None else value.reshape(-1).to(aux)
     return torch.where(rows.mask, flat, torch.zeros_like(flat)).requires_grad_()
 
 
 def _logprobs_argument(inputs: FuzzInputs, name: str, flat: torch.Tensor, mask, logp) -> torch.Tensor | None:
-    """old / reference logprobs [B, Tp] from their flat leaf, the reference's own current logprobs at masked
-    positions; None when the case gives none."""
+    """old / reference / the engine's logprobs [B, Tp] from their flat leaf, the reference's own current logprobs at
+    masked positions; None when the case gives none."""
     if inputs.token[name] is None:
         return None
     padded = inputs.rows.to_padded(flat, 0.0)

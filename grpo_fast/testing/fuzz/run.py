@@ -13,6 +13,7 @@ from ...loss import GRPOLoss, GRPOLossConfig, fused_logprobs, grpo_loss, logits_
 from .inputs import FuzzInputs
 
 TOKEN_ARGUMENTS = ("completion_ids", "completion_mask", "advantages", "old_logprobs", "ref_logprobs", "is_weights")
+TOKEN_ARGUMENTS += ("rollout_logprobs",)
 
 
 def run_entry_point(params: dict, inputs: FuzzInputs) -> dict[str, torch.Tensor]:
