@@ -569,12 +569,19 @@ COMPOSITES: dict[str, Callable[[Path], str]] = {
     "gpu_check_phases": render_gpu_check_phases,
 }
 """Tables drawn from several results files, by marker name."""
-COMPOSITE_SOURCES: dict[str, tuple[str, ...]] = {"headline": HEADLINE_SOURCES}
+COMPOSITE_SOURCES: dict[str, tuple[str, ...]] = {
+    "headline": HEADLINE_SOURCES,
+    "headline_gpu": (GPU_LOSS,),
+    "gpu_goals": (GPU_LOSS,),
+    "gpu_check_phases": GPU_CHECK_RUNS,
+}
+"""The results files behind each table that is not rendered from a file of its own name."""
 
 
 def stamps(payload: dict) -> list[dict]:
-    """Every environment stamp of a results file: its own, its runs' and its earlier runs'."""
-    found = [payload.get("environment")]
+    """Every environment stamp of a results file: its own (or the payload itself where it carries the commit, as
+    gpu_check.sh's summary does), its runs' and its earlier runs'."""
+    found = [payload.get("environment", payload if "commit" in payload else None)]
     found += [r.get("environment") for key in ("runs", "earlier") for r in payload.get(key, []) if isinstance(r, dict)]
     return [s for s in found if isinstance(s, dict)]
 
