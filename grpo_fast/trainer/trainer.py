@@ -608,23 +608,7 @@ class GRPOTrainer:
         """Runs `run.max_steps` steps (continuing a checkpoint with run.resume) after the launch checklist
         (grpo_fast.trainer.preflight); returns the final metrics."""
         cfg = self.config
-        fresh_dir = self.dist.run_on_main(lambda: not self.output_dir.exists())
-        resume_from = self._prepare_output_dir()  # refusals come before the engine starts
-        try:
-            # The engine first: starting vLLM reseeds the global RNGs (set_random_seed), which would overwrite
-            # the RNG states a resume restores.
-            self._ensure_engine()
-            if resume_from is not None:
-                self._load_checkpoint(resume_from)
-                if self.best_model is not None:
-                    self.best_model.restore()
-            self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
-            if cfg.rollout.scheduler.engine_process:
-                self._start_engine_process()
-            self._launch_checklist(resumed=resume_from is not None)
-        except BaseException:
-            self._remove_unstarted_outputs(fresh_dir)
-            raise
+        self._start_run()
         main = self.dist.is_main  # rank 0 writes the run's files; the others keep the metrics in memory
         trackers = open_trackers(cfg.run, cfg.to_dict()) if main else []
         self.metrics = MetricsLogger(self.output_dir if main else None, trackers)
@@ -669,7 +653,36 @@ class GRPOTrainer:
                 )
         if bar is not None:
             bar.close()
-        if cfg.run.save_final and not stop:
+        self._finish_run(stop)
+        return last
+
+    def _start_run(self) -> None:
+        """The output directory checked (refusals come before the engine starts), the engine started, a checkpoint
+        loaded (run.resume), the weights synced, the engine process started (async), the launch checklist run; a
+        start that fails leaves no outputs."""
+        fresh_dir = self.dist.run_on_main(lambda: not self.output_dir.exists())
+        resume_from = self._prepare_output_dir()
+        try:
+            # The engine first: starting vLLM reseeds the global RNGs (set_random_seed), which would overwrite
+            # the RNG states a resume restores.
+            self._ensure_engine()
+            if resume_from is not None:
+                self._load_checkpoint(resume_from)
+                if self.best_model is not None:
+                    self.best_model.restore()
+            self.sync_weights()  # the engine may hold other weights (reused engine, resumed run)
+            if self.config.rollout.scheduler.engine_process:
+                self._start_engine_process()
+            self._launch_checklist(resumed=resume_from is not None)
+        except BaseException:
+            self._remove_unstarted_outputs(fresh_dir)
+            raise
+
+    def _finish_run(self, stopped: bool) -> None:
+        """The final checkpoint (unless a health alarm stopped the run, which saved its own), the plots, the run
+        report, the metrics closed."""
+        cfg, main = self.config, self.dist.is_main
+        if cfg.run.save_final and not stopped:
             self.save()
         if cfg.run.plots and main:
             calls_tools = any("tools/rollouts_calling_frac" in r for r in self.metrics.history)
@@ -684,7 +697,6 @@ class GRPOTrainer:
                 best_model=self.best_model,
             )
         self.metrics.close([self.output_dir / "report.md", self.output_dir / "report.html"])
-        return last
 
     def _remove_unstarted_outputs(self, fresh_dir: bool) -> None:
         """A run whose engine failed to start leaves no outputs: the exported rollout_init/ and the run signature
