@@ -13,15 +13,11 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from scripted_chat import ScriptedTurns, chatml_tokenizer, tool_call
+from scripted_chat import ScriptedTurns, chatml_tokenizer, multi_turn, tool_call
 
 from grpo_fast.rollout.base import SamplingSpec
-from grpo_fast.rollout.chat_turns import ChatFormat
-from grpo_fast.rollout.environments import Environments, environment_tools
+from grpo_fast.rollout.environments import environment_tools
 from grpo_fast.rollout.multi_turn import MultiTurn
-from grpo_fast.rollout.prompts import PromptEncoder
-from grpo_fast.rollout.tools import Tool
-from grpo_fast.trainer.config import DataConfig
 
 TIMEOUT = 0.5
 CALLS: list[tuple[str, float, float]] = []  # (thread name, start, end) of every alarmed_lookup call
@@ -70,11 +66,10 @@ def stubborn(seconds: float) -> str:
 
 
 def rollouts(tok, tools=(), environment=None, workers: int = 1, timeout: float = TIMEOUT) -> MultiTurn:
-    return MultiTurn(
-        PromptEncoder(tok, DataConfig()),
-        ChatFormat(tok),
-        [Tool.of(fn) for fn in tools],
-        None if environment is None else Environments.of(environment),
+    return multi_turn(
+        tok,
+        tools,
+        environment,
         max_iterations=4,
         max_completion_length=300,
         max_model_len=2048,
