@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -82,20 +83,13 @@ def build_model(size: str, work: Path):
     """(model, tokenizer, HF directory, demo task) for `size`."""
     import torch
 
-    from grpo_fast.core.tiny_models import TinyModelSpec, build_tiny_model, save_tiny
+    from grpo_fast.bench.models import shape_of
+    from grpo_fast.core.tiny_models import build_tiny_model, save_tiny
     from grpo_fast.demo.driver import DemoConfig, build_task
 
     s = SIZES[size]
     tok = build_tokenizer(s["vocab"])
-    spec = TinyModelSpec(
-        hidden_size=s["hidden"],
-        num_layers=s["layers"],
-        num_heads=s["heads"],
-        num_kv_heads=s["kv_heads"],
-        intermediate_size=s["intermediate"],
-        max_position_embeddings=256,
-    )
-    model = build_tiny_model(tok, spec, seed=0)
+    model = build_tiny_model(tok, shape_of(SimpleNamespace(**s), max_positions=256), seed=0)
     task = build_task(DemoConfig())
     if s["sft"]:
         from grpo_fast.sft.in_memory import sft_train

@@ -81,6 +81,18 @@ def where(stamp: dict) -> str:
     return f"{machine}, {named}; commit {commit_of(stamp)}, {stamp.get('date')}{load_text}"
 
 
+def provenance(payload: dict) -> str:
+    """'From `command` on <where>; other runs from `command` on <where>.' for a payload's run and the earlier runs
+    it merged (`earlier`: a list of {command, environment})."""
+    return (
+        f"From `{payload['command']}` on {where(payload['environment'])}"
+        + "".join(
+            f"; other runs from `{e['command']}` on {where(e['environment'])}" for e in payload.get("earlier", [])
+        )
+        + "."
+    )
+
+
 def commit_of(stamp: dict) -> str:
     """A stamp's commit; where the results say the tree was another commit than the stamp's (`tree_commit`, added
     when a device's copy kept an older HEAD beside a newer working tree), that one, with the stamp's in brackets."""
@@ -219,7 +231,7 @@ def render_trl_integration(payload: dict) -> str:
             _ratio(r.get("step_vs_trl"), "x"), mib(r["peak_bytes"]), mib(r["peak_over_baseline_bytes"]),
             f"{r['loss']:.6f}",
         ])  # fmt: skip
-    return table(lines) + f"\n\nFrom `{payload['command']}` on {where(payload['environment'])}."
+    return table(lines) + f"\n\n{provenance(payload)}"
 
 
 STEP_RESULTS = {
@@ -634,9 +646,8 @@ def render_health_alarms(payload: dict) -> str:
             at_fire = margins(r["margin_at_fire"])
         lines.append([r["recipe"], str(r["seed"]), must, fired, at_fire, margins(r["peak_margin"])])
     return table(lines) + (
-        f"\n\nMargin: an alarm's main reading over its threshold (grpo_fast.trainer.health.margins); peak margins "
-        f"over the steps where the rule's other conditions held, listed where above 0. From `{payload['command']}` "
-        f"on {where(payload['environment'])}."
+        "\n\nMargin: an alarm's main reading over its threshold (grpo_fast.trainer.health.margins); peak margins "
+        f"over the steps where the rule's other conditions held, listed where above 0. {provenance(payload)}"
     )
 
 
@@ -737,12 +748,7 @@ def render_async_rollouts(payload: dict) -> str:
     return table(lines) + (
         f"\n\nTask {settings.get('task', 'long_tail')} (grpo_fast.bench.rollout_tasks): {settings['steps']} steps of "
         f"{settings['prompts_per_step']} prompts x 8 completions per run (the same trained samples for every variant), "
-        f"completion limit {settings['limit']} tokens. From `{payload['command']}` "
-        f"on {where(payload['environment'])}"
-        + "".join(
-            f"; other runs from `{e['command']}` on {where(e['environment'])}" for e in payload.get("earlier", [])
-        )
-        + "."
+        f"completion limit {settings['limit']} tokens. {provenance(payload)}"
     )
 
 
@@ -779,12 +785,7 @@ def render_tools_trl(payload: dict) -> str:
         f"\n\n{s['budget_seconds']:g} s of training per run (stopped after the first step past it), "
         f"{s['prompts_per_step']} prompts x {s['num_generations']} completions per step, completion limit "
         f"{s['max_completion_length']} tokens, at most {s['max_tool_calling_iterations']} rounds of tool calls; held "
-        f"out: {s['eval_prompts']} prompts, greedy, one evaluator for both. From `{payload['command']}` on "
-        f"{where(payload['environment'])}"
-        + "".join(
-            f"; other runs from `{e['command']}` on {where(e['environment'])}" for e in payload.get("earlier", [])
-        )
-        + "."
+        f"out: {s['eval_prompts']} prompts, greedy, one evaluator for both. {provenance(payload)}"
     )
 
 

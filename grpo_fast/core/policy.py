@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Literal
+from typing import Literal, Self
 
 import torch
 from torch import nn
@@ -38,8 +38,20 @@ class ModelConfig(ConfigSection):
     )
 
 
+class TensorFields:
+    """For a dataclass of tensors: `map_tensors(fn)`, a copy with `fn` applied to each tensor field (others kept),
+    and `to(device)`."""
+
+    def map_tensors(self, fn) -> Self:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(self, **{name: fn(v) for name, v in values.items() if isinstance(v, torch.Tensor)})
+
+    def to(self, device) -> Self:
+        return self.map_tensors(lambda t: t.to(device))
+
+
 @dataclass
-class SequenceBatch:
+class SequenceBatch(TensorFields):
     """Prompt (left-padded to P) + completion (right-padded to T), one row per sequence.
 
     input_ids, attention_mask, position_ids: [B, P + T]; completion_ids, completion_mask: [B, T].
@@ -53,17 +65,8 @@ class SequenceBatch:
     completion_mask: torch.Tensor
     prompt_width: int
 
-    def to(self, device) -> SequenceBatch:
-        return map_tensors(self, lambda t: t.to(device))
-
     def rows(self, index) -> SequenceBatch:
-        return map_tensors(self, lambda t: t[index])
-
-
-def map_tensors(batch, fn):
-    """A copy of the dataclass `batch` with `fn` applied to each of its tensor fields (others kept)."""
-    values = {f.name: getattr(batch, f.name) for f in fields(batch)}
-    return replace(batch, **{name: fn(v) for name, v in values.items() if isinstance(v, torch.Tensor)})
+        return self.map_tensors(lambda t: t[index])
 
 
 def segments(lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -30,6 +30,30 @@ from collections.abc import Sequence
 _SENTINELS = ("toolname_q7", "argkey_q7", "argvalue_q7", "toolresult_q7")
 
 
+def render_chat(
+    tokenizer,
+    messages: list[dict],
+    chat_template: str | None,
+    template_kwargs: dict,
+    generation_prompt: bool,
+    tools=None,
+    tokenize: bool = True,
+):
+    """`messages` through `chat_template` (the tokenizer's own when None) with the run's `template_kwargs`: the
+    ids (a list, whatever container the tokenizer returns them in), or the text when not `tokenize`."""
+    out = tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        add_generation_prompt=generation_prompt,
+        tokenize=tokenize,
+        chat_template=chat_template,
+        **template_kwargs,
+    )
+    if not tokenize:
+        return out
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
 def prepare_tool_template(tokenizer) -> str | None:
     """TRL's preparation of a tool run's tokenizer (see module doc): sets its response template when it has none
     and TRL knows one for its chat template; returns TRL's prefix-preserving training template when its own chat
@@ -153,14 +177,6 @@ class ChatFormat:
         return ids[: ends[-1] + 1] if ends else ids
 
     def _render(self, messages: list[dict], generation_prompt: bool = False, tokenize: bool = True, tools=None):
-        out = self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=generation_prompt,
-            tokenize=tokenize,
-            chat_template=self.chat_template,
-            **self.template_kwargs,
+        return render_chat(
+            self.tokenizer, messages, self.chat_template, self.template_kwargs, generation_prompt, tools, tokenize
         )
-        if not tokenize:
-            return out
-        return list(out["input_ids"] if hasattr(out, "keys") else out)

@@ -4,6 +4,7 @@ tokens, and the run's sampling settings."""
 from __future__ import annotations
 
 from grpo_fast.rollout.base import SamplingSpec
+from grpo_fast.rollout.chat_turns import render_chat
 
 
 class PromptEncoder:
@@ -29,15 +30,7 @@ class PromptEncoder:
 
     def render(self, messages: list[dict], *, generation_prompt: bool, tools=None) -> list[int]:
         """The ids of `messages` through the run's chat template, with its keyword arguments."""
-        out = self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            add_generation_prompt=generation_prompt,
-            tokenize=True,
-            chat_template=self.chat_template,
-            **self.template_kwargs,
-        )
-        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+        return render_chat(self.tokenizer, messages, self.chat_template, self.template_kwargs, generation_prompt, tools)
 
     def messages(self, prompt) -> list[dict]:
         """The chat messages of a prompt: its messages (a string as one user turn), after the system prompt."""

@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from grpo_fast.errors import InfrastructureError
-from grpo_fast.sandbox import SandboxConfig, SandboxLimits, Session, choose, runner_argv
+from grpo_fast.sandbox import RUNNER_CHANNEL, SandboxConfig, SandboxLimits, Session, choose, runner_argv
 
-REPL_RUNNER = Path(__file__).with_name("repl_runner.py").read_text(encoding="utf-8")
+REPL_RUNNER = RUNNER_CHANNEL + Path(__file__).with_name("repl_runner.py").read_text(encoding="utf-8")
 _START_S = 10.0  # how long the interpreter may take to start, beyond `wall_s`
 _ANSWER_BYTES_PER_CHAR = 12  # an answer's bound per character of output and error (repl_runner.py)
 _NO_REMOTE = (

@@ -1,8 +1,9 @@
 """REPL runner: one persistent Python interpreter in a sandbox, the server behind python_tool.PythonEnvironment.
 
-Standalone (stdlib only), started by the launcher's "start" op as `python -I -c <this source> <max_chars>`
-(programs.runner_argv). stdin holds one line, the number of its channel's file descriptor (a socket to the
-launcher), then ends. It says {"hello": true}, then answers each request line on the channel with one line:
+Standalone (stdlib only), started by the launcher's "start" op as
+`python -I -c <sandbox/runner_channel.py + this source> <max_chars>` (sandbox.runner_argv). stdin holds one line,
+the number of its channel's file descriptor (a socket to the launcher), then ends. It says {"hello": true}, then
+answers each request line on the channel with one line:
 
   {"code": text}  ->  {"output": text}, or {"output": text, "error": traceback} when the code raised
 
@@ -16,12 +17,13 @@ such JSON gets {"error": ...} alone. Lone surrogates are sent as backslash escap
 so an answer takes at most 12 bytes per character of `output` and `error`, plus a few dozen.
 """
 
+# ruff: noqa: F821 - _channel_fd, _line_channel: sandbox/runner_channel.py, prepended to this source
+
 import ast
 import builtins
 import io
 import json
 import linecache
-import os
 import sys
 import traceback
 
@@ -83,35 +85,11 @@ def _escaped(text):
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _channel(fd):
-    buffer = b""
-
-    def receive():
-        nonlocal buffer
-        while b"\n" not in buffer:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            buffer += chunk
-        line, _, buffer = buffer.partition(b"\n")
-        return line
-
-    def send(message):
-        data = (json.dumps(message) + "\n").encode()
-        while data:
-            data = data[os.write(fd, data) :]
-
-    return receive, send
-
-
 def main():
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = os.read(0, 64)
-        if not chunk:
-            return
-        line += chunk
-    receive, send = _channel(int(line))
+    fd = _channel_fd()
+    if fd is None:
+        return
+    receive, send = _line_channel(fd, json.dumps)
     limit = int(sys.argv[1])
     sys.argv = [""]
     namespace = {"__name__": "__main__", "__builtins__": builtins}

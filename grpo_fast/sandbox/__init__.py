@@ -13,7 +13,7 @@ The interface, for code rewards (grpo_fast.rewards.code) and the Python tool (gr
 What each backend bounds and what it exposes: docs/rewards.md, "The code sandbox".
 """
 
-from grpo_fast.sandbox.backends import runner_argv
+from grpo_fast.sandbox.backends import RUNNER_CHANNEL, runner_argv
 from grpo_fast.sandbox.config import BACKENDS, URL_VARIABLE, SandboxConfig, SandboxLimits
 from grpo_fast.sandbox.isolation import choose, containment, isolation, probe, run_sandboxed
 from grpo_fast.sandbox.session import Session, reap
@@ -30,5 +30,6 @@ __all__ = [
     "probe",
     "reap",
     "run_sandboxed",
+    "RUNNER_CHANNEL",
     "runner_argv",
 ]

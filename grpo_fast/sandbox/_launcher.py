@@ -282,16 +282,23 @@ def sandbox_cpu_s():
     """CPU seconds the processes of this PID namespace have used: each process's own time and that of the
     children it reaped (the launcher's own time left out: only its reaped children's)."""
     ticks = 0
+    for pid, fields in _proc_stats():
+        utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+        ticks += cutime + cstime + (utime + stime if pid != 1 else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stats():
+    """(pid, fields of /proc/<pid>/stat after the command name) for each process still there to read; fields[1]
+    is the parent's PID, fields[11:15] utime, stime, cutime, cstime in clock ticks."""
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rpartition(b")")[2].split()
-            except OSError:
+                    stat = f.read()
+            except OSError:  # the process ended since listdir
                 continue
-            utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
-            ticks += cutime + cstime + (utime + stime if entry != "1" else 0)
-    return ticks / os.sysconf("SC_CLK_TCK")
+            yield int(entry), stat.rpartition(b")")[2].split()
 
 
 def _namespace_processes(keep):
@@ -506,17 +513,8 @@ def _kill_descendants(patience_s=2.0):
 
 def _children():
     """PIDs whose parent is this process (from /proc)."""
-    me, children = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rpartition(b")")[2].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me:
-                children.append(int(entry))
-    return children
+    me = os.getpid()
+    return [pid for pid, fields in _proc_stats() if int(fields[1]) == me]
 
 
 def _text(data, limit=20000):

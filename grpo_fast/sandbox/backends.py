@@ -63,6 +63,10 @@ into the sandbox's own root), a session of its own, death with the caller. The l
 sandbox as for "namespaces" (_launcher.py)."""
 
 
+RUNNER_CHANNEL = Path(__file__).with_name("runner_channel.py").read_text(encoding="utf-8")
+"""The source prepended to each runner's: its channel to the launcher (runner_channel.py)."""
+
+
 def runner_argv(python: str, source: str, *args: str) -> list[str]:
     """The command that runs a runner's `source` with `python` in a sandbox. For this process's own
     interpreter: `-I -S` with its site-packages directories put on sys.path, since processing their

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from grpo_fast.core.packing import Row, pack
-from grpo_fast.core.policy import map_tensors
+from grpo_fast.core.policy import TensorFields
 
 if TYPE_CHECKING:  # a type only: importing sft.data here would close the loop sft.data -> trainer -> here
     from grpo_fast.sft.data import SFTExample
@@ -34,7 +34,7 @@ MicroBatch = list[Row]
 
 
 @dataclass
-class TokenBatch:
+class TokenBatch(TensorFields):
     """input_ids, position_ids: int64 [B, W]; loss_mask: bool [B, W] (token t is a target, predicted from
     the row's hidden state at t - 1); num_tokens: real (non-padding) tokens."""
 
@@ -42,9 +42,6 @@ class TokenBatch:
     position_ids: torch.Tensor
     loss_mask: torch.Tensor
     num_tokens: int
-
-    def to(self, device) -> TokenBatch:
-        return map_tensors(self, lambda t: t.to(device))
 
     @property
     def num_loss_tokens(self) -> int:

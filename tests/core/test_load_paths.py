@@ -117,10 +117,16 @@ def test_model_weights_that_carry_a_payload_are_refused(hostile_model_dir):
     assert not marker.exists()
 
 
+def _yaml_that_runs_a_command(tmp_path, name: str, key: str) -> tuple[Path, Path]:
+    """(a YAML file whose `key` ("a:\n  b" nests) is a python/object/apply tag that would touch a marker file,
+    that marker)."""
+    marker, path = tmp_path / "payload-ran", tmp_path / name
+    path.write_text(f"{key}: !!python/object/apply:os.system ['touch {marker}']\n")
+    return path, marker
+
+
 def test_a_yaml_config_cannot_call_a_function(tmp_path):
-    marker = tmp_path / "payload-ran"
-    config = tmp_path / "train.yaml"
-    config.write_text(f"run:\n  max_steps: !!python/object/apply:os.system ['touch {marker}']\n")
+    config, marker = _yaml_that_runs_a_command(tmp_path, "train.yaml", "run:\n  max_steps")
     with pytest.raises(ValueError, match=f"config file {config}: not valid YAML"):
         load_tree(TrainConfig, config)
     with pytest.raises(SystemExit, match="invalid config"):
@@ -129,9 +135,7 @@ def test_a_yaml_config_cannot_call_a_function(tmp_path):
 
 
 def test_a_pipeline_file_is_read_as_the_config_files_are(tmp_path):
-    marker = tmp_path / "payload-ran"
-    pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(f"output_dir: !!python/object/apply:os.system ['touch {marker}']\n")
+    pipeline, marker = _yaml_that_runs_a_command(tmp_path, "pipeline.yaml", "output_dir")
     with pytest.raises(ValueError, match=f"config file {pipeline}: not valid YAML"):
         load_pipeline_config(pipeline)
     pipeline.write_text("stages: " + "[" * 100_000)

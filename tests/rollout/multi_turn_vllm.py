@@ -9,30 +9,19 @@ import os
 import sys
 
 import torch
+from scripted_chat import multi_turn
 from tool_agent import TOOLS, CounterEnv, tools_of
 from transformers import AutoModelForCausalLM
 
 from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.rollout.base import SamplingSpec
-from grpo_fast.rollout.chat_turns import ChatFormat
-from grpo_fast.rollout.environments import Environments
 from grpo_fast.rollout.multi_turn import MultiTurn
-from grpo_fast.rollout.prompts import PromptEncoder
-from grpo_fast.rollout.tools import Tool
 from grpo_fast.rollout.vllm_engine import VLLMEngine
-from grpo_fast.trainer.config import DataConfig
 
 
 def rollouts(tok, environment) -> MultiTurn:
-    return MultiTurn(
-        PromptEncoder(tok, DataConfig()),
-        ChatFormat(tok),
-        [Tool.of(fn) for fn in TOOLS],
-        None if environment is None else Environments.of(environment),
-        max_iterations=3,
-        max_completion_length=160,
-        max_model_len=256,
-        timeout=0.5,
+    return multi_turn(
+        tok, TOOLS, environment, max_iterations=3, max_completion_length=160, max_model_len=256, timeout=0.5
     )
 
 

@@ -16,6 +16,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec
+from grpo_fast.rollout.chat_turns import ChatFormat
+from grpo_fast.rollout.environments import Environments
+from grpo_fast.rollout.multi_turn import MultiTurn
+from grpo_fast.rollout.prompts import PromptEncoder
+from grpo_fast.rollout.tools import Tool
+from grpo_fast.trainer.config import DataConfig
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 QWEN3_SPECIAL = [*SPECIAL, "<think>", "</think>", "<tool_response>", "</tool_response>"]
@@ -115,3 +121,12 @@ class ScriptedTurns(RolloutEngine):
 
     def load_weights(self, weights):
         return {}
+
+
+def multi_turn(tok, tools: list[Callable] = (), environment: type | None = None, **limits) -> MultiTurn:
+    """MultiTurn rollouts in `tok`'s chat format over the functions `tools` and the environment class
+    `environment` (or none); `limits`: MultiTurn's keywords (max_iterations, max_model_len, timeout, workers...)."""
+    environments = None if environment is None else Environments.of(environment)
+    return MultiTurn(
+        PromptEncoder(tok, DataConfig()), ChatFormat(tok), [Tool.of(fn) for fn in tools], environments, **limits
+    )

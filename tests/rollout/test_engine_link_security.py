@@ -97,6 +97,14 @@ def _is_loopback(address) -> bool:
     return (mapped or address).is_loopback
 
 
+def _assert_generates_a_group(remote: AsyncRollouts) -> None:
+    """The engine starts and answers one prompt with one group: the run goes on."""
+    remote.start()
+    remote.send([(0, TOK("(1*7)%10=")["input_ids"])])
+    groups, _, _ = remote.collect(1, version=0)
+    assert len(groups) == 1
+
+
 def test_the_link_listens_on_loopback_by_default(model_dir):
     """No address set: the trainer's link, and the weights' process group of the trainer and of its engine process,
     listen on loopback only (the kernel's socket table of both processes, for the sockets this test made)."""
@@ -143,10 +151,7 @@ def test_an_outsider_can_neither_read_the_setup_nor_put_a_message(model_dir, tmp
             with pytest.raises(dist.DistError):
                 getattr(_store_client(remote.address), attack)(key, payload)
         assert remote.take_ready(1, version=0) == ([], {})
-        remote.start()
-        remote.send([(0, TOK("(1*7)%10=")["input_ids"])])
-        groups, _, _ = remote.collect(1, version=0)
-        assert len(groups) == 1
+        _assert_generates_a_group(remote)
     finally:
         remote.close()
     assert not marker.exists()
@@ -169,10 +174,7 @@ def test_an_engine_without_the_secret_is_refused_and_the_run_goes_on(model_dir, 
             while "refused" not in caplog.text and time.monotonic() < deadline:
                 time.sleep(0.05)
         assert "refused a connection from 127.0.0.1" in caplog.text
-        remote.start()
-        remote.send([(0, TOK("(1*7)%10=")["input_ids"])])
-        groups, _, _ = remote.collect(1, version=0)
-        assert len(groups) == 1
+        _assert_generates_a_group(remote)
     finally:
         remote.close()
 

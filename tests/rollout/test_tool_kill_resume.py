@@ -5,10 +5,8 @@ bit (`grpo-fast train` subprocesses, the tool agent of tool_agent.py, one thread
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from safetensors.torch import load_file
 
 from grpo_fast.core.checkpoint import latest_checkpoint, load_trainer_state
 from grpo_fast.testing.configs import quiet_run_config
+from grpo_fast.testing.train_cli import train_in_subprocess
 from grpo_fast.testing.trees import assert_equal_trees
 
 HERE = Path(__file__).parent
@@ -48,14 +47,7 @@ def _config(tmp_path: Path, agent_dir: Path) -> Path:
 
 
 def _train(config: Path, out: Path, kill: str | None = None, resume: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("GRPO_TEST_KILL", None)
-    if kill:
-        env["GRPO_TEST_KILL"] = kill
-    cmd = [sys.executable, "-c", "import sys; from grpo_fast.cli import main; sys.exit(main(sys.argv[1:]))"]
-    cmd += ["train", "--config", str(config), "--skip-checks", "--set", f"run.output_dir={out}"]
-    return subprocess.run(cmd + (["--resume"] if resume else []), env=env, capture_output=True, text=True, timeout=600)
+    return train_in_subprocess(config, out, import_dir=HERE, kill=kill, resume=resume)
 
 
 @pytest.mark.slow  # three training subprocesses (~25 s): CI stays under its 20 minutes; `scripts/test.sh -m slow`

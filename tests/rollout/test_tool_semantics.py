@@ -10,46 +10,27 @@ import asyncio
 import signal
 import threading
 import time
-from contextlib import contextmanager
 
 import pytest
-from scripted_chat import ScriptedTurns, chatml_tokenizer, tool_call
+from scripted_chat import ScriptedTurns, chatml_tokenizer, multi_turn, tool_call
+from trl_agent_script import timeout
 
 from grpo_fast.rollout.base import SamplingSpec
-from grpo_fast.rollout.chat_turns import ChatFormat
-from grpo_fast.rollout.environments import Environments, environment_tools
+from grpo_fast.rollout.environments import environment_tools
 from grpo_fast.rollout.multi_turn import MultiTurn
-from grpo_fast.rollout.prompts import PromptEncoder
-from grpo_fast.rollout.tools import Tool
-from grpo_fast.trainer.config import DataConfig
 
 TIMEOUT = 0.5
 CALLS: list[tuple[str, float, float]] = []  # (thread name, start, end) of every alarmed_lookup call
 
 
-@contextmanager
-def alarm(seconds: int):
-    """TRL's grpo_agent.py pattern: a SIGALRM handler that raises, armed around the work."""
-
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"timed out after {seconds} s")
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-
-
 def alarmed_lookup(key: str) -> str:
-    """Looks a key up, under its own 5 s alarm.
+    """Looks a key up, under its own 5 s alarm (the SIGALRM `timeout` of TRL's grpo_agent.py, trl_agent_script.py).
 
     Args:
         key: The key to look up.
     """
     start = time.perf_counter()
-    with alarm(5):
+    with timeout(5):
         time.sleep(0.05)  # long enough for a second call to overlap, were calls run at once
     CALLS.append((threading.current_thread().name, start, time.perf_counter()))
     return key.upper()
@@ -62,7 +43,7 @@ def stubborn(seconds: float) -> str:
         seconds: How long to sleep.
     """
     try:
-        with alarm(5):
+        with timeout(5):
             time.sleep(seconds)
     except Exception:  # noqa: BLE001 - a tool that swallows errors must still stop at its deadline
         return "swallowed"
@@ -70,11 +51,10 @@ def stubborn(seconds: float) -> str:
 
 
 def rollouts(tok, tools=(), environment=None, workers: int = 1, timeout: float = TIMEOUT) -> MultiTurn:
-    return MultiTurn(
-        PromptEncoder(tok, DataConfig()),
-        ChatFormat(tok),
-        [Tool.of(fn) for fn in tools],
-        None if environment is None else Environments.of(environment),
+    return multi_turn(
+        tok,
+        tools,
+        environment,
         max_iterations=4,
         max_completion_length=300,
         max_model_len=2048,

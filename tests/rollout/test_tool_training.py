@@ -38,6 +38,15 @@ def _trainer(tool_agent, tmp_path, rewards, rows, *overrides: str, **kwargs) -> 
     return GRPOTrainer(model, rewards, rows, config=config, tokenizer=tok, **kwargs)
 
 
+def _train(trainer: GRPOTrainer):
+    """(the last step's metrics, its rollout batch) of `trainer.train()`; the trainer is closed after."""
+    try:
+        trainer.train()
+        return trainer.metrics.history[-1], trainer.last_rollout
+    finally:
+        trainer.close()
+
+
 @pytest.mark.parametrize(
     "layout", [("run.packing=true",), ("run.packing=false", "run.share_prompt=true")], ids=["packed", "shared_prompts"]
 )
@@ -51,12 +60,7 @@ def test_trl_tools_and_environment_train_with_tool_tokens_out_of_the_loss(tool_a
     rows = [{"prompt": [{"role": "user", "content": p}]} for p in ("m", "c", "x", "a")]
     tools = {"tools": list(TOOLS), "environment_factory": CounterEnv}
     trainer = _trainer(tool_agent, tmp_path, [counter_reward], rows, *layout, **tools)
-    try:
-        trainer.train()
-        metrics = trainer.metrics.history[-1]
-        batch = trainer.last_rollout
-    finally:
-        trainer.close()
+    metrics, batch = _train(trainer)
     assert trainer.rewards.names == ["counter_reward", "environment_reward"]  # TRL adds the environment's reward
     assert metrics["tools/calls_per_rollout"] > 0.5 and metrics["tools/masked_token_frac"] > 0.1
     # The engine's logprobs of its sampled tokens equal the trainer's (one model, fp32); a tool result scored as
@@ -96,12 +100,7 @@ def test_a_rollout_function_brings_its_own_completions_mask_and_reward_columns(t
     trainer = _trainer(
         tool_agent, tmp_path, [feedback_reward], [{"prompt": p} for p in "mcxa"], rollout_func=rollout_func
     )
-    try:
-        trainer.train()
-        metrics = trainer.metrics.history[-1]
-        batch = trainer.last_rollout
-    finally:
-        trainer.close()
+    metrics, batch = _train(trainer)
     assert set(feedback_seen) == {"ok"} and len(feedback_seen) % 8 == 0  # the preflight probe samples too
     assert all(c.sampled[-2:] == [False, False] and c.sampled[0] for c in batch.completions)
     assert metrics["completion/length_mean"] == pytest.approx(sum(len(c.token_ids) - 2 for c in batch.completions) / 8)

@@ -1,11 +1,13 @@
 """The setup of the gradient-accumulation tests (tests/trainer/test_loss_accumulation.py and
 test_trl_accumulation.py): a GRPOTrainer on the tiny policy (micro-batches of 2 rows) and one random batch of
-sequences of different lengths with a masked (truncated) completion, plus the loss's per-token arguments."""
+sequences of different lengths with a masked (truncated) completion, plus the loss's per-token arguments; and the
+reference they compare with, one `grpo_loss` on a whole batch and its gradients (`loss_gradients`)."""
 
 from __future__ import annotations
 
 import torch
 
+from grpo_fast import grpo_loss
 from grpo_fast.core.policy import build_sequence_batch, completion_logprobs
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
 from grpo_fast.trainer import GRPOTrainer, load_config
@@ -52,3 +54,22 @@ def accumulation_setup(output_dir, seed: int, prompt_lens, completion_lens, mask
 def gradients_by_name(model) -> dict[str, torch.Tensor]:
     """Copies of the parameters' gradients, by name (parameters without one left out)."""
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def loss_gradients(model, batch, hidden_of, advantages, **loss_kwargs) -> tuple[float, dict[str, torch.Tensor]]:
+    """(loss, gradients by name) of one `grpo_loss` on `batch` (a SequenceBatch) over the hidden states
+    `hidden_of(model, batch)` and `model.lm_head`; `loss_kwargs` go to grpo_loss. The model's gradients are cleared
+    before and after."""
+    model.zero_grad(set_to_none=True)
+    loss, _ = grpo_loss(
+        hidden_of(model, batch),
+        model.lm_head.weight,
+        batch.completion_ids,
+        batch.completion_mask,
+        advantages,
+        **loss_kwargs,
+    )
+    loss.backward()
+    grads = gradients_by_name(model)
+    model.zero_grad(set_to_none=True)
+    return float(loss.detach()), grads

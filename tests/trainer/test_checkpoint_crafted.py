@@ -80,6 +80,19 @@ def _write_manifest(path: Path) -> None:
     (path / ckpt.MANIFEST).write_text(json.dumps(sizes))
 
 
+def _assert_resume_refused(config: Path, out: Path, path: Path, marker: Path, match: str) -> None:
+    """Resuming in process from `path` raises UnsafeCheckpointError matching `match`; the payload never ran
+    and the checkpoint's files are left as they were."""
+    before = _files(path)
+    trainer = _trainer(config, out, "run.max_steps=2", "run.resume=true")
+    try:
+        with pytest.raises(ckpt.UnsafeCheckpointError, match=match):
+            trainer.train()
+    finally:
+        trainer.close()
+    assert not marker.exists() and _files(path) == before
+
+
 def test_resume_through_the_cli_refuses_a_crafted_sharded_directory_unread(crafted):
     config, out, path, marker = crafted
     before = _files(path)
@@ -100,14 +113,7 @@ def test_resume_through_the_cli_refuses_a_crafted_sharded_directory_unread(craft
 def test_a_one_process_checkpoint_with_shards_is_refused_even_with_a_matching_manifest(crafted):
     config, out, path, marker = crafted
     _write_manifest(path)
-    before = _files(path)
-    trainer = _trainer(config, out, "run.max_steps=2", "run.resume=true")
-    try:
-        with pytest.raises(ckpt.UnsafeCheckpointError, match="one process wrote it"):
-            trainer.train()
-    finally:
-        trainer.close()
-    assert not marker.exists() and _files(path) == before
+    _assert_resume_refused(config, out, path, marker, match="one process wrote it")
 
 
 def test_shards_claimed_by_the_trainer_state_load_their_plain_values_only(crafted):
@@ -119,11 +125,4 @@ def test_shards_claimed_by_the_trainer_state_load_their_plain_values_only(crafte
     del state["optimizer"]
     torch.save(state, path / ckpt.TRAINER_STATE)
     _write_manifest(path)
-    before = _files(path)
-    trainer = _trainer(config, out, "run.max_steps=2", "run.resume=true")
-    try:
-        with pytest.raises(ckpt.UnsafeCheckpointError, match="param_groups.*lr.*refused"):
-            trainer.train()
-    finally:
-        trainer.close()
-    assert not marker.exists() and _files(path) == before
+    _assert_resume_refused(config, out, path, marker, match="param_groups.*lr.*refused")

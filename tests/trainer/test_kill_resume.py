@@ -10,11 +10,8 @@ incomplete (killed while copied or written outside the atomic writer) is skipped
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +22,7 @@ from safetensors.torch import load_file
 
 from grpo_fast.core.checkpoint import TRAINER_STATE, latest_checkpoint, list_checkpoints, load_trainer_state
 from grpo_fast.testing.configs import quiet_run_config
+from grpo_fast.testing.train_cli import train_in_subprocess
 from grpo_fast.testing.trees import assert_equal_trees
 
 HERE = Path(__file__).parent
@@ -50,17 +48,7 @@ def _train(
 ) -> tuple[int, str]:
     """`grpo-fast train` in a subprocess (killed at `kill`, "<phase>:<n>" of kill_points); (exit code, stderr).
     must_succeed (default: without `kill`): assert that it exits 0."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    env.pop("GRPO_TEST_KILL", None)
-    if kill:
-        env["GRPO_TEST_KILL"] = kill
-    cmd = [sys.executable, "-c", "import sys; from grpo_fast.cli import main; sys.exit(main(sys.argv[1:]))"]
-    cmd += ["train", "--config", str(config), "--skip-checks"]
-    cmd += ["--set", f"run.output_dir={out}"] + (["--resume"] if resume else [])
-    for override in overrides:
-        cmd += ["--set", override]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = train_in_subprocess(config, out, import_dir=HERE, kill=kill, resume=resume, overrides=overrides, timeout=300)
     if kill is None if must_succeed is None else must_succeed:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.returncode, proc.stderr

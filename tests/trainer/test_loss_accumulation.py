@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from accumulation_batch import accumulation_setup, gradients_by_name
+from accumulation_batch import accumulation_setup, gradients_by_name, loss_gradients
 
-from grpo_fast import grpo_loss
 from grpo_fast.core.policy import completion_hidden
 from grpo_fast.loss import LOSS_TYPES, GRPOLossConfig, Reduction
 
@@ -45,12 +44,10 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type, p
     )
     accumulated = gradients_by_name(model)
 
-    model.zero_grad(set_to_none=True)
-    loss, _ = grpo_loss(
-        completion_hidden(model, batch),
-        model.lm_head.weight,
-        batch.completion_ids,
-        batch.completion_mask,
+    _, full = loss_gradients(
+        model,
+        batch,
+        completion_hidden,
         inp["advantages"],
         old_logprobs=inp["old_lp"],
         ref_logprobs=inp["ref_lp"],
@@ -58,8 +55,6 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(setup, loss_type, p
         config=trainer.loss_step.loss_config,
         rollout_logprobs=engine_lp,
     )
-    loss.backward()
-    full = gradients_by_name(model)
     assert accumulated.keys() == full.keys()
     for name, grad in full.items():
         torch.testing.assert_close(accumulated[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from accumulation_batch import loss_gradients
 from transformers.cache_utils import DynamicLayer
 
-from grpo_fast import grpo_loss
 from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, completion_hidden
 from grpo_fast.core.tiny_models import TinyModelSpec, build_char_tokenizer, build_tiny_model, random_causal_lm
 from grpo_fast.loss import GRPOLossConfig
@@ -91,20 +91,9 @@ def test_completions_of_one_token_use_the_prompt_pass_alone(model):
 def _loss_grads(model, batch, forward) -> tuple[float, dict[str, torch.Tensor]]:
     advantages = torch.linspace(-1.0, 1.5, batch.completion_ids.shape[0])
     config = GRPOLossConfig(loss_type="dapo", backend="torch")
-    model.zero_grad(set_to_none=True)
-    loss, _ = grpo_loss(
-        forward(model, batch),
-        model.lm_head.weight,
-        batch.completion_ids,
-        batch.completion_mask,
-        advantages,
-        num_items_in_batch=int(batch.completion_mask.sum()),
-        config=config,
+    return loss_gradients(
+        model, batch, forward, advantages, num_items_in_batch=int(batch.completion_mask.sum()), config=config
     )
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return float(loss.detach()), grads
 
 
 @pytest.mark.parametrize("order", ["grouped", "interleaved"])

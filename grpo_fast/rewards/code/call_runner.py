@@ -38,12 +38,13 @@ never do is see more than the requests (names, argument values, its own handles)
 run its objects: answers are data, read by the judge with wire.decode (judge_runner.py).
 """
 
-# ruff: noqa: F821 - encode, decode, dumps, loads, WireError: wire.py, prepended to this source
+# ruff: noqa: F821 - encode, decode, dumps, loads, WireError: wire.py, and _channel_fd, _line_channel:
+# sandbox/runner_channel.py, prepended to this source
 
 import os as _os
 import sys as _sys
 
-_read, _write, _compile, _exec, _BaseException = _os.read, _os.write, compile, exec, BaseException
+_compile, _exec, _BaseException = compile, exec, BaseException
 _APPLY = {
     "len": len,
     "bool": bool,
@@ -131,27 +132,6 @@ class _Test:
         return {"value": encode(result, self.handle)}
 
 
-def _channel(fd):
-    buffer = b""
-
-    def receive():
-        nonlocal buffer
-        while b"\n" not in buffer:
-            chunk = _read(fd, 65536)
-            if not chunk:
-                return None
-            buffer += chunk
-        line, _, buffer = buffer.partition(b"\n")
-        return line
-
-    def send(message):
-        data = (dumps(message) + "\n").encode()
-        while data:
-            data = data[_write(fd, data) :]
-
-    return receive, send
-
-
 def _program(path):
     """The program's code object: `path` read and compiled when first needed (the runner may start
     before the program is written); a program that does not compile raises at every load."""
@@ -202,8 +182,8 @@ def _batch_channel():
     answers = _os.dup(1)
     null = _os.open(_os.devnull, _os.O_WRONLY)
     _os.dup2(null, 1)
-    receive, _ = _channel(0)
-    _, send = _channel(answers)
+    receive, _ = _line_channel(0, dumps)
+    _, send = _line_channel(answers, dumps)
     return receive, send
 
 
@@ -211,13 +191,10 @@ def main():
     if globals().get("_BATCH"):
         receive, send = _batch_channel()
     else:
-        line = b""
-        while not line.endswith(b"\n"):
-            chunk = _read(0, 64)
-            if not chunk:
-                return
-            line += chunk
-        receive, send = _channel(int(line))
+        fd = _channel_fd()
+        if fd is None:
+            return
+        receive, send = _line_channel(fd, dumps)
     send({"hello": True})
     path = _sys.argv[1] if len(_sys.argv) > 1 else "solution.py"
     _sys.argv = [path]

@@ -1,7 +1,7 @@
 """Judge runner: runs assert tests in a clean interpreter, asking the program's sandbox for calls only.
 
-Started by the launcher as `python -I -c <wire.py + this source>`, in a sandbox of its own that never
-runs a program. stdin holds the number of its channel's file descriptor, as for call_runner.py. It
+Started by the launcher as `python -I -c <runner_channel.py + wire.py + this source>`, in a sandbox of its
+own that never runs a program. stdin holds the number of its channel's file descriptor, as for call_runner.py. It
 says {"hello": true}, then serves:
 
   {"test": source, "program": [names], "known": {name: "module:attribute" or "module"},
@@ -32,7 +32,8 @@ Exceptions the program raises are raised here as the nearest builtin exception t
 `next()`.
 """
 
-# ruff: noqa: F821 - encode, decode, dumps, loads, WireError: wire.py, prepended to this source
+# ruff: noqa: F821 - encode, decode, dumps, loads, WireError: wire.py, and _channel_fd: sandbox/runner_channel.py,
+# prepended to this source
 
 import builtins as _builtins
 import importlib as _importlib
@@ -351,13 +352,10 @@ def _run(message):
 
 def main():
     global _session
-    line = b""
-    while not line.endswith(b"\n"):
-        chunk = _os.read(0, 64)
-        if not chunk:
-            return
-        line += chunk
-    _session = _Session(int(line))
+    fd = _channel_fd()
+    if fd is None:
+        return
+    _session = _Session(fd)
     _signal.signal(_signal.SIGPROF, _cpu_limit)
     _session.send({"hello": True})
     while True:

@@ -23,12 +23,12 @@ from typing import Any
 
 from grpo_fast.errors import InfrastructureError
 from grpo_fast.rewards.code.wire import WireError, dumps, loads
-from grpo_fast.sandbox import SandboxLimits, Session, reap, runner_argv
+from grpo_fast.sandbox import RUNNER_CHANNEL, SandboxLimits, Session, reap, runner_argv
 
 _HERE = Path(__file__).parent
 _WIRE = (_HERE / "wire.py").read_text(encoding="utf-8")
-CALL_RUNNER = _WIRE + (_HERE / "call_runner.py").read_text(encoding="utf-8")
-JUDGE_RUNNER = _WIRE + (_HERE / "judge_runner.py").read_text(encoding="utf-8")
+CALL_RUNNER = RUNNER_CHANNEL + _WIRE + (_HERE / "call_runner.py").read_text(encoding="utf-8")
+JUDGE_RUNNER = RUNNER_CHANNEL + _WIRE + (_HERE / "judge_runner.py").read_text(encoding="utf-8")
 _JUDGE_CPU_S = 1 << 30  # the judge lives long: its tests are bounded one by one (cpu_s and wall clock)
 _START_S = 10.0  # how long a runner may take to start (before anything of a completion runs in it)
 
