@@ -216,8 +216,8 @@ def _flat_logprobs_out(out: torch.Tensor | None, hidden: torch.Tensor) -> torch.
     return out.view(-1)
 
 
-def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
-    """Checked inputs of _GRPOLossFunction: ((hidden [N, H], weight, bias), PreparedBatch, backend)."""
+def _checked_batch(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
+    """(hidden flattened to [N, H], the PreparedBatch of the per-token arguments), every input checked."""
     flat_hidden, _ = check_linear_inputs(hidden, weight, bias)
     batch = prepare_batch(
         PerTokenArguments(*per_token),
@@ -229,6 +229,14 @@ def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, co
         source=hidden,
         dtype=accumulation_dtype(flat_hidden.dtype),
         validate=validate,
+    )
+    return flat_hidden, batch
+
+
+def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate):
+    """Checked inputs of _GRPOLossFunction: ((hidden [N, H], weight, bias), PreparedBatch, backend)."""
+    flat_hidden, batch = _checked_batch(
+        hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate
     )
     backend = get_backend(config.backend, flat_hidden.device)
     if config.deterministic:
@@ -246,17 +254,8 @@ def _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, co
 
 
 def _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate, out):
-    flat_hidden, _ = check_linear_inputs(hidden, weight, bias)
-    batch = prepare_batch(
-        PerTokenArguments(*per_token),
-        num_items_in_batch=num_items_in_batch,
-        cu_seqlens=cu_seqlens,
-        config=config,
-        vocab=weight.shape[0],
-        source_name="hidden",
-        source=hidden,
-        dtype=accumulation_dtype(flat_hidden.dtype),
-        validate=validate,
+    flat_hidden, batch = _checked_batch(
+        hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate
     )
     inv_temperature, softcap = LogitHead(config.logit_scale, config.final_logit_softcapping).tile(config.temperature)
     backend = backend_name(config.backend, flat_hidden.device.type)

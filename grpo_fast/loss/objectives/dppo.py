@@ -63,21 +63,13 @@ def _dppo(valid_tokens):
     return definition
 
 
-DPPO_TV = Objective(
-    "dppo_tv",
-    _dppo(_valid_tv),
-    "DPPO-Binary-TV: tokens whose probability moved past the TV threshold masked, truncated-ratio policy gradient",
-    options=DPPOOptions,
-    masks_tokens=True,
-    levels=("token",),
-)
-DPPO_KL = Objective(
-    "dppo_kl",
-    _dppo(_valid_kl),
-    "DPPO-Binary-KL: tokens past the binary-KL threshold (in the advantage's direction) masked",
-    options=DPPOOptions,
-    masks_tokens=True,
-    levels=("token",),
-)
+DPPO_TV, DPPO_KL = (
+    Objective(f"dppo_{name}", _dppo(valid), summary, options=DPPOOptions, masks_tokens=True, levels=("token",))
+    for name, valid, summary in (
+        ("tv", _valid_tv, "DPPO-Binary-TV: tokens whose probability moved past the TV threshold masked, "
+         "truncated-ratio policy gradient"),
+        ("kl", _valid_kl, "DPPO-Binary-KL: tokens past the binary-KL threshold (in the advantage's direction) masked"),
+    )
+)  # fmt: skip
 DPPO_TV_LOSS_TYPE = LossType("dppo_tv", DPPO_TV, Reduction.GLOBAL_TOKEN_MEAN, "DPPO-Binary-TV, like dapo")
 DPPO_KL_LOSS_TYPE = LossType("dppo_kl", DPPO_KL, Reduction.GLOBAL_TOKEN_MEAN, "DPPO-Binary-KL, like dapo")

@@ -27,8 +27,8 @@ import torch
 
 from ...config_fields import option
 from ..loss_types import LossType, Reduction
-from ..objective import Objective, ObjectiveOptions, Surrogate, SurrogateInputs
-from .trl import clipped
+from ..objective import ObjectiveOptions, SurrogateInputs
+from .trl import engine_masked
 
 
 @dataclass(frozen=True)
@@ -41,20 +41,16 @@ class IcePopOptions(ObjectiveOptions):
             raise ValueError(f"objective_options.alpha: expected alpha < beta ({self.beta}), got {self.alpha}")
 
 
-def icepop(x: SurrogateInputs) -> Surrogate:
-    ratio_to_engine = torch.exp(x.old_logprobs - x.rollout_logprobs).detach()
-    kept = (ratio_to_engine >= x.options.alpha) & (ratio_to_engine <= x.options.beta)
-    ppo = clipped(x)
-    weight = torch.where(kept, ratio_to_engine, torch.zeros_like(ratio_to_engine))
-    return Surrogate(ppo.per_token * weight, ppo.low, ppo.high, ~kept)
+def icepop_kept(x: SurrogateInputs) -> torch.Tensor:
+    """The tokens whose k = π_train / π_infer lies in [α, β]."""
+    k = torch.exp(x.old_logprobs - x.rollout_logprobs)
+    return (k >= x.options.alpha) & (k <= x.options.beta)
 
 
-ICEPOP = Objective(
+ICEPOP = engine_masked(
     "icepop",
-    icepop,
+    icepop_kept,
     "PPO-clip on the tokens whose pi_train/pi_infer lies in [alpha, beta], weighted by it",
-    options=IcePopOptions,
-    needs_rollout_logprobs=True,
-    masks_tokens=True,
+    IcePopOptions,
 )
 LOSS_TYPE = LossType("icepop", ICEPOP, Reduction.GLOBAL_TOKEN_MEAN, "IcePop: masked train/inference ratio, like dapo")

@@ -25,8 +25,8 @@ import torch
 
 from ...config_fields import option
 from ..loss_types import LossType, Reduction
-from ..objective import Objective, ObjectiveOptions, Surrogate, SurrogateInputs
-from .trl import clipped
+from ..objective import ObjectiveOptions, SurrogateInputs
+from .trl import engine_masked
 
 
 @dataclass(frozen=True)
@@ -42,22 +42,16 @@ def binary_kl(log_p: torch.Tensor, log_q: torch.Tensor, eps: float = 1e-8) -> to
     return p * torch.log(p / q) + (1 - p) * torch.log((1 - p) / (1 - q))
 
 
-def kpop(x: SurrogateInputs) -> Surrogate:
+def kpop_kept(x: SurrogateInputs) -> torch.Tensor:
+    """The tokens whose binary KL between π_train and π_infer, either way, is at most φ."""
     train, engine = x.old_logprobs.detach(), x.rollout_logprobs
-    divergence = torch.maximum(binary_kl(train, engine), binary_kl(engine, train))
-    kept = divergence <= x.options.threshold
-    ratio_to_engine = torch.exp(train - engine)
-    ppo = clipped(x)
-    weight = torch.where(kept, ratio_to_engine, torch.zeros_like(ratio_to_engine))
-    return Surrogate(ppo.per_token * weight, ppo.low, ppo.high, ~kept)
+    return torch.maximum(binary_kl(train, engine), binary_kl(engine, train)) <= x.options.threshold
 
 
-KPOP = Objective(
+KPOP = engine_masked(
     "kpop",
-    kpop,
+    kpop_kept,
     "PPO-clip on the tokens whose train/inference binary KL (both ways) is at most phi, weighted by pi_train/pi_infer",
-    options=KPopOptions,
-    needs_rollout_logprobs=True,
-    masks_tokens=True,
+    KPopOptions,
 )
 LOSS_TYPE = LossType("kpop", KPOP, Reduction.GLOBAL_TOKEN_MEAN, "KPop: binary-KL token mask, like dapo")

@@ -25,6 +25,20 @@ def clipped(x: SurrogateInputs) -> Surrogate:
     return Surrogate(-torch.min(unclipped * x.advantages, bounded * x.advantages), low, high)
 
 
+def engine_masked(name: str, kept, summary: str, options: type) -> Objective:
+    """An objective of PPO's clipped surrogate on the tokens whose train/inference mismatch test `kept(x)` -> [N]
+    bool passes, each weighted by k = π_train / π_infer = exp(o − μ) (detached); the others masked (IcePop, KPop).
+    It needs the inference engine's logprobs μ."""
+
+    def definition(x: SurrogateInputs) -> Surrogate:
+        ppo, keep = clipped(x), kept(x)
+        k = torch.exp(x.old_logprobs - x.rollout_logprobs).detach()
+        return Surrogate(ppo.per_token * torch.where(keep, k, torch.zeros_like(k)), ppo.low, ppo.high, ~keep)
+
+    definition.__name__ = definition.__qualname__ = name
+    return Objective(name, definition, summary, options=options, needs_rollout_logprobs=True, masks_tokens=True)
+
+
 def cispo(x: SurrogateInputs) -> Surrogate:
     """REINFORCE with the detached, capped ratio: −sg(min(ρ, ε_hi)) A ℓ (MiniMax-M1, arXiv 2506.13585)."""
     capped = torch.clamp(x.ratio, max=x.config.clip_high).detach()
