@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 YAML_BLOCK = re.compile(r"```ya?ml\n(.*?)```", re.S)
+PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+DOCS_PACKAGE = "my_pkg"
+"""The user package docs/architecture.md's extension examples name in `imports` (my_pkg.losses)."""
 
 
 def _load(data: dict) -> None:
@@ -54,8 +58,32 @@ def test_a_shipped_config_loads_without_a_notice(path, caplog):
     assert notices == [], f"{path.name}: {notices}"
 
 
+@pytest.fixture
+def docs_package(tmp_path, monkeypatch):
+    """my_pkg.losses made of architecture.md's own Python examples that register a loss type or an objective, as
+    the user the docs address would have written it; its registrations undone afterwards."""
+    from grpo_fast.loss import LOSS_TYPES, OBJECTIVES
+
+    examples = [b for b in PYTHON_BLOCK.findall((ROOT / "docs" / "architecture.md").read_text()) if ".register(" in b]
+    examples = [b for b in examples if "LOSS_TYPES.register" in b or "OBJECTIVES.register" in b]
+    package = tmp_path / DOCS_PACKAGE
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "losses.py").write_text("\n\n".join(examples))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = {registry: set(registry.names()) for registry in (LOSS_TYPES, OBJECTIVES)}
+    yield
+    for module in [m for m in sys.modules if m.split(".")[0] == DOCS_PACKAGE]:
+        del sys.modules[module]
+    for registry, names in before.items():
+        for name in set(registry.names()) - names:
+            registry.unregister(name)
+
+
 @pytest.mark.parametrize(("where", "block"), _doc_blocks(), ids=[w for w, _ in _doc_blocks()])
-def test_a_yaml_block_of_the_docs_loads_without_a_notice(where, block, caplog):
+def test_a_yaml_block_of_the_docs_loads_without_a_notice(where, block, caplog, request):
+    if any(str(m).split(".")[0] == DOCS_PACKAGE for m in yaml.safe_load(block).get("imports") or []):
+        request.getfixturevalue("docs_package")
     caplog.set_level(logging.WARNING)
     _load(yaml.safe_load(block))
     notices = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
