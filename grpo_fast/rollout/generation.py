@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from grpo_fast.rollout.base import Completion, RolloutEngine, SamplingSpec, ToolEpisode
 from grpo_fast.rollout.contract import Capabilities
+from grpo_fast.rollout.environments import Environments
 from grpo_fast.rollout.prompts import PromptEncoder
 
 
@@ -99,6 +100,8 @@ class Rollouts(abc.ABC):
 
     capabilities = Capabilities("the rollout kind")
     calls_tools = False
+    environments: Environments | None = None
+    """The environments its rollouts run in (grpo_fast.rollout.environments), None for a kind without them."""
     reads_rows = False
     """Whether `begin` reads the dataset row itself (its chat messages, an environment's reset): the row then goes
     with its prompt to the rounds (and to the engine process)."""

@@ -215,7 +215,7 @@ class GRPOTrainer:
     def _rows(self, dataset, argument: str = "eval_dataset") -> list[dict]:
         """The rows of a dataset; with environments, rows without a prompt get TRL's placeholder (reset() supplies
         the prompt), and without a train_dataset one step's worth of placeholder rows drive the loop."""
-        environments = getattr(self.rollouts, "environments", None)
+        environments = self.rollouts.environments
         if dataset is None and environments is None:
             raise ValueError(f"{argument}: required unless an environment_factory supplies the prompts (reset())")
         if dataset is None:
