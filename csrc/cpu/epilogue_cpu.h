@@ -50,22 +50,28 @@ namespace cpu {
 constexpr float kMinLogF = -87.33654f;
 constexpr int64_t kBlock = 1024;  // 4 KiB of fp32: the block max pass and the exp pass share L1.
 
-// e^x for x <= 88 (exp of (z − max) or log p, so x <= ~0): Cephes' degree-6 polynomial on
-// r = x − n ln2, n = round(x / ln2), then r's result times 2^n built in the exponent bits.
-// Max error ~2 ulp; 0 below kMinLogF; NaN in, NaN out (through the arithmetic). Branch-free so loops around it vectorise.
-GRPO_FAST_INLINE float exp_f32(float x) {
-  const float xc = std::min(std::max(x, kMinLogF), 88.3762626647949f);
-  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
-  const float n = (xc * 1.44269504088896341f + magic) - magic;
-  float r = xc - n * 0.693359375f;
+// e^x = 2^n e^r for clamped x (T = float or VecF below): n = round(x / ln2), r = x − n ln2 (ln2 in two parts),
+// e^r by Cephes' degree-6 polynomial. Returns e^r and sets n; the callers build 2^n in the exponent bits.
+template <typename T>
+GRPO_FAST_INLINE T exp_reduced(T xc, T& n) {
+  const T magic = T{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to the nearest integer
+  n = (xc * 1.44269504088896341f + magic) - magic;
+  T r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+  T p = T{} + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
+  return p * (r * r) + r + 1.0f;
+}
+
+// e^x for x <= 88 (exp of (z − max) or log p, so x <= ~0), by exp_reduced.
+// Max error ~2 ulp; 0 below kMinLogF; NaN in, NaN out (through the arithmetic). Branch-free so loops around it vectorise.
+GRPO_FAST_INLINE float exp_f32(float x) {
+  float n;
+  const float p = exp_reduced(std::min(std::max(x, kMinLogF), 88.3762626647949f), n);
   // 2^n in the exponent bits, or +0 below kMinLogF (an integer select: nothing for the vectoriser to guard).
   const uint32_t bits = x < kMinLogF ? 0u : static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
   float scale;
@@ -86,18 +92,8 @@ GRPO_FAST_INLINE VecF vmin(VecF a, VecF b) { return a > b ? b : a; }
 GRPO_FAST_INLINE VecF splat(float x) { return VecF{} + x; }
 
 GRPO_FAST_INLINE VecF exp_vec(VecF x) {
-  const VecF xc = vmin(vmax(x, splat(kMinLogF)), splat(88.3762626647949f));
-  const VecF magic = splat(12582912.0f);
-  const VecF n = (xc * 1.44269504088896341f + magic) - magic;
-  VecF r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  VecF p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
+  VecF n;
+  const VecF p = exp_reduced(vmin(vmax(x, splat(kMinLogF)), splat(88.3762626647949f)), n);
   const VecI ni = __builtin_convertvector(n, VecI);
   const VecI bits = x < splat(kMinLogF) ? VecI{} : (ni + 127) << 23;
   VecF scale;

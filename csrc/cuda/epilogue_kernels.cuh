@@ -119,8 +119,8 @@ __host__ __device__ __forceinline__ Online online_merge(const Online& a, const O
   return r;
 }
 
-__device__ __forceinline__ Online block_merge(Online v) {
-  __shared__ Online warp_results[kThreads / 32];
+// The merge of a warp's 32 lanes by butterfly shuffles: every lane ends with the warp's result.
+__device__ __forceinline__ Online warp_merge(Online v) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     Online o;
     o.m = __shfl_xor_sync(0xffffffffu, v.m, offset);
@@ -128,19 +128,16 @@ __device__ __forceinline__ Online block_merge(Online v) {
     o.t = __shfl_xor_sync(0xffffffffu, v.t, offset);
     v = online_merge(v, o);
   }
+  return v;
+}
+
+__device__ __forceinline__ Online block_merge(Online v) {
+  __shared__ Online warp_results[kThreads / 32];
+  v = warp_merge(v);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) warp_results[warp] = v;
   __syncthreads();
-  if (warp == 0) {
-    v = lane < kThreads / 32 ? warp_results[lane] : Online{-INFINITY, 0.0f, 0.0f};
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      Online o;
-      o.m = __shfl_xor_sync(0xffffffffu, v.m, offset);
-      o.s = __shfl_xor_sync(0xffffffffu, v.s, offset);
-      o.t = __shfl_xor_sync(0xffffffffu, v.t, offset);
-      v = online_merge(v, o);
-    }
-  }
+  if (warp == 0) v = warp_merge(lane < kThreads / 32 ? warp_results[lane] : Online{-INFINITY, 0.0f, 0.0f});
   return v;  // valid in thread 0
 }
 

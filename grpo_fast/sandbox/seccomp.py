@@ -23,37 +23,75 @@ from __future__ import annotations
 
 import platform
 
-_DENIED = (
-    "ptrace process_vm_readv process_vm_writev kcmp bpf perf_event_open userfaultfd io_uring_setup io_uring_enter "
-    "io_uring_register keyctl add_key request_key fanotify_init lookup_dcookie open_by_handle_at name_to_handle_at "
-    "mount umount2 pivot_root chroot open_tree move_mount fsopen fsconfig fsmount fspick mount_setattr unshare setns "
-    "reboot kexec_load kexec_file_load init_module finit_module delete_module swapon swapoff acct quotactl syslog "
-    "settimeofday clock_settime adjtimex clock_adjtime vhangup "
-    "shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl semget semop semtimedop semctl"
-).split()
-_X86_64 = dict(
-    zip(
-        _DENIED + ["clone", "clone3", "prlimit64"],
-        [101, 310, 311, 312, 321, 298, 323, 425, 426, 427, 250, 248, 249, 300, 212, 304, 303, 165, 166, 155, 161, 428]
-        + [429, 430, 431, 432, 433, 442, 272, 308, 169, 246, 320, 175, 313, 176, 167, 168, 163, 179, 103, 164, 227]
-        + [159, 305, 153]
-        + [29, 30, 31, 67, 68, 69, 70, 71, 64, 65, 220, 66]
-        + [56, 435, 302],
-        strict=True,
-    )
-)
-_AARCH64 = dict(
-    zip(
-        _DENIED + ["clone", "clone3", "prlimit64"],
-        [117, 270, 271, 272, 280, 241, 282, 425, 426, 427, 219, 217, 218, 262, 18, 265, 264, 40, 39, 41, 51, 428]
-        + [429, 430, 431, 432, 433, 442, 97, 268, 142, 104, 294, 105, 273, 106, 224, 225, 89, 60, 116, 170, 112]
-        + [171, 266, 58]
-        + [194, 196, 195, 197, 186, 189, 188, 187, 190, 193, 192, 191]
-        + [220, 435, 261],
-        strict=True,
-    )
-)
-_ARCHES = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _AARCH64)}
+# The system calls' numbers from the kernel's unistd tables, one per line: the denied calls, then the three whose
+# arguments the filter reads or that it answers apart (clone, clone3, prlimit64).
+_TABLE = """
+name               x86_64 aarch64
+ptrace                101     117
+process_vm_readv      310     270
+process_vm_writev     311     271
+kcmp                  312     272
+bpf                   321     280
+perf_event_open       298     241
+userfaultfd           323     282
+io_uring_setup        425     425
+io_uring_enter        426     426
+io_uring_register     427     427
+keyctl                250     219
+add_key               248     217
+request_key           249     218
+fanotify_init         300     262
+lookup_dcookie        212      18
+open_by_handle_at     304     265
+name_to_handle_at     303     264
+mount                 165      40
+umount2               166      39
+pivot_root            155      41
+chroot                161      51
+open_tree             428     428
+move_mount            429     429
+fsopen                430     430
+fsconfig              431     431
+fsmount               432     432
+fspick                433     433
+mount_setattr         442     442
+unshare               272      97
+setns                 308     268
+reboot                169     142
+kexec_load            246     104
+kexec_file_load       320     294
+init_module           175     105
+finit_module          313     273
+delete_module         176     106
+swapon                167     224
+swapoff               168     225
+acct                  163      89
+quotactl              179      60
+syslog                103     116
+settimeofday          164     170
+clock_settime         227     112
+adjtimex              159     171
+clock_adjtime         305     266
+vhangup               153      58
+shmget                 29     194
+shmat                  30     196
+shmctl                 31     195
+shmdt                  67     197
+msgget                 68     186
+msgsnd                 69     189
+msgrcv                 70     188
+msgctl                 71     187
+semget                 64     190
+semop                  65     193
+semtimedop            220     192
+semctl                 66     191
+clone                  56     220
+clone3                435     435
+prlimit64             302     261
+"""
+_NUMBERS = {name: (int(x86), int(arm)) for name, x86, arm in (row.split() for row in _TABLE.strip().splitlines()[1:])}
+_DENIED = list(_NUMBERS)[:-3]
+_ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, the column of _NUMBERS
 
 _LD_ABS_W, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
 _RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
@@ -65,9 +103,10 @@ _NR, _ARCH, _ARG0 = 0, 4, 16  # offsets in struct seccomp_data (args[0]'s low 32
 
 def denylist_filter(machine: str | None = None) -> list[list[int]] | None:
     """The filter for `machine` (default: this one), or None for an architecture it does not know."""
-    arch, numbers = _ARCHES.get(machine or platform.machine(), (None, None))
+    arch, column = _ARCHES.get(machine or platform.machine(), (None, None))
     if arch is None:
         return None
+    numbers = {name: both[column] for name, both in _NUMBERS.items()}
     denied = [numbers[name] for name in _DENIED]
     errno_perm, errno_nosys = _RET_ERRNO | _EPERM, _RET_ERRNO | _ENOSYS
     program = [[_LD_ABS_W, 0, 0, _ARCH], [_JEQ_K, 1, 0, arch], [_RET_K, 0, 0, _RET_KILL_PROCESS]]
