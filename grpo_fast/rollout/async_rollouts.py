@@ -54,6 +54,7 @@ from types import SimpleNamespace
 import torch
 
 from grpo_fast.config_fields import ConfigSection, build, option
+from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.rollout.async_messages import CONTROL, FROM_ENGINE, PROMPTS, Failure, Group, Prompt, Ready, Stop, Weights
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
 from grpo_fast.rollout.engine_link import BACKENDS, Manifest, WeightLink, WeightSender
@@ -186,11 +187,11 @@ def build_engine(spec: EngineSpec) -> tuple[RolloutEngine, Callable[[Iterable], 
     """The engine process's engine, built by its class's from_config with this process's tokenizer (and model, for
     an engine that generates with the model it is given) from the model directory; -> (engine, load, tokenizer),
     load(weights) putting the trainer's weights where the engine generates from."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     os.environ["WORLD_SIZE"] = "1"  # one process of its own, whatever launched the trainer (no torchrun executor)
     engine_cls = ROLLOUT_ENGINES.get(spec.engine)
-    tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+    tokenizer = load_tokenizer(spec.model_dir)  # as the trainer loads it (its saved class)
     model = None
     if engine_cls.shares_trainer_model:
         model = AutoModelForCausalLM.from_pretrained(spec.model_dir, dtype=torch.float32).eval().requires_grad_(False)

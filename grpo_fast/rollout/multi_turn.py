@@ -67,6 +67,9 @@ class _Agent:
         return [t.schema for t in self.tools.values()]
 
 
+RENDERING_PROBE = [{"role": "user", "content": "Probe: 12*34= ? café, naïve; 数 (tab\there)."}]
+
+
 class MultiTurn(Rollouts):
     """Multi-turn rollouts with `tools` (grpo_fast.rollout.tools.Tool) and, optionally, `environments` (see module
     doc). `timeout`: seconds per tool call; `workers`: rollouts whose tool calls run at once (1: in the calling
@@ -187,7 +190,15 @@ class MultiTurn(Rollouts):
             "system_prompt": self.prompts.data.system_prompt,
             "use_chat_template": self.prompts.data.use_chat_template,
             "max_prompt_tokens": self.prompts.max_tokens,
+            "chat_template": self.chat.chat_template or getattr(self.chat.tokenizer, "chat_template", None),
+            "chat_template_kwargs": self.chat.template_kwargs,
+            "rendering": self.rendering(),
         }
+
+    def rendering(self) -> list[int]:
+        """The ids of a probe conversation (multi-byte characters, the tools' schemas) as this process renders it: an
+        engine process must render it to the same ids as the trainer, or its rollouts start from other prompts."""
+        return self.chat.prompt_ids(RENDERING_PROBE, [t.schema for t in self.tools])
 
     def close(self) -> None:
         self.runner.close()

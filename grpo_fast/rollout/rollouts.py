@@ -81,11 +81,18 @@ def rollouts_from_recipe(recipe: dict, tokenizer) -> Rollouts:
     by name or path, its limits and prompt settings, with this process's tokenizer."""
     if recipe["kind"] == "single_turn":
         return SingleTurn(None)
-    data = SimpleNamespace(system_prompt=recipe["system_prompt"], use_chat_template=recipe["use_chat_template"])
+    data = SimpleNamespace(
+        system_prompt=recipe["system_prompt"],
+        use_chat_template=recipe["use_chat_template"],
+        chat_template_kwargs=recipe["chat_template_kwargs"],
+    )
+    prompts = PromptEncoder(tokenizer, data, max_tokens=recipe["max_prompt_tokens"])
+    prepare_tool_template(tokenizer)  # the response schema TRL adds to the tokenizer, as the trainer's got it
+    prompts.chat_template = recipe["chat_template"]  # the trainer's, whatever this process's tokenizer holds
     factory = _factory(recipe["environment_factory"])
-    return MultiTurn(
-        PromptEncoder(tokenizer, data, max_tokens=recipe["max_prompt_tokens"]),
-        ChatFormat(tokenizer),
+    kind = MultiTurn(
+        prompts,
+        ChatFormat(tokenizer, chat_template=prompts.chat_template, template_kwargs=prompts.template_kwargs),
         [Tool.of(TOOLS.get(path)) for path in recipe["tools"]],
         None if factory is None else Environments.of(factory),
         max_iterations=recipe["max_iterations"],
@@ -94,6 +101,14 @@ def rollouts_from_recipe(recipe: dict, tokenizer) -> Rollouts:
         timeout=recipe["timeout"],
         workers=recipe["workers"],
     )
+    if kind.rendering() != recipe["rendering"]:
+        kind.close()
+        raise RuntimeError(
+            "rollout.mode async: the engine process's tokenizer renders prompts to other ids than the trainer's "
+            f"(a probe conversation: {recipe['rendering']} in the trainer, {kind.rendering()} here); give both the "
+            "same tokenizer (its saved class, as grpo_fast.data.tokenizer.load_tokenizer loads it) and chat template"
+        )
+    return kind
 
 
 def _factory(spec: str | Mapping[str, str] | None):
