@@ -27,6 +27,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+_M_ARENA_MAX = -8  # glibc's mallopt parameter
+_TIMER_STACK_BYTES = 256 << 10
 _LOAD_CPU_S = 30  # CPU seconds for loading the database, before the queries' own
 _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE}
 ALLOWED_FUNCTIONS = frozenset(
@@ -138,6 +140,11 @@ def main() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
+    # Each query's interrupt timer is a thread, started under RLIMIT_AS: by default one costs ~74 MiB of address
+    # space (an 8 MiB stack and a 64 MiB malloc arena of its own), all of a 96 MiB limit, and its start could then
+    # fail or hang. Threads share the main arena here, on a small stack: ~0.3 MiB each.
+    libc.mallopt(_M_ARENA_MAX, 1)
+    threading.stack_size(_TIMER_STACK_BYTES)
 
     def answer(message: dict) -> None:
         sys.stdout.write(json.dumps(message) + "\n")
