@@ -74,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(argv)
     configure_logging(args.log_level)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    finally:
+        if "torch.distributed" in sys.modules:  # a command that loaded torch may hold process groups (torchrun)
+            from grpo_fast.distributed.context import close_distributed
+
+            close_distributed()
 
 
 if __name__ == "__main__":

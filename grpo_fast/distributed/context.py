@@ -160,6 +160,14 @@ def init_distributed() -> Distributed:
     return Distributed(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
+def close_distributed() -> None:
+    """Destroys this process's process groups, if it has any: at the end of a launch's main, on every rank. Left to
+    the interpreter's teardown, gloo's worker threads can outlive it and abort the process (SIGABRT, "terminate
+    called without an active exception") after the run has finished."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def consecutive_group(size: int) -> tuple[dist.ProcessGroup, int]:
     """The gloo process group of this rank's block of `size` consecutive ranks (ranks 0..size-1, size..2size-1,
     ...), for exchanging Python objects, and this rank's index in it. Every rank must call it (each group's
