@@ -79,10 +79,10 @@ class Session:
         self.closed = self.set_up = False
         self.posted: deque[tuple[float, bool]] = deque()  # (deadline, whether it is the job) per answer owed
         reap()
+        _sweep_workdirs()
         if level == "namespaces":
             _root_mount()
         else:
-            _sweep_workdirs()
             made = tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-")
             if level == "bwrap":  # the mount point of the sandbox's root, in its own mount namespace only
                 self.rootdir = made

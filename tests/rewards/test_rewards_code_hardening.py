@@ -19,10 +19,12 @@ import time
 from pathlib import Path
 
 import pytest
-from test_rewards_code import ADD, ADD_TESTS, LIMITS, UNSANDBOXED, needs_namespaces, sandbox_processes
+from test_rewards_code import ADD, ADD_TESTS, LIMITS, UNSANDBOXED, sandbox_processes
 
 from grpo_fast.rewards import code_tests
 from grpo_fast.sandbox import SandboxLimits, isolation, run_sandboxed
+from grpo_fast.sandbox.isolation import probe
+from grpo_fast.testing import processes
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -53,14 +55,21 @@ def _sandbox_program_running() -> bool:
     return False
 
 
-@needs_namespaces
-def test_killing_the_scorer_takes_its_sandbox_and_scratch_space_along():
+def _scratch_dirs_of(pids: set[int]) -> set[Path]:
+    """The sandbox working directories made by `pids` (named after the process that made them); those of
+    other programs on the host are not this test's to see."""
     scratch = Path(tempfile.gettempdir())
-    before = set(scratch.glob("grpo-sandbox-*"))
+    return {path for path in scratch.glob("grpo-sandbox-*") if path.name.split("-")[2] in {str(pid) for pid in pids}}
+
+
+@pytest.mark.parametrize("backend", [level for level in ("namespaces", "bwrap") if probe(level) is None] or ["none"])
+def test_killing_the_scorer_takes_its_sandbox_and_scratch_space_along(backend):
+    if backend == "none":
+        pytest.skip("needs a sandbox backend")
     script = (
         "from grpo_fast.rewards import code_tests\n"
         "code_tests(['p'], ['import time\\ntime.sleep(120)\\ndef f(x):\\n    return x\\n'], [['assert f(1) == 1']],"
-        " limits={'wall_s': 60.0})\n"
+        f" limits={{'wall_s': 60.0}}, sandbox={{'backend': {backend!r}}})\n"
     )
     scorer = subprocess.Popen([PYTHON, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
@@ -68,6 +77,9 @@ def test_killing_the_scorer_takes_its_sandbox_and_scratch_space_along():
         while not _sandbox_program_running():
             assert time.monotonic() < deadline and scorer.poll() is None, "the program never started"
             time.sleep(0.1)
+        made = _scratch_dirs_of({scorer.pid, *processes.descendants(scorer.pid)})
+        # the namespaces backend mounts its scratch space inside the sandbox; bwrap makes it in the host's /tmp
+        assert bool(made) == (backend == "bwrap"), made
     finally:
         scorer.send_signal(signal.SIGKILL)
         scorer.wait()
@@ -75,8 +87,8 @@ def test_killing_the_scorer_takes_its_sandbox_and_scratch_space_along():
     while sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sandbox_processes() == []
-    assert set(scratch.glob("grpo-sandbox-*")) - before == set()
     assert code_tests(["p"], [ADD], [ADD_TESTS], limits=LIMITS) == [1.0]  # sweeps what the dead scorer left
+    assert {path for path in made if path.exists()} == set()  # bwrap's empty mount points, swept by the next sandbox
     assert glob.glob(f"/sys/fs/cgroup/**/grpo-sandbox-{scorer.pid}-*", recursive=True) == []
 
 
