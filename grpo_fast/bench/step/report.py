@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from grpo_fast.bench.common import REPO_ROOT  # noqa: E402
+from grpo_fast.bench.common import REPO_ROOT, changed_files  # noqa: E402
 from grpo_fast.bench.step.configs import PHASES  # noqa: E402
 from grpo_fast.machine import cpu_model  # noqa: E402
 
@@ -157,12 +157,15 @@ def _git(*args: str) -> str | None:
 
 def environment() -> dict:
     """Commit (and the uncommitted files), versions, CPU, load and date of this run."""
-    dirty = _git("status", "--porcelain")
+    try:
+        dirty = changed_files()
+    except (OSError, subprocess.SubprocessError):
+        dirty = None
     stamp = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": (_git("rev-parse", "HEAD") or "unknown").strip(),
         "dirty": bool(dirty) if dirty is not None else None,
-        "dirty_files": [line[3:] for line in dirty.splitlines()] if dirty else [],
+        "dirty_files": dirty or [],
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
