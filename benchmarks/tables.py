@@ -591,9 +591,10 @@ COMPOSITE_SOURCES: dict[str, tuple[str, ...]] = {
 
 
 def stamps(payload: dict) -> list[dict]:
-    """Every environment stamp of a results file: its own (or the payload itself where it carries the commit, as
-    gpu_check.sh's summary does), its runs' and its earlier runs'."""
-    found = [payload.get("environment", payload if "commit" in payload else None)]
+    """Every environment stamp of a results file: its own (`environment`, or `stamp` as bench_sandbox_bounds.py
+    writes it, or the payload itself where it carries the commit, as gpu_check.sh's summary does), its runs' and its
+    earlier runs'."""
+    found = [payload.get("environment") or payload.get("stamp") or (payload if "commit" in payload else None)]
     found += [r.get("environment") for key in ("runs", "earlier") for r in payload.get(key, []) if isinstance(r, dict)]
     return [s for s in found if isinstance(s, dict)]
 

@@ -154,8 +154,10 @@ def test_each_source_is_reported_with_its_commit_and_how_far_behind_head_it_is(t
     stamp = {"commit": commits[0], "cpu": "x", "cpu_count": 2}
     (results / "one.json").write_text(json.dumps({"environment": stamp, "runs": [{"environment": {"commit": "f00"}}]}))
     doc = tmp_path / "doc.md"
-    doc.write_text("<!-- table: one -->\n<!-- /table -->\n<!-- table: two -->\n<!-- /table -->\n")
-    one, two = tables.source_report([doc], results)
+    (results / "three.json").write_text(json.dumps({"stamp": {"commit": commits[2]}, "results": {}}))
+    doc.write_text("".join(f"<!-- table: {name} -->\n<!-- /table -->\n" for name in ("one", "two", "three")))
+    one, two, three = tables.source_report([doc], results)
+    assert three.startswith(f"three.json: {commits[2][:12]}: ")  # bench_sandbox_bounds.py's "stamp"
     assert one.startswith(f"one.json: {commits[0][:12]}: ") and "; f00: not in this repository's history" in one
     assert two == "two.json: no such results file"
     headline = tables.source_report([ROOT / "README.md"])
