@@ -78,7 +78,7 @@ def where(stamp: dict) -> str:
     named = ", ".join(f"{n} {versions[n]}" for n in ("torch", "triton", "liger-kernel", "trl") if versions.get(n))
     load = stamp.get("load_average_1_5_15") or stamp.get("load_average_start")
     load_text = f", load average {load[0]:.1f}" if load else ""
-    return f"{machine}, {named}; commit {commit_of(stamp)}, {stamp.get('date')}{load_text}"
+    return f"{', '.join(filter(None, (machine, named)))}; commit {commit_of(stamp)}, {stamp.get('date')}{load_text}"
 
 
 def provenance(payload: dict) -> str:
