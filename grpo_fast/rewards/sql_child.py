@@ -140,8 +140,8 @@ def main() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(1)
-    # Each query's interrupt timer is a thread, started under RLIMIT_AS: by default one costs ~74 MiB of address
-    # space (an 8 MiB stack and a 64 MiB malloc arena of its own), all of a 96 MiB limit, and its start could then
+    # Each query's interrupt timer is a thread, started under RLIMIT_AS: by default one costs ~72 MiB of address
+    # space (an 8 MiB stack and a 64 MiB malloc arena of its own), most of a 96 MiB limit, and its start could then
     # fail or hang. Threads share the main arena here, on a small stack: ~0.3 MiB each.
     libc.mallopt(_M_ARENA_MAX, 1)
     threading.stack_size(_TIMER_STACK_BYTES)
