@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import gc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -161,11 +162,25 @@ def init_distributed() -> Distributed:
 
 
 def close_distributed() -> None:
-    """Destroys this process's process groups, if it has any: at the end of a launch's main, on every rank. Left to
-    the interpreter's teardown, gloo's worker threads can outlive it and abort the process (SIGABRT, "terminate
-    called without an active exception") after the run has finished."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroys this process's process groups, if it has any, and lets their threads end: at the end of a launch's
+    main, on every rank.
+
+    `destroy_process_group` drops torch.distributed's own references only. The DeviceMesh an FSDP2 model was
+    sharded over stays alive in DTensor's sharding caches, and its registry keeps the gloo group, so the group's
+    worker threads outlive the run. A worker that is still releasing its last collective's tensors while the
+    interpreter shuts down needs the GIL, which finalisation refuses by ending the thread, and that abort
+    kills the process (SIGABRT, "terminate called without an active exception") after the run has finished.
+    Emptying the registries of the meshes still alive frees the groups while Python is whole: their destructors
+    join the workers."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    from torch.distributed.device_mesh import DeviceMesh
+
+    dist.destroy_process_group()
+    gc.collect()  # a model or trainer in a reference cycle lets go of its mesh first
+    # by the class's MRO: DeviceMesh's metaclass makes isinstance() probe every object, and some of them warn
+    for mesh in [o for o in gc.get_objects() if DeviceMesh in type(o).__mro__]:
+        getattr(mesh, "_pg_registry", {}).clear()
 
 
 def consecutive_group(size: int) -> tuple[dist.ProcessGroup, int]:

@@ -45,17 +45,19 @@ def _config(path: Path, model_dir: Path) -> Path:
     return path
 
 
-def _train(config: Path, out: Path, ranks: int, *args: str) -> None:
+def _train(config: Path, out: Path, ranks: int, *args: str, program: tuple[str, ...] = ("-m", "grpo_fast.cli")) -> str:
+    """Trains `config` into `out` on `ranks` processes (torchrun for more than one); returns the standard output.
+    `program`: what runs the command line in each process."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REWARDS), os.environ.get("PYTHONPATH", "")])}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     env.pop("WORLD_SIZE", None)
-    launch = [sys.executable, "-m", "grpo_fast.cli"]
+    launch = [sys.executable]
     if ranks > 1:
-        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-        launch += ["-m", "grpo_fast.cli"]
-    cmd = [*launch, "train", "--config", str(config), "--skip-checks", "--set", f"run.output_dir={out}", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    cmd = [*launch, *program, "train", "--config", str(config), "--skip-checks", "--set", f"run.output_dir={out}"]
+    proc = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
 
 
 def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
@@ -119,6 +121,20 @@ def test_one_process_checkpoint_resumes_on_two_ranks(runs):
     config, root = runs
     resumed = _resume_step_two(config, root, "one", ranks=2)
     _assert_close_weights(_weights(resumed, 3), _weights(root / "one", 3))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists the threads from Linux's /proc")
+def test_no_gloo_thread_outlives_a_two_rank_run(runs, tmp_path):
+    """When the command returns, every rank's gloo threads have ended. One left running (its group kept alive by
+    the FSDP2 mesh that DTensor's caches hold) may still be releasing its last collective's tensors as the
+    interpreter shuts down, and that kills the finished rank with SIGABRT ("terminate called without an active
+    exception"), in a few percent of runs: the abort is a race, the threads it needs are not."""
+    config, _ = runs
+    probe = (str(HERE / "threads_after_main.py"),)
+    out = _train(config, tmp_path / "out", 2, "--set", "run.max_steps=1", program=probe)
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
+    assert sorted(r["rank"] for r in reports) == [0, 1], out[-2000:]
+    assert all(r["gloo_threads"] == [] for r in reports), reports
 
 
 def test_sharded_checkpoint_metadata_never_runs_code(tmp_path):
