@@ -21,6 +21,7 @@ The fuzz can fail: the test_fuzz_detects_* tests break a backend's gradient, or 
 
 from __future__ import annotations
 
+import json
 import os
 
 import torch
@@ -106,6 +107,29 @@ def test_fuzz_detects_a_missing_validation(monkeypatch):
     monkeypatch.setattr(checks, "require_finite", lambda *args, **kwargs: None)
     results = [run_invalid_case("torch", seed) for seed in range(60)]
     assert any(r.failure and r.failure.startswith("accepted") for r in results)
+
+
+def test_fuzz_command_line_merges_shards_of_one_commit_only(tmp_path, capsys, monkeypatch):
+    """`--shard` reports merged by `--merge`: the cases of both, the one-process command they equal; shards of
+    another commit, or of a tree with uncommitted changes, are refused by name."""
+    from grpo_fast.testing.fuzz import __main__ as fuzz_cli
+    from grpo_fast.testing.fuzz.__main__ import main
+
+    monkeypatch.setattr(fuzz_cli, "git_commit", lambda: "abc1234")  # the stamp of a clean tree, whatever this one is
+    parts = [tmp_path / f"torch_{i}.json" for i in range(2)]
+    for i, part in enumerate(parts):
+        code = main(["--backends", "torch", "--cases", "3", "--invalid", "0", "--shard", f"{i}/2", "--out", str(part)])
+        assert code == 0
+    assert main(["--merge", *map(str, parts), "--out", str(tmp_path / "merged.json")]) == 0
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["backends"]["torch"]["cases"] == 3 and len(merged["shards"]) == 2
+    assert merged["equivalent_command"].endswith("--cases 3 --invalid 0 --backends torch")
+    first = json.loads(parts[0].read_text())
+    for commit in ("0123456", "abc1234+dirty"):
+        parts[0].write_text(json.dumps(first | {"environment": first["environment"] | {"commit": commit}}))
+        with pytest.raises(SystemExit):
+            main(["--merge", *map(str, parts)])
+        assert "different or uncommitted code" in capsys.readouterr().err
 
 
 def test_fuzz_shards_merge_into_the_one_process_report():

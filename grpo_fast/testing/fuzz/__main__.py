@@ -102,7 +102,7 @@ def _merged(parts: list[dict], command: str) -> dict:
     shard saw at its start and end, the elapsed time from the first start to the last end; the shards' commands and
     stamps are kept. `equivalent_command` is the one-process command that runs the same cases, when there is one."""
     commits = {part["environment"]["commit"] for part in parts}
-    if len(commits) != 1 or any(part["environment"]["dirty_files"] for part in parts):
+    if len(commits) != 1 or any(commit.endswith("+dirty") for commit in commits):
         raise ValueError(f"the shards ran different or uncommitted code (commits {sorted(commits)})")
     starts = [datetime.datetime.fromisoformat(part["environment"]["date"]) for part in parts]
     end = max(start + datetime.timedelta(seconds=part["wall_s"]) for start, part in zip(starts, parts, strict=True))
