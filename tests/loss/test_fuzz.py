@@ -109,6 +109,25 @@ def test_fuzz_detects_a_missing_validation(monkeypatch):
     assert any(r.failure and r.failure.startswith("accepted") for r in results)
 
 
+@pytest.mark.parametrize(("seed", "objective"), [(2528, "kpop"), (3902, "dppo_kl")])
+def test_trust_region_conditioning_settles_masks_at_probability_one(seed, objective):
+    """Cases whose mask compares logprobs at or near 0 (probability 1, large logits): the conditioning's walk
+    pushed the moved logprobs above 0, where no move settles the mask, and the case failed in the harness
+    ("mask still at a switch point") instead of checking the loss."""
+    result = run_case("torch", seed)
+    assert result.params["config"]["loss_type"] == objective
+    assert not result.failed, result.failures()
+
+
+def test_cispo_without_epsilon_high_is_the_only_invalid_option():
+    """The mutation that switches a case to cispo drops the case's own objective's options: with them the config
+    had two errors and the one named was not the one the mutation expects (seed 56: kpop's threshold)."""
+    for backend in BACKENDS:
+        result = run_invalid_case(backend, 56)
+        assert result.mutation == "cispo without epsilon_high"
+        assert result.failure is None, result.failure
+
+
 def test_fuzz_command_line_merges_shards_of_one_commit_only(tmp_path, capsys, monkeypatch):
     """`--shard` reports merged by `--merge`: the cases of both, the one-process command they equal; shards of
     another commit, or of a tree with uncommitted changes, are refused by name."""

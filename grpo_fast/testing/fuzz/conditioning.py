@@ -13,8 +13,9 @@ margin = MARGIN · max(1, max |logit|) is ~170 fp32 ulps of a logprob or an entr
     ratio is exactly 1 and the mean log-ratio exactly 0 in every precision);
   * the trust-region objectives' masks (icepop's and kpop's on the old against the engine's logprobs, ipo's on
     the current against the engine's, dppo's on the current against the old): the engine's logprobs (the old
-    ones for dppo) of a token whose decision changes when its logprobs move by a margin are moved by 3 margins,
-    until none does (`keep_trust_regions_apart`); gmpo's clip points are log-ratios, like the clipped ones;
+    ones for dppo) of a token whose decision changes when its logprobs move by a margin (never above 0: no
+    rounding makes a logprob positive) are moved by 3 margins (down where up would pass 0), until none does
+    (`keep_trust_regions_apart`); gmpo's clip points are log-ratios, like the clipped ones;
   * the entropy quantile ρ: kept if the threshold falls at least a margin from the two active entropies it
     interpolates (ρ = 0: the largest entropy a margin above the next), else redrawn; if no draw works (tied
     entropies: extreme logits give entropies of exactly 0) the quantile is switched off for that case.
@@ -107,7 +108,7 @@ def keep_trust_regions_apart(flat: dict, logp, advantages, rows, params: dict, m
         unstable = _unstable(name, options, logp, old, engine, advantages, margin) & rows.mask
         if not unstable.any():
             return {moving: values}
-        values = torch.where(unstable, values + 3 * margin * _random_sign(values.numel(), gen), values)
+        values = torch.where(unstable, _logprob_step(values, 3 * margin * _random_sign(values.numel(), gen)), values)
     raise RuntimeError(f"conditioning: {name}'s mask still at a switch point after many moves")
 
 
@@ -123,7 +124,11 @@ def _unstable(name: str, options: dict, logp, old, engine, advantages, margin: f
     center = decide(logp, old, engine)
     unstable = torch.zeros_like(center)
     for signs in ((1, 1, 1), (1, -1, -1), (-1, 1, -1), (-1, -1, 1), (1, 1, -1), (-1, -1, -1), (1, -1, 1), (-1, 1, 1)):
-        shifted = [None if t is None else t + sign * margin for t, sign in zip((logp, old, engine), signs, strict=True)]
+        # a logprob stays at or below 0 whatever its rounding (log-softmax: x - max - log Σ exp(x - max), log Σ >= 0)
+        shifted = [
+            None if t is None else (t + sign * margin).clamp(max=0.0)
+            for t, sign in zip((logp, old, engine), signs, strict=True)
+        ]
         unstable |= decide(*shifted) != center
     return unstable
 
@@ -148,6 +153,13 @@ def _dppo_valid(cur, old, advantages, options: dict, kl: bool) -> torch.Tensor:
     else:
         up, down = p - q <= options["divergence_high"], p - q >= -options["divergence_low"]
     return torch.where(advantages > 0, up, down)
+
+
+def _logprob_step(values: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """values + step, where a step that would take a logprob above 0 goes down instead: a walk of the inputs
+    stays among logprobs (above 0 every probability is past 1, and the masks' divergences are no longer defined)."""
+    moved = values + step
+    return torch.where(moved > 0, values - step.abs(), moved)
 
 
 def _random_sign(count: int, gen: torch.Generator) -> torch.Tensor:

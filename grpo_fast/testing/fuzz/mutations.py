@@ -257,7 +257,7 @@ def _bad_option(params, inputs, args, rng):
     """One GRPOLossConfig field set to an invalid value (cispo without epsilon_high among them)."""
     options = dict(params["config"])
     if rng.random() < 0.05:
-        options |= {"loss_type": "cispo"}
+        options |= {"loss_type": "cispo", "objective_options": {}}  # the case's objective's own options are not cispo's
         options.pop("epsilon_high", None)
         return "cispo without epsilon_high", lambda: GRPOLossConfig(**options), ("epsilon_high",)
     field, value = rng.choice(BAD_OPTIONS)
