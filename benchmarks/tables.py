@@ -775,7 +775,7 @@ def render_tools_trl(payload: dict) -> str:
     for contender in _contenders(runs):
         rs = [r for r in runs if r["contender"] == contender]
         lines.append([
-            contender, str(len(rs)), f"{mean([r['steps'] for r in rs]):g}", f"{step[contender]:.2f}",
+            contender, str(len(rs)), f"{mean([r['steps'] for r in rs]):.0f}", f"{step[contender]:.2f}",
             f"{step[contender] / step['trl']:.2f}x" if "trl" in step else "",
             f"{mean([r['step_seconds_mean'] for r in rs]):.2f}",
             *(_before_after([r[f"{what}_before"] for r in rs], [r[f"{what}_after"] for r in rs])
