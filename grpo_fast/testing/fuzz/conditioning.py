@@ -124,10 +124,8 @@ def _unstable(name: str, options: dict, logp, old, engine, advantages, margin: f
     center = decide(logp, old, engine)
     unstable = torch.zeros_like(center)
     for signs in ((1, 1, 1), (1, -1, -1), (-1, 1, -1), (-1, -1, 1), (1, 1, -1), (-1, -1, -1), (1, -1, 1), (-1, 1, 1)):
-        # a logprob stays at or below 0 whatever its rounding (log-softmax: x - max - log Σ exp(x - max), log Σ >= 0)
         shifted = [
-            None if t is None else (t + sign * margin).clamp(max=0.0)
-            for t, sign in zip((logp, old, engine), signs, strict=True)
+            None if t is None else _shift(t, sign * margin) for t, sign in zip((logp, old, engine), signs, strict=True)
         ]
         unstable |= decide(*shifted) != center
     return unstable
@@ -155,9 +153,17 @@ def _dppo_valid(cur, old, advantages, options: dict, kl: bool) -> torch.Tensor:
     return torch.where(advantages > 0, up, down)
 
 
+def _shift(values: torch.Tensor, step: float) -> torch.Tensor:
+    """values + step, but a value at or below 0 stays there: a logprob is at most 0 whatever its rounding
+    (log-softmax: x - max - log Σ exp(x - max), with log Σ >= 0). A case's positive inputs (far-off drawn ones)
+    move freely."""
+    moved = values + step
+    return torch.where(values <= 0, moved.clamp(max=0.0), moved)
+
+
 def _logprob_step(values: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-    """values + step, where a step that would take a logprob above 0 goes down instead: a walk of the inputs
-    stays among logprobs (above 0 every probability is past 1, and the masks' divergences are no longer defined)."""
+    """values + step, where a step that would end above 0 goes down instead: the walk heads for the logprobs (above
+    0 every probability is past 1, the masks clamp it to 1 and their divergences cannot move)."""
     moved = values + step
     return torch.where(moved > 0, values - step.abs(), moved)
 
