@@ -13,9 +13,9 @@ margin = MARGIN · max(1, max |logit|) is ~170 fp32 ulps of a logprob or an entr
     ratio is exactly 1 and the mean log-ratio exactly 0 in every precision);
   * the trust-region objectives' masks (icepop's and kpop's on the old against the engine's logprobs, ipo's on
     the current against the engine's, dppo's on the current against the old): the engine's logprobs (the old
-    ones for dppo) of a token whose decision changes when its logprobs move by a margin (never above 0: no
-    rounding makes a logprob positive) are moved by 3 margins (down where up would pass 0), until none does
-    (`keep_trust_regions_apart`); gmpo's clip points are log-ratios, like the clipped ones;
+    ones for dppo) of a token whose decision changes when its logprobs move by a margin (one at or below 0 not
+    above it: no rounding makes a logprob positive) are moved by 3 margins (down where up would end above 0),
+    until none does (`keep_trust_regions_apart`); gmpo's clip points are log-ratios, like the clipped ones;
   * the entropy quantile ρ: kept if the threshold falls at least a margin from the two active entropies it
     interpolates (ρ = 0: the largest entropy a margin above the next), else redrawn; if no draw works (tied
     entropies: extreme logits give entropies of exactly 0) the quantile is switched off for that case.
