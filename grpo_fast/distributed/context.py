@@ -171,13 +171,16 @@ def close_distributed() -> None:
     interpreter shuts down needs the GIL, which finalisation refuses by ending the thread, and that abort
     kills the process (SIGABRT, "terminate called without an active exception") after the run has finished.
     Emptying the registries of the meshes still alive frees the groups while Python is whole: their destructors
-    join the workers. Not covered: with the vLLM engine in the launch (external_launcher) the default group
-    outlives this too, held where Python's gc does not see it, so the race remains possible there."""
-    if not (dist.is_available() and dist.is_initialized()):
+    join the workers. vLLM's in-process engine destroys the launch's groups itself when it shuts down (its
+    EngineCore's cleanup), so the registries are emptied also where no group is left to destroy."""
+    if not dist.is_available():
         return
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    elif int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return  # not a launch's process: no group was made here
     from torch.distributed.device_mesh import DeviceMesh
 
-    dist.destroy_process_group()
     gc.collect()  # a model or trainer in a reference cycle lets go of its mesh first
     # by the class's MRO: DeviceMesh's metaclass makes isinstance() probe every object, and some of them warn
     for mesh in [o for o in gc.get_objects() if DeviceMesh in type(o).__mro__]:

@@ -24,6 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,6 +75,17 @@ class _QuietParameterlessReload(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.msg == "%s: Failed to load weights" and record.args == ("RotaryEmbedding",))
+
+
+def _llm_class() -> type:
+    """vllm.LLM, its module imported on a thread of its own. Some of vLLM's modules keep an exception they caught
+    at import (vllm.multimodal.media.audio keeps torchcodec's ImportError), and a kept traceback keeps every frame
+    of the importing stack, locals included: imported from the trainer's stack, it kept the trainer, its FSDP model
+    and the launch's process group alive past the run, and the group's gloo threads into the interpreter's
+    shutdown (`grpo_fast.distributed.context.close_distributed` says why that can abort the finished process). A
+    thread's stack holds nothing of the caller's."""
+    with ThreadPoolExecutor(1, thread_name_prefix="vllm-import") as pool:
+        return pool.submit(importlib.import_module, "vllm.entrypoints.llm").result().LLM
 
 
 def launcher_kwargs(tensor_parallel_size: int = 1) -> dict:
@@ -171,7 +183,7 @@ class VLLMEngine(RolloutEngine):
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_memory_bytes)
         kwargs.update(extra_kwargs or {})
         t0 = time.perf_counter()
-        self.llm = vllm.LLM(**kwargs)
+        self.llm = _llm_class()(**kwargs)
         self.startup_seconds = time.perf_counter() - t0
         self.model_dtype = self.llm.llm_engine.model_config.dtype
         self._decoder = rust_tokenizer(self.llm.get_tokenizer())

@@ -174,15 +174,22 @@ def test_a_step_that_does_not_split_over_the_ranks_is_refused():
 def test_each_rank_generates_with_its_own_vllm_engine(tmp_path, tiny_dir):
     """Two ranks, each with an in-process vLLM (external_launcher) fed by the streamed gather of the sharded
     weights: the run finishes and, at every step, the engines' sampling logprobs match the trainer's forward
-    (fp32 engine: an engine left with the previous step's weights would be off by about the step's change)."""
+    (fp32 engine: an engine left with the previous step's weights would be off by about the step's change).
+    When the command returns no gloo thread is left on either rank, as without vLLM (see
+    test_no_gloo_thread_outlives_a_two_rank_run): vLLM's engine destroys the launch's default group itself when it
+    shuts down, and an exception vLLM keeps from its import held the frames of the stack that imported it."""
     pytest.importorskip("vllm")
     config = _config(tmp_path / "config.yaml", tiny_dir)
     settings = ["rollout.engine=vllm", "rollout.vllm.dtype=float32", "rollout.max_model_len=128", "run.max_steps=2"]
-    _train(config, tmp_path / "out", 2, *(arg for s in settings for arg in ("--set", s)))
+    probe = (str(HERE / "threads_after_main.py"),)
+    out = _train(config, tmp_path / "out", 2, *(arg for s in settings for arg in ("--set", s)), program=probe)
     metrics = _metrics(tmp_path / "out")
     assert sorted(metrics) == [1, 2]
     for record in metrics.values():
         assert record["mismatch/abs_logprob_diff_mean"] < 1e-3
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
+    assert sorted(r["rank"] for r in reports) == [0, 1], out[-2000:]
+    assert all(r["gloo_threads"] == [] for r in reports), reports
 
 
 def test_two_ranks_share_one_tensor_parallel_vllm_engine(tmp_path, tiny_dir):
