@@ -172,13 +172,14 @@ def close_distributed() -> None:
     kills the process (SIGABRT, "terminate called without an active exception") after the run has finished.
     Emptying the registries of the meshes still alive frees the groups while Python is whole: their destructors
     join the workers. vLLM's in-process engine destroys the launch's groups itself when it shuts down (its
-    EngineCore's cleanup), so the registries are emptied also where no group is left to destroy."""
-    if not dist.is_available():
+    EngineCore's cleanup), so the registries are emptied also where no group is left to destroy.
+
+    Outside a launch (WORLD_SIZE unset or 1) it does nothing: a group there is not the run's but, for example, the
+    one a single-process vLLM engine made for itself in the same interpreter, which must outlive the command."""
+    if not dist.is_available() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
     if dist.is_initialized():
         dist.destroy_process_group()
-    elif int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return  # not a launch's process: no group was made here
     from torch.distributed.device_mesh import DeviceMesh
 
     gc.collect()  # a model or trainer in a reference cycle lets go of its mesh first
