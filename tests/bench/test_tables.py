@@ -185,3 +185,29 @@ def test_a_stamp_is_dirty_for_changed_code_and_not_for_the_benchmarks_own_result
     assert (changed_files(repo), git_commit(repo)) == ([], head)
     (repo / "code.py").write_text("x = 2\n")
     assert (changed_files(repo), git_commit(repo)) == (["code.py"], head + "+dirty")
+
+
+def _tools_run(contender, seed, steps, accuracy_after):
+    return {"contender": contender, "seed": seed, "steps": len(steps), "step_seconds": steps,
+            "step_seconds_mean": sum(steps) / len(steps), "accuracy_before": 0.2, "tool_call_rate_before": 0.5,
+            "accuracy_after": accuracy_after, "tool_call_rate_after": 1.0}  # fmt: skip
+
+
+def test_tools_trl_rows_are_medians_over_every_step_of_every_seed(tables):
+    """The step time is the median over all of a contender's steps (one 100 s step of one seed moves its mean,
+    not its median); "vs TRL" is the ratio of the two medians; accuracy is the mean over seeds with its range."""
+    runs = [
+        _tools_run("grpo_fast", 0, [0.3, 0.4, 0.5], 0.8),
+        _tools_run("grpo_fast", 1, [0.2, 0.3, 0.3], 0.6),  # all steps: 0.2 0.3 0.3 0.3 0.4 0.5 -> median 0.3
+        _tools_run("trl", 0, [0.5, 0.6, 100.0], 0.7),
+        _tools_run("trl", 1, [0.4], 0.9),  # all steps: 0.4 0.5 0.6 100 -> median 0.55
+    ]
+    settings = {"budget_seconds": 150.0, "prompts_per_step": 16, "num_generations": 8, "max_completion_length": 64,
+                "max_tool_calling_iterations": 2, "eval_prompts": 200}  # fmt: skip
+    stamp = {"cpu": "CPU-X", "commit": "abc", "date": "d", "torch": "2.13"}
+    payload = {"benchmark": "tools_trl", "command": "c", "environment": stamp, "settings": settings, "runs": runs}
+    rows = [line.split(" | ") for line in tables.render_tools_trl(payload).split("\n\n")[0].splitlines()[2:]]
+    assert [row[0].strip("| ") for row in rows] == ["grpo_fast", "trl"]
+    assert rows[0][1:5] == ["2", "3", "0.30", f"{0.3 / 0.55:.2f}x"]  # seeds, steps (mean), median, vs TRL
+    assert rows[1][1:6] == ["2", "2", "0.55", "1.00x", f"{(101.1 / 3 + 0.4) / 2:.2f}"]  # the mean keeps the 100 s
+    assert rows[0][6] == "0.20 -> 0.70 [0.60, 0.80]" and rows[1][6] == "0.20 -> 0.80 [0.70, 0.90]"
