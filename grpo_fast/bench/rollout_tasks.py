@@ -3,8 +3,8 @@ and gives its rows, rewards and the training settings every variant of it shares
 
 - "long_tail": grpo_fast.bench.long_tail (a tenth of the completions think to near the 512-token limit).
 - "demo": `grpo-fast demo`'s modular task ("(a*7)%10=" -> the digit, 4 tokens at most): no long tail at all.
-- "tools": `grpo-fast demo --task tools` ("1234*5678=" -> the product through a `multiply` tool call: multi-turn
-  rollouts, at most 2 rounds of tool calls in 64 tokens).
+- "tools": `grpo-fast demo --task tools`'s task ("1234*5678=" -> the product through a `multiply` tool call:
+  multi-turn rollouts, at most 2 rounds of tool calls in 64 tokens).
 """
 
 from __future__ import annotations
@@ -64,7 +64,10 @@ def _long_tail(limit: int = 512) -> RolloutTask:
 
 
 def _demo(name: str, task_name: str) -> RolloutTask:
-    """`grpo-fast demo --task <task_name>` with the demo's own cold start and GRPO settings (grpo_fast.demo.driver)."""
+    """`grpo-fast demo --task <task_name>`'s data, SFT steps and loss settings (grpo_fast.demo.driver), with a
+    constant-lr SFT and without dynamic sampling: the settings the tables of docs/benchmarks.md were measured with,
+    before the demo's recipes took an lr schedule (modular, tools) and dynamic sampling (tools). Resampling rounds
+    would also make the modes' step times depend on how many groups each happens to replace."""
     from grpo_fast.core.tiny_models import build_char_tokenizer, build_chat_tokenizer, build_tiny_model
     from grpo_fast.demo.driver import DemoConfig, build_task
     from grpo_fast.rollout.rollouts import TOOLS
