@@ -28,6 +28,7 @@ from grpo_fast.testing.configs import quiet_run_config
 HERE = Path(__file__).parent
 REWARDS = HERE.parent / "trainer"  # kill_points:char_code_reward, a deterministic reward
 ATOL = 1e-6
+PROBE = (str(HERE / "threads_after_main.py"),)  # `_train`'s program: the command line, then its gloo threads left
 
 
 def _config(path: Path, model_dir: Path) -> Path:
@@ -58,6 +59,13 @@ def _train(config: Path, out: Path, ranks: int, *args: str, program: tuple[str, 
     proc = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout
+
+
+def _assert_no_gloo_thread_left(out: str) -> None:
+    """`out`: the standard output of a two-rank run of PROBE, one JSON line per rank."""
+    reports = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
+    assert sorted(r["rank"] for r in reports) == [0, 1], out[-2000:]
+    assert all(r["gloo_threads"] == [] for r in reports), reports
 
 
 def _weights(out: Path, step: int) -> dict[str, torch.Tensor]:
@@ -130,11 +138,7 @@ def test_no_gloo_thread_outlives_a_two_rank_run(runs, tmp_path):
     interpreter shuts down, and that kills the finished rank with SIGABRT ("terminate called without an active
     exception"), in a few percent of runs: the abort is a race, the threads it needs are not."""
     config, _ = runs
-    probe = (str(HERE / "threads_after_main.py"),)
-    out = _train(config, tmp_path / "out", 2, "--set", "run.max_steps=1", program=probe)
-    reports = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
-    assert sorted(r["rank"] for r in reports) == [0, 1], out[-2000:]
-    assert all(r["gloo_threads"] == [] for r in reports), reports
+    _assert_no_gloo_thread_left(_train(config, tmp_path / "out", 2, "--set", "run.max_steps=1", program=PROBE))
 
 
 def test_sharded_checkpoint_metadata_never_runs_code(tmp_path):
@@ -181,15 +185,12 @@ def test_each_rank_generates_with_its_own_vllm_engine(tmp_path, tiny_dir):
     pytest.importorskip("vllm")
     config = _config(tmp_path / "config.yaml", tiny_dir)
     settings = ["rollout.engine=vllm", "rollout.vllm.dtype=float32", "rollout.max_model_len=128", "run.max_steps=2"]
-    probe = (str(HERE / "threads_after_main.py"),)
-    out = _train(config, tmp_path / "out", 2, *(arg for s in settings for arg in ("--set", s)), program=probe)
+    out = _train(config, tmp_path / "out", 2, *(arg for s in settings for arg in ("--set", s)), program=PROBE)
     metrics = _metrics(tmp_path / "out")
     assert sorted(metrics) == [1, 2]
     for record in metrics.values():
         assert record["mismatch/abs_logprob_diff_mean"] < 1e-3
-    reports = [json.loads(line) for line in out.splitlines() if line.startswith('{"rank"')]
-    assert sorted(r["rank"] for r in reports) == [0, 1], out[-2000:]
-    assert all(r["gloo_threads"] == [] for r in reports), reports
+    _assert_no_gloo_thread_left(out)
 
 
 def test_two_ranks_share_one_tensor_parallel_vllm_engine(tmp_path, tiny_dir):
