@@ -88,6 +88,17 @@ RECIPES = {
             doc="the random-init model at learning rate 1e-1",
         ),
         Recipe(
+            "unsolvable_start",
+            0.0,
+            0,
+            (exact_match_reward,),
+            ("health.window=5", "rollout.max_completion_length=4", "run.max_steps=10", "optim.lr=1e-3"),
+            ("no_signal",),
+            evals=False,
+            min_margin=1.1,  # a share: stuck_share / stuck_max is 1.11 at most (every group stuck)
+            doc="the random-init model on exact match: it answers none of the prompts",
+        ),
+        Recipe(
             "stale_rollouts",
             0.9,
             80,

@@ -13,7 +13,12 @@ steps before (needs 2·window steps of history):
 - length_inflation: mean and p95 completion length both rose by at least `length_rise` (relative) while
   reward per generated token did not rise: longer, not better. The last window is compared with the window before
   and with the run's start (its first step), so that a length paid for and learned within the run's first window
-  fires too.
+  fires too. Not while no_signal holds: with (almost) every group stuck no reward pays for anything, and a length
+  that drifts there is a symptom of the missing signal.
+- no_signal: over the last window, at least `stuck_max` of the groups were stuck (every sample of a prompt scored
+  the same, below the full reward): their advantages are 0, so the rewards teach nothing and the weights move by
+  the optimizer's momentum and the KL and entropy terms alone. A cold start that answers none of the prompts
+  trains like this for as long as it runs, and no other rule sees it (its entropy need not fall).
 - reward_hacking: the train reward rose by at least `reward_rise` while held-out accuracy fell between the
   last two evaluations by more than `heldout_sigmas` standard errors of that difference (a plateau, or a fall
   of a prompt or two, is no evidence: on 200 prompts one prompt is 0.005 of accuracy, and a learning run's
@@ -57,6 +62,9 @@ REMEDIES = {
     "off_policy_drift": "check that the engine's weights are synced every step, lower the learning rate or "
     "num_iterations, and turn on importance-sampling correction (grpo.vllm_importance_sampling_correction) where "
     "it is off",
+    "no_signal": "give the policy a start that solves some prompts (more or better cold-start SFT), train on "
+    "prompts it solves sometimes (a pass rate between 10% and 90%: the preflight's difficulty probe measures it), "
+    "sample more completions per prompt (rollout.num_generations), or give partial credit",
     "collapse": "take the best held-out model, or resume from the named checkpoint with a lower learning rate, or "
     "stop the run",
 }
@@ -74,6 +82,8 @@ READINGS = {
     "length_rise": "length_inflation: the smaller of the relative rises of mean and p95 completion length, last window "
     "against the reference nearest to firing (the window before, the run's start)",
     "reward_per_token_change": "length_inflation: change of the reward per generated token since that reference",
+    "stuck_share": "no_signal (and length_inflation's condition): share of stuck groups (equal rewards, not all "
+    "right) over the last window",
     "verifier_split": "reward_hacking: the smaller of the largest rise and the largest fall among the verifiers, "
     "last window against the window before or the run's start, whichever is larger",
     "clip_ratio": "off_policy_drift: clipped fraction of tokens over the last window",
@@ -114,6 +124,9 @@ class HealthThresholds:
     )
     clip_ratio_max: float = option(0.2, "off_policy_drift: clipped fraction of tokens above this", low=0)
     mismatch_max: float = option(0.05, "off_policy_drift: rollout/trainer logprob mismatch (nats per token)", low=0)
+    stuck_max: float = option(
+        0.9, "no_signal: share of stuck groups (equal rewards, not all right) over a window", low=0, high=1
+    )
     collapse_drop: float = option(0.2, "collapse: absolute fall of held-out accuracy below its best", low=0)
 
 
@@ -152,6 +165,7 @@ class HealthMonitor:
             self._length_inflation(step),
             self._reward_hacking(step),
             self._off_policy_drift(step),
+            self._no_signal(step),
         ]
         return self._emit([a for a in fired if a is not None])
 
@@ -280,6 +294,8 @@ class HealthMonitor:
         last = [self._mean(k, 0) for k in keys]
         if None in last:
             return None
+        stuck = self._mean("frac_stuck_groups", 0)
+        paid = stuck is None or stuck < self.t.stuck_max  # no_signal's condition does not hold
         comparisons = []
         for label, (mean, p95, reward) in self._references(keys).items():
             if min(mean, p95) <= 0:
@@ -291,7 +307,9 @@ class HealthMonitor:
             return None
         (others, rise), label, mean, p95, _, per_token = max(comparisons, key=lambda c: c[0])
         read = self._read(length_rise=rise, reward_per_token_change=per_token[1] - per_token[0])
-        if rise >= self.t.length_rise and others:
+        if stuck is not None:
+            read |= self._read(stuck_share=stuck)
+        if rise >= self.t.length_rise and others and paid:
             buckets = self.history[-1].get("completion/reward_by_length_quartile", "")
             return Alarm(
                 step,
@@ -301,6 +319,23 @@ class HealthMonitor:
                 read,
             )
         return None
+
+    def _no_signal(self, step: int) -> Alarm | None:
+        stuck = self._mean("frac_stuck_groups", 0)
+        if stuck is None:
+            return None
+        read = self._read(stuck_share=stuck)
+        if stuck < self.t.stuck_max:
+            return None
+        reward = self._mean("reward/mean", 0)
+        reward = "" if reward is None else f"; train reward {reward:.3f}"
+        return Alarm(
+            step,
+            "no_signal",
+            f"{stuck:.0%} of the groups of the last {self.t.window} steps were stuck (every sample of a prompt scored "
+            f"the same, below the full reward{reward}): their advantages are 0 and the rewards teach nothing",
+            read,
+        )
 
     def _verifier_changes(self) -> dict[str, float]:
         """Each verifier's change of mean reward over the last window, against the window before or the run's start,
@@ -392,9 +427,10 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
 
     entropy_collapse: entropy_fall / entropy_drop, if stuck_rise >= zero_var_rise and reward_rise_since <
     reward_rise. length_inflation: length_rise / length_rise (the thresholds of HealthThresholds), if
-    reward_per_token_change <= 0. reward_hacking: the larger of verifier_split / reward_rise and, if heldout_sigmas
-    <= -heldout_sigmas (a significant fall), reward_rise / reward_rise. off_policy_drift: the larger of clip_ratio /
-    clip_ratio_max and mismatch / mismatch_max. collapse: accuracy_drop / collapse_drop."""
+    reward_per_token_change <= 0 and stuck_share < stuck_max. no_signal: stuck_share / stuck_max. reward_hacking: the
+    larger of verifier_split / reward_rise and, if heldout_sigmas <= -heldout_sigmas (a significant fall),
+    reward_rise / reward_rise. off_policy_drift: the larger of clip_ratio / clip_ratio_max and mismatch /
+    mismatch_max. collapse: accuracy_drop / collapse_drop."""
     r, out, over = readings, {}, _over
     if {"entropy_fall", "stuck_rise", "reward_rise_since"} <= r.keys():
         out["entropy_collapse"] = (
@@ -402,7 +438,12 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
             r["stuck_rise"] >= t.zero_var_rise and r["reward_rise_since"] < t.reward_rise,
         )
     if {"length_rise", "reward_per_token_change"} <= r.keys():
-        out["length_inflation"] = (over(r["length_rise"], t.length_rise), r["reward_per_token_change"] <= 0)
+        out["length_inflation"] = (
+            over(r["length_rise"], t.length_rise),
+            r["reward_per_token_change"] <= 0 and r.get("stuck_share", 0.0) < t.stuck_max,
+        )
+    if "stuck_share" in r:
+        out["no_signal"] = (over(r["stuck_share"], t.stuck_max), True)
     hacking = [over(r["verifier_split"], t.reward_rise)] if "verifier_split" in r else []
     if "reward_rise" in r and "heldout_sigmas" in r and r["heldout_sigmas"] <= -t.heldout_sigmas:
         hacking.append(over(r["reward_rise"], t.reward_rise))

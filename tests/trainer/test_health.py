@@ -112,6 +112,15 @@ def test_a_destructive_learning_rate_fires_entropy_collapse(tmp_path, tokenizer)
     assert alarm.readings["entropy_fall"] == pytest.approx(1 - last / first)
 
 
+def test_a_start_that_solves_nothing_fires_no_signal(tmp_path, tokenizer):
+    trainer, _ = _provoke(tmp_path, "unsolvable_start", build_tiny_model(tokenizer, seed=0), tokenizer)
+    (alarm, *_) = _alarms(trainer, "no_signal")
+    w = trainer.config.health.window
+    stuck = sum(r["frac_stuck_groups"] for r in trainer.metrics.history[alarm.step - w : alarm.step]) / w
+    assert alarm.step == w and f"{stuck:.0%} of the groups of the last {w} steps were stuck" in alarm.message
+    assert "length_inflation" not in {a.name for a in trainer.health.alarms}
+
+
 def test_stale_rollouts_collapse_and_stop_the_run_with_a_checkpoint(tmp_path, sft_model, tokenizer):
     extra = ("run.save_every=2", "health.stop_on=[collapse]")
     trainer, _ = _provoke(tmp_path, "stale_rollouts", sft_model, tokenizer, extra)
@@ -139,7 +148,7 @@ def test_the_demo_task_trained_sanely_raises_no_alarm(tmp_path, sft_model, token
     assert trainer.health.alarms == []
     assert "- none fired" in (tmp_path / "report.md").read_text()
     result = summarize(trainer, "healthy", 0)
-    assert set(result.peak_any) == {"entropy_collapse", "length_inflation", "off_policy_drift", "collapse"}
+    assert set(result.peak_any) == {"entropy_collapse", "length_inflation", "off_policy_drift", "collapse", "no_signal"}
     assert all(margin <= 1 / MARGIN for margin in result.peak_margin.values()), result
 
 
@@ -423,6 +432,33 @@ def test_a_length_paid_for_and_learned_inside_the_first_window_fires_against_the
     assert "longer_is_better +0.800, exact_match -0.200" in fired["reward_hacking"].message
 
 
+def test_a_length_drifting_where_every_group_is_stuck_fires_no_signal_not_length_inflation():
+    """A cold start that solves nothing: every group scores 0, the gradient of the rewards is 0, and the completions
+    grow by the optimizer's drift alone. No reward pays for that length, so length_inflation's remedies (a length
+    penalty, a token-level loss) do not apply; what the run lacks is a signal."""
+    rows = _series(
+        20,
+        **{
+            "entropy": lambda i: 0.2 + 0.01 * i,
+            "frac_stuck_groups": 1.0,
+            "completion/length_mean": lambda i: 4.0 * 1.05**i,
+            "completion/length_p95": lambda i: 6.0 * 1.05**i,
+            "reward/mean": 0.0,
+            "reward/exact_match/mean": 0.0,
+        },
+    )
+    monitor = HealthMonitor(HealthThresholds(window=5), ["exact_match"])
+    fired = [a for step, row in enumerate(rows, 1) for a in monitor.observe(step, row)]
+    assert [(a.step, a.name) for a in fired] == [
+        (5, "no_signal"),
+        (10, "no_signal"),
+        (15, "no_signal"),
+        (20, "no_signal"),
+    ]
+    assert "100% of the groups of the last 5 steps were stuck" in fired[0].message
+    assert monitor.readings["length_rise"] >= 0.3  # length_inflation's own threshold is crossed, yet it stays quiet
+
+
 def test_margins_say_a_rule_fires_exactly_when_it_fires():
     """The readings each step records give margins >= 1 with the other conditions holding on the step an alarm
     fires, and below 1 (or another condition failing) on every step before it."""
@@ -442,6 +478,7 @@ def test_margins_say_a_rule_fires_exactly_when_it_fires():
         "off_policy_drift": dict(
             entropy=1.0, **{"clip_ratio/region_mean": lambda i: 0.03 * i, "mismatch/abs_logprob_diff_mean": 0.0}
         ),
+        "no_signal": dict(entropy=1.0, frac_stuck_groups=lambda i: min(1.0, 0.1 * i)),
     }
     for name, metrics in series.items():
         monitor = HealthMonitor(t, [])
