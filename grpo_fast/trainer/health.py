@@ -1,7 +1,10 @@
 """Alarms for the failure modes that lose GRPO runs, checked on every step's metrics.
 
 Windowed rules compare the mean of a metric over the last `window` steps with its mean over the `window`
-steps before (needs 2·window steps of history):
+steps before (needs 2·window steps of history). With partial or asynchronous rollouts a run's first
+`fill_steps` steps (rollout.max_staleness) are left out of every window: while the pipeline fills, a step trains
+only the completions that finished first, the short ones (a long-tail task's first steps train completions of 5
+tokens where its later ones average 50), so their lengths, rewards and entropies are not the policy's.
 
 - entropy_collapse: entropy fell by at least `entropy_drop` (relative) while the fraction of stuck groups
   (all rewards equal and below the full reward) rose by at least `zero_var_rise` and the train reward did
@@ -12,13 +15,15 @@ steps before (needs 2·window steps of history):
   thresholds from one window to the next, fires once its whole fall since the start or the best does.
 - length_inflation: mean and p95 completion length both rose by at least `length_rise` (relative) while
   reward per generated token did not rise: longer, not better. The last window is compared with the window before
-  and with the run's start (its first step), so that a length paid for and learned within the run's first window
-  fires too. Not while no_signal holds: with (almost) every group stuck no reward pays for anything, and a length
-  that drifts there is a symptom of the missing signal.
+  and with the run's start (its first step; after a fill, its first window after it), so that a length paid for
+  and learned within the run's first window fires too. Not while no_signal's conditions hold: there no reward pays
+  for anything, and a length that drifts is a symptom of the missing signal.
 - no_signal: over the last window, at least `stuck_max` of the groups were stuck (every sample of a prompt scored
-  the same, below the full reward): their advantages are 0, so the rewards teach nothing and the weights move by
-  the optimizer's momentum and the KL and entropy terms alone. A cold start that answers none of the prompts
-  trains like this for as long as it runs, and no other rule sees it (its entropy need not fall).
+  the same, below the full reward) and the train reward had not risen by `reward_rise` since the run's first
+  window: the advantages are 0, so the rewards teach nothing and the weights move by the optimizer's momentum and
+  the KL and entropy terms alone. A cold start that answers none of the prompts trains like this for as long as it
+  runs, and no other rule sees it (its entropy need not fall). (Groups stuck after the reward rose are a policy
+  that saturated its rewards, hackable ones included: reward_hacking's and collapse's business.)
 - reward_hacking: the train reward rose by at least `reward_rise` while held-out accuracy fell between the
   last two evaluations by more than `heldout_sigmas` standard errors of that difference (a plateau, or a fall
   of a prompt or two, is no evidence: on 200 prompts one prompt is 0.005 of accuracy, and a learning run's
@@ -84,6 +89,7 @@ READINGS = {
     "reward_per_token_change": "length_inflation: change of the reward per generated token since that reference",
     "stuck_share": "no_signal (and length_inflation's condition): share of stuck groups (equal rewards, not all "
     "right) over the last window",
+    "reward_change_from_first": "no_signal: change of the train reward, last window against the run's first",
     "verifier_split": "reward_hacking: the smaller of the largest rise and the largest fall among the verifiers, "
     "last window against the window before or the run's start, whichever is larger",
     "clip_ratio": "off_policy_drift: clipped fraction of tokens over the last window",
@@ -142,10 +148,11 @@ class WindowMeans(NamedTuple):
 
 class HealthMonitor:
     """Feeds on each step's metrics (`observe`) and each evaluation (`observe_eval`); returns new alarms.
-    `readings` holds the rules' readings of the last step observed (READINGS)."""
+    `readings` holds the rules' readings of the last step observed (READINGS); `fill_steps`: the steps the windowed
+    rules leave out at the start (module doc)."""
 
-    def __init__(self, thresholds: HealthThresholds, reward_names: list[str]) -> None:
-        self.t, self.reward_names = thresholds, reward_names
+    def __init__(self, thresholds: HealthThresholds, reward_names: list[str], fill_steps: int = 0) -> None:
+        self.t, self.reward_names, self.fill_steps = thresholds, reward_names, fill_steps
         self.history: list[dict] = []
         self.evals: list[tuple[int, float, int]] = []  # (step, accuracy, prompts evaluated)
         self.alarms: list[Alarm] = []
@@ -213,11 +220,11 @@ class HealthMonitor:
 
     def _mean(self, key: str, end: int) -> float | None:
         """The mean of `key` over the `window` steps of the history ending before index `end` (negative: from the
-        end), or None without enough finite values."""
+        end), or None without enough finite values or where the window reaches into the fill."""
         w, n = self.t.window, len(self.history)
         stop = n + end if end <= 0 else end
         values = [m.get(key) for m in self.history[max(stop - w, 0) : stop]]
-        if stop - w < 0 or len(values) < w or any(v is None or not math.isfinite(v) for v in values):
+        if stop - w < self.fill_steps or len(values) < w or any(v is None or not math.isfinite(v) for v in values):
             return None
         return float(np.mean(values))
 
@@ -274,13 +281,19 @@ class HealthMonitor:
 
     def _references(self, keys: tuple[str, ...]) -> dict[str, list[float]]:
         """The means of `keys` to compare the last window's with, by label: the window before, and the run's start
-        (its first step: the completions of the policy it started from), each once it does not overlap the last
-        window and has every key."""
-        w, refs = self.t.window, {}
-        if len(self.history) > w:
+        (its first step: the completions of the policy it started from; after a fill, the mean of its first window
+        after it, as one step's hand-out there is whatever groups happened to finish), each once it does not overlap
+        the last window and has every key."""
+        w, fill, refs = self.t.window, self.fill_steps, {}
+        if not fill and len(self.history) > w:
             start = [self.history[0].get(k) for k in keys]
             if all(v is not None and math.isfinite(v) for v in start):
                 refs[f"the run's start (step {self._start_step})"] = [float(v) for v in start]
+        if fill and len(self.history) >= fill + 2 * w:
+            start = [self._mean(k, fill + w) for k in keys]
+            if None not in start:
+                first = self._start_step + fill
+                refs[f"the run's first window after the fill (steps {first}-{first + w - 1})"] = start
         before = [self._mean(k, -w) for k in keys]
         if None not in before:
             refs["the window before"] = before
@@ -294,8 +307,7 @@ class HealthMonitor:
         last = [self._mean(k, 0) for k in keys]
         if None in last:
             return None
-        stuck = self._mean("frac_stuck_groups", 0)
-        paid = stuck is None or stuck < self.t.stuck_max  # no_signal's condition does not hold
+        signal = self._signal_readings()
         comparisons = []
         for label, (mean, p95, reward) in self._references(keys).items():
             if min(mean, p95) <= 0:
@@ -306,10 +318,8 @@ class HealthMonitor:
         if not comparisons:
             return None
         (others, rise), label, mean, p95, _, per_token = max(comparisons, key=lambda c: c[0])
-        read = self._read(length_rise=rise, reward_per_token_change=per_token[1] - per_token[0])
-        if stuck is not None:
-            read |= self._read(stuck_share=stuck)
-        if rise >= self.t.length_rise and others and paid:
+        read = self._read(length_rise=rise, reward_per_token_change=per_token[1] - per_token[0]) | signal
+        if rise >= self.t.length_rise and others and not self._no_signal_holds(signal):
             buckets = self.history[-1].get("completion/reward_by_length_quartile", "")
             return Alarm(
                 step,
@@ -320,20 +330,32 @@ class HealthMonitor:
             )
         return None
 
-    def _no_signal(self, step: int) -> Alarm | None:
+    def _signal_readings(self) -> dict[str, float]:
+        """no_signal's readings (READINGS), recorded; empty before a window of steps with stuck shares."""
         stuck = self._mean("frac_stuck_groups", 0)
-        if stuck is None:
+        first, last = self._mean("reward/mean", self.fill_steps + self.t.window), self._mean("reward/mean", 0)
+        if stuck is None or first is None or last is None:
+            return {}
+        return self._read(stuck_share=stuck, reward_change_from_first=last - first)
+
+    def _no_signal_holds(self, read: dict[str, float]) -> bool:
+        return (
+            bool(read)
+            and read["stuck_share"] >= self.t.stuck_max
+            and read["reward_change_from_first"] < self.t.reward_rise
+        )
+
+    def _no_signal(self, step: int) -> Alarm | None:
+        read = self._signal_readings()
+        if not self._no_signal_holds(read):
             return None
-        read = self._read(stuck_share=stuck)
-        if stuck < self.t.stuck_max:
-            return None
-        reward = self._mean("reward/mean", 0)
-        reward = "" if reward is None else f"; train reward {reward:.3f}"
         return Alarm(
             step,
             "no_signal",
-            f"{stuck:.0%} of the groups of the last {self.t.window} steps were stuck (every sample of a prompt scored "
-            f"the same, below the full reward{reward}): their advantages are 0 and the rewards teach nothing",
+            f"{read['stuck_share']:.0%} of the groups of the last {self.t.window} steps were stuck (every sample of a "
+            f"prompt scored the same, below the full reward; train reward {self._mean('reward/mean', 0):.3f}, "
+            f"{read['reward_change_from_first']:+.3f} since the run's first window): their advantages are 0 and the "
+            "rewards teach nothing",
             read,
         )
 
@@ -427,11 +449,15 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
 
     entropy_collapse: entropy_fall / entropy_drop, if stuck_rise >= zero_var_rise and reward_rise_since <
     reward_rise. length_inflation: length_rise / length_rise (the thresholds of HealthThresholds), if
-    reward_per_token_change <= 0 and stuck_share < stuck_max. no_signal: stuck_share / stuck_max. reward_hacking: the
+    reward_per_token_change <= 0 and not no_signal's conditions. no_signal: stuck_share / stuck_max, if
+    reward_change_from_first < reward_rise. reward_hacking: the
     larger of verifier_split / reward_rise and, if heldout_sigmas <= -heldout_sigmas (a significant fall),
     reward_rise / reward_rise. off_policy_drift: the larger of clip_ratio / clip_ratio_max and mismatch /
     mismatch_max. collapse: accuracy_drop / collapse_drop."""
     r, out, over = readings, {}, _over
+    no_signal = ()
+    if {"stuck_share", "reward_change_from_first"} <= r.keys():
+        no_signal = (over(r["stuck_share"], t.stuck_max), r["reward_change_from_first"] < t.reward_rise)
     if {"entropy_fall", "stuck_rise", "reward_rise_since"} <= r.keys():
         out["entropy_collapse"] = (
             over(r["entropy_fall"], t.entropy_drop),
@@ -440,10 +466,10 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
     if {"length_rise", "reward_per_token_change"} <= r.keys():
         out["length_inflation"] = (
             over(r["length_rise"], t.length_rise),
-            r["reward_per_token_change"] <= 0 and r.get("stuck_share", 0.0) < t.stuck_max,
+            r["reward_per_token_change"] <= 0 and not (no_signal and no_signal[0] >= 1 and no_signal[1]),
         )
-    if "stuck_share" in r:
-        out["no_signal"] = (over(r["stuck_share"], t.stuck_max), True)
+    if no_signal:
+        out["no_signal"] = no_signal
     hacking = [over(r["verifier_split"], t.reward_rise)] if "verifier_split" in r else []
     if "reward_rise" in r and "heldout_sigmas" in r and r["heldout_sigmas"] <= -t.heldout_sigmas:
         hacking.append(over(r["reward_rise"], t.reward_rise))

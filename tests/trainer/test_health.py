@@ -184,7 +184,48 @@ def test_off_policy_drift_reads_the_fresh_tokens_of_a_partial_run(tmp_path):
     fresh = [r[key] for r in rows[-2:] if key in r]
     assert fresh and max(fresh) < 1e-3  # the weights that sampled them are the trained ones
     assert [a for a in trainer.health.alarms if a.name == "off_policy_drift"] == []
+    assert trainer.health.fill_steps == trainer.config.rollout.max_staleness == 4
     assert trainer.metrics.history[-1]["health/reading/mismatch"] == pytest.approx(sum(fresh) / len(fresh))
+
+
+# A partial-mode run of the long-tail task (`benchmarks/bench_async.py --task long_tail --variants partial_coupled
+# --set grpo.num_iterations=2`, seed 0), steps 1-30 as recorded: steps 1-3 train only the completions that finished
+# first (5 tokens; a tenth of this task's completions run to ~500) while the pipeline fills.
+LONG_TAIL_PARTIAL = {
+    "completion/length_mean": [5.0, 5.0, 7.8, 74.2, 31.5, 81.6, 29.3, 55.0, 14.6, 72.9, 27.3, 45.3, 23.1, 35.5, 66.1]
+    + [95.1, 131.0, 151.3, 88.3, 5.0, 87.3, 110.1, 81.5, 93.4, 66.0, 69.5, 5.0, 85.2, 80.0, 100.0],
+    "completion/length_p95": [5.0, 5.0, 5.0, 395.6, 363.6, 421.0, 375.6, 412.8, 5.0, 443.6, 7.0, 478.0, 5.0, 452.8]
+    + [512.0, 512.0, 512.0, 467.6, 424.0, 5.0, 424.0, 425.0, 423.0, 423.6, 428.0, 428.0, 5.0, 424.0, 425.0, 433.0],
+    "reward/mean": [0.133, 0.078, 0.125, 0.102, 0.078, 0.188, 0.281, 0.141, 0.227, 0.141, 0.164, 0.125, 0.344, 0.148]
+    + [0.273, 0.109, 0.094, 0.07, 0.203, 0.07, 0.195, 0.141, 0.195, 0.273, 0.156, 0.258, 0.055, 0.164, 0.016, 0.25],
+    "frac_stuck_groups": [0.312, 0.688, 0.562, 0.438, 0.75, 0.5, 0.25, 0.5, 0.438, 0.625, 0.438, 0.5, 0.375, 0.375]
+    + [0.438, 0.5, 0.438, 0.75, 0.438, 0.625, 0.562, 0.562, 0.625, 0.438, 0.188, 0.438, 0.812, 0.625, 0.875, 0.562],
+    "entropy": [0.443, 0.447, 0.282, 0.042, 0.077, 0.038, 0.074, 0.053, 0.147, 0.04, 0.085, 0.055, 0.074, 0.063]
+    + [0.036, 0.034, 0.03, 0.026, 0.035, 0.414, 0.04, 0.036, 0.036, 0.039, 0.045, 0.041, 0.386, 0.043, 0.052, 0.041],
+}
+
+
+def test_a_partial_runs_pipeline_fill_is_no_reference_for_the_windowed_rules():
+    """Compared with step 1's 5-token completions, every later window of a partial run is "longer, not better"
+    (length_inflation fired at steps 11 and 21 on each of the ten runs of that benchmark). With the fill
+    (max_staleness steps) left out, the rules first compare at step fill + 2 x window, against the first window
+    after the fill."""
+    rows = [
+        dict(zip(LONG_TAIL_PARTIAL, values, strict=True)) for values in zip(*LONG_TAIL_PARTIAL.values(), strict=True)
+    ]
+
+    def alarms(fill):
+        monitor = HealthMonitor(HealthThresholds(window=10), [], fill_steps=fill)
+        return [a for step, row in enumerate(rows, 1) for a in monitor.observe(step, row)]
+
+    first = alarms(0)[0]
+    assert (first.step, first.name) == (11, "length_inflation") and "the run's start (step 1)" in first.message
+    fired = alarms(4)
+    assert fired and all(a.step >= 24 for a in fired)
+    reference = sum(LONG_TAIL_PARTIAL["completion/length_mean"][4:14]) / 10
+    inflation = [a for a in fired if a.name == "length_inflation"]
+    assert all("the run's first window after the fill (steps 5-14)" in a.message for a in inflation)
+    assert all(f"mean length {reference:.1f} ->" in a.message for a in inflation)
 
 
 def test_off_policy_drift_fires_on_fresh_tokens_that_differ():
@@ -459,6 +500,26 @@ def test_a_length_drifting_where_every_group_is_stuck_fires_no_signal_not_length
     assert monitor.readings["length_rise"] >= 0.3  # length_inflation's own threshold is crossed, yet it stays quiet
 
 
+def test_groups_stuck_after_the_reward_rose_are_no_no_signal():
+    """A policy that learned to max out a length-paying verifier: every completion at the length limit, every group
+    at the same reward. Its groups are stuck too, but the reward rose to get there: that is what reward_hacking and
+    length_inflation are for, and no_signal's remedies (a better start) do not apply."""
+    rows = _series(
+        20,
+        **{
+            "entropy": 1.0,
+            "frac_stuck_groups": lambda i: 0.1 if i < 5 else 1.0,
+            "completion/length_mean": lambda i: 2.0 if i < 5 else 16.0,
+            "completion/length_p95": lambda i: 2.0 if i < 5 else 16.0,
+            "reward/mean": lambda i: 0.5 if i < 5 else 1.0,
+        },
+    )
+    monitor = HealthMonitor(HealthThresholds(window=5), [])
+    fired = {a.name for step, row in enumerate(rows, 1) for a in monitor.observe(step, row)}
+    assert "no_signal" not in fired and "length_inflation" in fired
+    assert monitor.readings["stuck_share"] == 1.0 and monitor.readings["reward_change_from_first"] == 0.5
+
+
 def test_margins_say_a_rule_fires_exactly_when_it_fires():
     """The readings each step records give margins >= 1 with the other conditions holding on the step an alarm
     fires, and below 1 (or another condition failing) on every step before it."""
@@ -478,7 +539,7 @@ def test_margins_say_a_rule_fires_exactly_when_it_fires():
         "off_policy_drift": dict(
             entropy=1.0, **{"clip_ratio/region_mean": lambda i: 0.03 * i, "mismatch/abs_logprob_diff_mean": 0.0}
         ),
-        "no_signal": dict(entropy=1.0, frac_stuck_groups=lambda i: min(1.0, 0.1 * i)),
+        "no_signal": dict(entropy=1.0, frac_stuck_groups=lambda i: min(1.0, 0.1 * i), **{"reward/mean": 0.0}),
     }
     for name, metrics in series.items():
         monitor = HealthMonitor(t, [])
