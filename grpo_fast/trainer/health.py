@@ -22,8 +22,9 @@ tokens where its later ones average 50), so their lengths, rewards and entropies
   the same, below the full reward) and the train reward had not risen by `reward_rise` since the run's first
   window: the advantages are 0, so the rewards teach nothing and the weights move by the optimizer's momentum and
   the KL and entropy terms alone. A cold start that answers none of the prompts trains like this for as long as it
-  runs, and no other rule sees it (its entropy need not fall). (Groups stuck after the reward rose are a policy
-  that saturated its rewards, hackable ones included: reward_hacking's and collapse's business.)
+  runs, and no other rule sees it (its entropy need not fall); a policy that collapsed to one answer per prompt
+  gets here too, beside entropy_collapse or collapse. (Groups stuck after the reward rose are a policy that
+  saturated its rewards, hackable ones included: reward_hacking's business.)
 - reward_hacking: the train reward rose by at least `reward_rise` while held-out accuracy fell between the
   last two evaluations by more than `heldout_sigmas` standard errors of that difference (a plateau, or a fall
   of a prompt or two, is no evidence: on 200 prompts one prompt is 0.005 of accuracy, and a learning run's
@@ -67,9 +68,11 @@ REMEDIES = {
     "off_policy_drift": "check that the engine's weights are synced every step, lower the learning rate or "
     "num_iterations, and turn on importance-sampling correction (grpo.vllm_importance_sampling_correction) where "
     "it is off",
-    "no_signal": "give the policy a start that solves some prompts (more or better cold-start SFT), train on "
-    "prompts it solves sometimes (a pass rate between 10% and 90%: the preflight's difficulty probe measures it), "
-    "sample more completions per prompt (rollout.num_generations), or give partial credit",
+    "no_signal": "if the run started like this: give the policy a start that solves some prompts (more or better "
+    "cold-start SFT), train on prompts it solves sometimes (a pass rate between 10% and 90%: the preflight's "
+    "difficulty probe measures it), sample more completions per prompt (rollout.num_generations), or give partial "
+    "credit; if it got here from a working start, the policy collapsed to one answer per prompt: see "
+    "entropy_collapse and collapse",
     "collapse": "take the best held-out model, or resume from the named checkpoint with a lower learning rate, or "
     "stop the run",
 }
