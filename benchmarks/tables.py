@@ -728,7 +728,6 @@ def render_async_rollouts(payload: dict) -> str:
         for r in rs:
             for k, v in r["token_share_staleness"].items():
                 shares[k] = shares.get(k, 0.0) + v / len(rs)
-        start, final = [r["accuracy_start"] for r in rs], [r["accuracy_final"] for r in rs]
         reach = []
         for r in rs:
             if r["seed"] in sync:
@@ -742,7 +741,7 @@ def render_async_rollouts(payload: dict) -> str:
             f"{mean([r['trained_tokens_per_second'] for r in rs]):.0f}",
             f"{mean([r['engine_idle_share'] for r in rs]):.0%}", f"{mean([r['trainer_idle_share'] for r in rs]):.0%}",
             " ".join(f"{k}: {v:.0%}" for k, v in sorted(shares.items(), key=lambda kv: int(kv[0]))),
-            f"{mean(start):.2f} -> {mean(final):.2f} [{min(final):.2f}, {max(final):.2f}]",
+            _before_after([r["accuracy_start"] for r in rs], [r["accuracy_final"] for r in rs]),
             _reached(got, len(reach)),
         ])  # fmt: skip
     settings = payload["settings"]

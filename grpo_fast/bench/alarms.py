@@ -49,15 +49,16 @@ class StaleWeightsEngine(HFEngine):
 
 @dataclass(frozen=True)
 class Recipe:
-    """A run: the SFT teacher's share of right answers and SFT steps (0: the random-init model), reward functions,
-    config overrides, whether it has a held-out set, and the alarms it must fire (none: a healthy run)."""
+    """A run: reward functions, config overrides, the alarms it must fire (none: a healthy run), the cold start (the
+    SFT teacher's share of right answers and SFT steps; 0 steps: the random-init model) and whether it has a
+    held-out set."""
 
     name: str
-    teacher_right: float
-    sft_steps: int
     rewards: tuple
     overrides: tuple[str, ...]
     fires: tuple[str, ...]
+    teacher_right: float = 0.0
+    sft_steps: int = 0
     evals: bool = True
     min_margin: float = 1.5  # how far past its threshold each alarm of `fires` must go (peak margin)
     doc: str = ""
@@ -68,19 +69,17 @@ RECIPES = {
     for r in (
         Recipe(
             "length_paying_verifier",
-            0.3,
-            60,
             (exact_match_reward, longer_is_better),
             ("health.window=5", "rollout.max_completion_length=16", "run.max_steps=20", "optim.lr=5e-3")
             + ("run.eval_every=5", "health.audit_every=5"),
             ("length_inflation", "reward_hacking"),
+            teacher_right=0.3,
+            sft_steps=60,
             min_margin=1.0,  # reward_hacking's verifier split: exact match (~0.3) can fall by 0.3 at most
             doc="a weak SFT model paid for length beside its exact-match reward",
         ),
         Recipe(
             "destructive_learning_rate",
-            0.0,
-            0,
             (longer_is_better,),
             ("health.window=5", "rollout.max_completion_length=6", "run.max_steps=10", "optim.lr=1e-1"),
             ("entropy_collapse",),
@@ -89,8 +88,6 @@ RECIPES = {
         ),
         Recipe(
             "unsolvable_start",
-            0.0,
-            0,
             (exact_match_reward,),
             ("health.window=5", "rollout.max_completion_length=4", "run.max_steps=10", "optim.lr=1e-3"),
             ("no_signal",),
@@ -100,33 +97,33 @@ RECIPES = {
         ),
         Recipe(
             "stale_rollouts",
-            0.9,
-            80,
             (exact_match_reward,),
             ("health.window=3", "rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=3e-2")
             + ("grpo.num_iterations=8", "run.eval_every=2"),
             ("collapse",),
+            teacher_right=0.9,
+            sft_steps=80,
             doc="a good SFT model, eight updates per rollout at learning rate 3e-2",
         ),
         Recipe(
             "broken_weight_sync",
-            0.9,
-            80,
             (exact_match_reward,),
             ("health.window=3", "rollout.max_completion_length=4", "run.max_steps=12", "optim.lr=3e-3")
             + (f"rollout.engine={__name__}:StaleWeightsEngine",),
             ("off_policy_drift",),
+            teacher_right=0.9,
+            sft_steps=80,
             evals=False,
             doc="a good SFT model whose rollouts come from its starting weights (StaleWeightsEngine), lr 3e-3",
         ),
         Recipe(
             "healthy",
-            0.9,
-            80,
             (exact_match_reward,),
             ("health.window=5", "rollout.max_completion_length=4", "run.max_steps=20", "optim.lr=1e-3")
             + ("run.eval_every=4",),
             (),
+            teacher_right=0.9,
+            sft_steps=80,
             doc="a good SFT model at the demo's learning rate, 1e-3",
         ),
     )
