@@ -170,12 +170,13 @@ class HealthMonitor:
             self._start_step = step
         self.history.append(metrics)
         self.readings = {}
+        signal = self._signal_readings()  # no_signal's, also length_inflation's condition
         fired = [
             self._entropy_collapse(step),
-            self._length_inflation(step),
+            self._length_inflation(step, signal),
             self._reward_hacking(step),
             self._off_policy_drift(step),
-            self._no_signal(step),
+            self._no_signal(step, signal),
         ]
         return self._emit([a for a in fired if a is not None])
 
@@ -302,7 +303,7 @@ class HealthMonitor:
             refs["the window before"] = before
         return refs
 
-    def _length_inflation(self, step: int) -> Alarm | None:
+    def _length_inflation(self, step: int, signal: dict[str, float]) -> Alarm | None:
         """The last window against the window before and against the run's start, the comparison nearest to firing:
         a policy that learns to pay itself with length in a few steps does so inside the run's first window, where
         the window-to-window comparison alone cannot see it."""
@@ -310,7 +311,6 @@ class HealthMonitor:
         last = [self._mean(k, 0) for k in keys]
         if None in last:
             return None
-        signal = self._signal_readings()
         comparisons = []
         for label, (mean, p95, reward) in self._references(keys).items():
             if min(mean, p95) <= 0:
@@ -322,7 +322,7 @@ class HealthMonitor:
             return None
         (others, rise), label, mean, p95, _, per_token = max(comparisons, key=lambda c: c[0])
         read = self._read(length_rise=rise, reward_per_token_change=per_token[1] - per_token[0]) | signal
-        if rise >= self.t.length_rise and others and not self._no_signal_holds(signal):
+        if rise >= self.t.length_rise and others and not no_signal_holds(signal, self.t):
             buckets = self.history[-1].get("completion/reward_by_length_quartile", "")
             return Alarm(
                 step,
@@ -341,16 +341,8 @@ class HealthMonitor:
             return {}
         return self._read(stuck_share=stuck, reward_change_from_first=last - first)
 
-    def _no_signal_holds(self, read: dict[str, float]) -> bool:
-        return (
-            bool(read)
-            and read["stuck_share"] >= self.t.stuck_max
-            and read["reward_change_from_first"] < self.t.reward_rise
-        )
-
-    def _no_signal(self, step: int) -> Alarm | None:
-        read = self._signal_readings()
-        if not self._no_signal_holds(read):
+    def _no_signal(self, step: int, read: dict[str, float]) -> Alarm | None:
+        if not no_signal_holds(read, self.t):
             return None
         return Alarm(
             step,
@@ -434,6 +426,15 @@ def drift_mismatch(metrics: dict) -> float | None:
     return metrics.get("mismatch/abs_logprob_diff_mean")
 
 
+def no_signal_holds(readings: dict[str, float], t: HealthThresholds) -> bool:
+    """Whether no_signal's conditions hold on `readings` (READINGS; False without its two)."""
+    return (
+        {"stuck_share", "reward_change_from_first"} <= readings.keys()
+        and readings["stuck_share"] >= t.stuck_max
+        and readings["reward_change_from_first"] < t.reward_rise
+    )
+
+
 def difference_stderr(before: float, n_before: int, after: float, n_after: int) -> float:
     """The standard error of the difference of two accuracies measured on n_before and n_after prompts, each
     binomial with its rate smoothed towards 1/2 by one success and one failure ((k + 1) / (n + 2)), so that
@@ -452,15 +453,11 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
 
     entropy_collapse: entropy_fall / entropy_drop, if stuck_rise >= zero_var_rise and reward_rise_since <
     reward_rise. length_inflation: length_rise / length_rise (the thresholds of HealthThresholds), if
-    reward_per_token_change <= 0 and not no_signal's conditions. no_signal: stuck_share / stuck_max, if
-    reward_change_from_first < reward_rise. reward_hacking: the
-    larger of verifier_split / reward_rise and, if heldout_sigmas <= -heldout_sigmas (a significant fall),
-    reward_rise / reward_rise. off_policy_drift: the larger of clip_ratio / clip_ratio_max and mismatch /
-    mismatch_max. collapse: accuracy_drop / collapse_drop."""
+    reward_per_token_change <= 0 and not no_signal_holds. no_signal: stuck_share / stuck_max, if
+    reward_change_from_first < reward_rise. reward_hacking: the larger of verifier_split / reward_rise and, if
+    heldout_sigmas <= -heldout_sigmas (a significant fall), reward_rise / reward_rise. off_policy_drift: the larger
+    of clip_ratio / clip_ratio_max and mismatch / mismatch_max. collapse: accuracy_drop / collapse_drop."""
     r, out, over = readings, {}, _over
-    no_signal = ()
-    if {"stuck_share", "reward_change_from_first"} <= r.keys():
-        no_signal = (over(r["stuck_share"], t.stuck_max), r["reward_change_from_first"] < t.reward_rise)
     if {"entropy_fall", "stuck_rise", "reward_rise_since"} <= r.keys():
         out["entropy_collapse"] = (
             over(r["entropy_fall"], t.entropy_drop),
@@ -469,10 +466,10 @@ def margins(readings: dict[str, float], t: HealthThresholds) -> dict[str, tuple[
     if {"length_rise", "reward_per_token_change"} <= r.keys():
         out["length_inflation"] = (
             over(r["length_rise"], t.length_rise),
-            r["reward_per_token_change"] <= 0 and not (no_signal and no_signal[0] >= 1 and no_signal[1]),
+            r["reward_per_token_change"] <= 0 and not no_signal_holds(r, t),
         )
-    if no_signal:
-        out["no_signal"] = no_signal
+    if {"stuck_share", "reward_change_from_first"} <= r.keys():
+        out["no_signal"] = (over(r["stuck_share"], t.stuck_max), r["reward_change_from_first"] < t.reward_rise)
     hacking = [over(r["verifier_split"], t.reward_rise)] if "verifier_split" in r else []
     if "reward_rise" in r and "heldout_sigmas" in r and r["heldout_sigmas"] <= -t.heldout_sigmas:
         hacking.append(over(r["reward_rise"], t.reward_rise))
