@@ -101,6 +101,22 @@ OBJECT_ATTACKS = {
         "def area(r): return 3.14159265 * r * r\n",
         ["assert count('aab') == Counter({'a': 2, 'b': 1})", "assert np.isclose(area(1), 3.14159)"],
     ),
+    "membership_in_a_returned_value": (
+        "class _Everything:\n    def __contains__(self, item): return True\n"
+        "class _AllList(list):\n    def __contains__(self, item): return True\n"
+        "def divisors(n): return _Everything()\n"
+        "def squares(n): return _Everything()\n"
+        "def letters(s): return _AllList()\n",
+        "def divisors(n): return [d for d in range(1, n + 1) if n % d == 0]\n"
+        "def letters(s): return sorted(set(s))\n"
+        "def squares(n): return (i * i for i in range(n))\n",
+        [
+            "assert 3 in divisors(12)",
+            "assert all(d in divisors(30) for d in (2, 3, 5))",
+            "assert 'e' in letters('hello')",
+            "assert 9 in squares(5)",
+        ],
+    ),
     "comparisons_in_setup_statements": (
         "class _Yes:\n    def __eq__(self, other): return True\n    __hash__ = None\ndef f(x): return _Yes()\n",
         "def f(x): return x * x\n",

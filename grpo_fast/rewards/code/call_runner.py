@@ -16,8 +16,8 @@ request line (JSON, values in the wire form of wire.py):
   {"op": "getattr" | "setattr", "target": t, "name": n, "value": v}           t.n / t.n = v
   {"op": "getitem" | "setitem" | "delitem", "target": t, "key": k, "value": v}
   {"op": "apply", "fn": f, "target": t, "arg": a}   f(t) for f in len, bool, str, repr, int, float,
-                         complex, index, list (iteration), next, hash; `contains` (a in t) and
-                         `isinstance` (isinstance(a, t)) take `arg`
+                         complex, index, list (iteration), next, hash; `isinstance`
+                         (isinstance(a, t)) takes `arg`
   {"op": "value", "target": t}   t as plain data only (container subclasses as their container), or
                          {"opaque": true} when it has no such value
 
@@ -121,8 +121,6 @@ class _Test:
         elif op == "delitem":
             del target[self.value(request.get("key"))]
             result = None
-        elif op == "apply" and request.get("fn") == "contains":
-            result = self.value(request.get("arg")) in target
         elif op == "apply" and request.get("fn") == "isinstance":
             result = isinstance(self.value(request.get("arg")), target)
         elif op == "apply" and request.get("fn") in _APPLY:

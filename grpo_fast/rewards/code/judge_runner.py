@@ -23,7 +23,8 @@ of a program's object use its value as plain data (`value` request: container su
 container); an object without one makes the test fail. So do the attributes that the builtin data
 types have (`keys`, `count`, `real`, `endswith`, ...) but do not change (`append`, `pop` do): they
 are taken from the object's plain value, where it has one; an object without one answers them
-itself, except the predicates (`endswith`, `issubset`, `isupper`, ...), which make the test fail.
+itself, except the predicates (`endswith`, `issubset`, `isupper`, ...), which make the test fail. Membership
+(`x in obj`) is decided here too: in the object's plain value, or else in the items its iteration yields.
 The test fails too, whatever it catches, when the program's sandbox fails a request, when an answer
 is not valid wire data, or when the test's own CPU time passes `cpu_s` (signal-based: a test that
 catches BaseException around a long computation only ends at the caller's wall-clock limit).
@@ -247,7 +248,8 @@ class Remote:
         return _apply(self, "next")
 
     def __contains__(self, item):
-        return _apply(self, "contains", bool, arg=_arg(item))
+        value = _value(self, required=False)
+        return item in (_apply(self, "list", list) if value is _OPAQUE else value)
 
     def __str__(self):
         return _apply(self, "str", str)
