@@ -89,7 +89,12 @@ def _score(text: str, schema: Any) -> float | None:
     if json_depth(answer) > MAX_JSON_DEPTH:
         return 0.0
     try:
-        value = json.loads(answer)
+        value = json.loads(answer, parse_constant=_not_json)
     except ValueError:
         return 0.0
     return 1.0 if validator(schema).is_valid(value) else 0.0
+
+
+def _not_json(constant: str) -> None:
+    """NaN and ±Infinity: Python's reader accepts them, JSON does not (and NaN passes every range check)."""
+    raise ValueError(f"{constant} is not JSON")

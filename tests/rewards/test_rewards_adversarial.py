@@ -24,6 +24,7 @@ from grpo_fast.rewards import (
     overlong_penalty,
     think_format,
 )
+from grpo_fast.rewards.code import extract_code
 from grpo_fast.rewards.extract import answer_slots
 from grpo_fast.rewards.json_validation import MAX_JSON_DEPTH, json_depth
 from grpo_fast.rewards.sql import extract_sql
@@ -42,6 +43,7 @@ ATTACKS = {
     "unclosed answer tags": "<answer>" * 25_000,
     "unclosed json fences": "```json" * 30_000,
     "unclosed sql fences": "```sql" * 30_000,
+    "code fences on one line": "```" * 100_000,
     "angle brackets": "<" * 200_000,
     "think tags": "<think>" * 30_000,
     "dollar signs": "$" * 200_000,
@@ -77,9 +79,10 @@ def test_no_in_process_verifier_raises_credits_or_stalls_on_an_attack(attack):
         assert seconds < SECONDS, f"{_name(fn)} took {seconds:.1f} s on {attack}"
         if fn in ACCURACY:
             assert reward == 0.0, f"{_name(fn)} credited {attack}"
-    start = time.perf_counter()
-    extract_sql(completion)
-    assert time.perf_counter() - start < SECONDS
+    for extract in (extract_sql, extract_code):
+        start = time.perf_counter()
+        extract(completion)
+        assert time.perf_counter() - start < SECONDS, f"{_name(extract)} on {attack}"
 
 
 def test_json_deeper_than_the_bound_earns_nothing_and_shallower_json_is_still_judged():

@@ -197,6 +197,12 @@ def test_json_schema(completion, reward):
     assert json_schema(["q"], [completion], [json.dumps(SCHEMA)]) == [reward]
 
 
+@pytest.mark.parametrize(("completion", "reward"), [("0.5", 1.0), ("NaN", 0.0), ("Infinity", 0.0), ("-Infinity", 0.0)])
+def test_json_schema_refuses_what_only_pythons_reader_calls_json(completion, reward):
+    """NaN passes `minimum` and `maximum` (every comparison with it is false)."""
+    assert json_schema(["q"], [completion], [{"type": "number", "minimum": 0, "maximum": 1}]) == [reward]
+
+
 def test_json_schema_invalid_schema_is_skipped():
     assert json_schema(["q"], ['{"a": 1}'], [{"type": "no-such-type"}]) == [None]
 

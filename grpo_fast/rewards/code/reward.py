@@ -43,7 +43,7 @@ from grpo_fast.rewards.self_test import Sample
 from grpo_fast.rewards.text import broadcast_column, completion_texts
 from grpo_fast.sandbox import BACKENDS, SandboxConfig, SandboxLimits, choose, containment, isolation
 
-_FENCE = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"```([\w+-]*)[^\n`]*\n(.*?)```", re.DOTALL)  # no backtick in the info string (CommonMark)
 _PYTHON_TAGS = {"python", "py", "python3"}
 
 
