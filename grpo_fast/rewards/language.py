@@ -1,11 +1,13 @@
 """Language consistency (DeepSeek-R1's fix for language mixing): the share of the reasoning's letters
 written in the target language's script(s).
 
-Text judged: the inside of `<think>...</think>` when present, else the whole completion, without
-fenced code blocks, LaTeX commands with their brace arguments (`\\sqrt{x}`), inline math
-(`$...$`) and tags. Each letter (str.isalpha)
-is classified by Unicode block; the reward is letters in the target scripts / all letters, in [0, 1];
-None when there are no letters to judge.
+Text judged: the inside of `<think>...</think>` when present (R1's definition: the answer after it is not
+judged), else the whole completion. Each letter (str.isalpha) is classified by Unicode block; the reward is
+letters in the target scripts / letters counted, in [0, 1]; None when there are no letters to count. Notation is
+not language: tag names (`<step>`), LaTeX command names (`\\frac`) and, inside fenced code, math (`$...$`,
+`$$...$$`) and a command's brace arguments, Latin and Greek words of at most three letters (variables, `sin`,
+`def`) are not counted. Every other letter in them is, so that text hidden in a tag, a formula or a code block
+counts as the language it is written in (a span dropped whole would hide it).
 
 `language`: an ISO 639-1 code (en, zh, ja, ko, ru, ar, hi, el, he, th, and the Latin-script
 languages listed in LANGUAGE_SCRIPTS) or a script name ("latin", "han", ...).
@@ -50,9 +52,13 @@ LANGUAGE_SCRIPTS = {
     **{script: (script,) for script in SCRIPT_RANGES},
 }
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
-# A tag holds no "<": each "<" is tried once, to the next "<" or ">" (`<[^>]+>` scanned to the end of the text from
-# every "<" of a completion with many and no ">": quadratic).
-_NOT_PROSE = re.compile(r"```.*?```|\$\$.*?\$\$|\$[^$]*\$|\\[a-zA-Z]+(?:\{[^{}]*\})*|<[^<>]+>", re.DOTALL)
+_TAG = re.compile(r"</?[A-Za-z][\w:-]*\s*/?>")  # a name and nothing else: each "<" is tried once, to its end
+_NOTATION = re.compile(r"```.*?```|\$\$.*?\$\$|\$[^$]*\$|\\[a-zA-Z]+(?:\{[^{}]*\})*", re.DOTALL)
+_COMMAND = re.compile(r"\\[a-zA-Z]+")
+_WORD = re.compile(r"[^\W\d_]+")  # a run of letters
+_SYMBOL_SCRIPTS = ("latin", "greek")
+SYMBOL_LETTERS = 3
+"""The longest Latin or Greek word in notation that is a symbol (x, sin, def), not a word of prose."""
 
 
 def script_of(char: str) -> str | None:
@@ -71,11 +77,23 @@ def language_share(text: str, language: str) -> float | None:
     except KeyError:
         raise ValueError(f"language: unknown {language!r}; known: {sorted(LANGUAGE_SCRIPTS)}") from None
     m = _THINK.search(text)
-    prose = _NOT_PROSE.sub(" ", m.group(1) if m else text)
-    letters = [c for c in prose if c.isalpha()]
+    letters = counted_letters(m.group(1) if m else text)
     if not letters:
         return None
     return sum(script_of(c) in scripts for c in letters) / len(letters)
+
+
+def counted_letters(text: str) -> list[str]:
+    """The letters of `text` that are language, not notation (module doc), in order."""
+    text = _TAG.sub(" ", text)
+    letters, prose_start = [], 0
+    for span in _NOTATION.finditer(text):
+        letters += [c for c in text[prose_start : span.start()] if c.isalpha()]
+        for word in _WORD.findall(_COMMAND.sub(" ", span.group())):
+            prose = len(word) > SYMBOL_LETTERS
+            letters += [c for c in word if c.isalpha() and (prose or script_of(c) not in _SYMBOL_SCRIPTS)]
+        prose_start = span.end()
+    return letters + [c for c in text[prose_start:] if c.isalpha()]
 
 
 @reward(

@@ -219,6 +219,14 @@ def test_json_schema_invalid_schema_is_skipped():
         ("<think>Привет world</think>", "ru", 6 / 11),
         ("<think>مرحبا</think>", "ar", 1.0),
         ("<think>我们用 $\\frac{a}{b}$ 和 \\sqrt{x} 计算</think>", "zh", 1.0),
+        # Symbols are not counted (step, def, f, x, sin, alpha, log, ab); a longer word in code is (return).
+        ("<think>我们 <step> 用 ```def f(x): return x``` 计算 $\\sin \\alpha + \\log(ab)$</think>", "zh", 5 / 11),
+        # Text hidden in notation counts as the language it is written in.
+        ("<think>Ok <两个加两个是四> so.</think> 4", "en", 4 / 11),
+        ("<think>Ok $两个加两个是四$ so.</think> 4", "en", 4 / 11),
+        ("<think>Ok \\text{两个加两个是四} so.</think> 4", "en", 4 / 11),
+        ("<think>Ok ```两个加两个是四``` so.</think> 4", "en", 4 / 11),
+        ("<think>我们 $let us think in english here$</think>", "zh", 2 / 18),
         ("no think tags, plain English", "en", 1.0),
         ("no think tags, plain English", "zh", 0.0),
     ],
