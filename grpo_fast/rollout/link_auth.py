@@ -28,6 +28,7 @@ import socket
 import stat
 import struct
 import tempfile
+import time
 
 SECRET_ENV = "GRPO_FAST_LINK_SECRET"
 MIN_SECRET_CHARS = 32
@@ -46,6 +47,11 @@ class LinkRefused(RuntimeError):
 
 class LinkClosed(ConnectionError):
     """The other side closed the connection, or it broke."""
+
+
+class LinkUngreeted(LinkClosed):
+    """The trainer closed a new connection before greeting it (all its handshake slots taken), or never greeted it
+    in HANDSHAKE_SECONDS: worth another try, unlike a refused secret."""
 
 
 # -- the secret ------------------------------------------------------------------------------------------------
@@ -116,10 +122,16 @@ def _mac(key: bytes, *parts: bytes) -> bytes:
     return mac.digest()
 
 
-def _read_exact(sock: socket.socket, n: int) -> bytearray:
+def _read_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
+    """n bytes from `sock`; TimeoutError once time.monotonic() passes `deadline` (however slowly they trickle in)."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"the handshake took more than {HANDSHAKE_SECONDS:g} s")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:])
         if k == 0:
             raise LinkClosed("the other side closed the connection")
@@ -173,10 +185,11 @@ class Connection:
 def accept(sock: socket.socket, key: bytes) -> Connection:
     """The trainer's side of the handshake on a new connection; LinkRefused (or LinkClosed, OSError on a timeout)
     when the peer does not prove the secret within HANDSHAKE_SECONDS. The caller closes the socket then."""
+    deadline = time.monotonic() + HANDSHAKE_SECONDS
     sock.settimeout(HANDSHAKE_SECONDS)
     ours = secrets.token_bytes(NONCE_BYTES)
     sock.sendall(MAGIC + ours)
-    reply = _read_exact(sock, len(MAGIC) + NONCE_BYTES + TAG_BYTES)
+    reply = _read_exact(sock, len(MAGIC) + NONCE_BYTES + TAG_BYTES, deadline)
     magic, theirs, proof = (bytes(reply[: len(MAGIC)]), bytes(reply[len(MAGIC) : -TAG_BYTES]), reply[-TAG_BYTES:])
     if magic != MAGIC:
         raise LinkRefused("not an engine link's handshake")
@@ -189,16 +202,20 @@ def accept(sock: socket.socket, key: bytes) -> Connection:
 
 def connect(sock: socket.socket, key: bytes, address: str) -> Connection:
     """The engine's side of the handshake with the trainer at `address` (for messages); LinkRefused when the
-    trainer turns this secret away or does not prove it holds it."""
-    sock.settimeout(HANDSHAKE_SECONDS)
+    trainer turns this secret away or does not prove it holds it; LinkUngreeted when it closes the connection or
+    stays silent before its greeting."""
+    deadline = time.monotonic() + HANDSHAKE_SECONDS
     try:
-        hello = _read_exact(sock, len(MAGIC) + NONCE_BYTES)
-        if bytes(hello[: len(MAGIC)]) != MAGIC:
-            raise LinkRefused(f"rollout.mode async: {address} is not a grpo_fast trainer's engine link")
+        hello = _read_exact(sock, len(MAGIC) + NONCE_BYTES, deadline)
+    except OSError as exc:
+        raise LinkUngreeted(f"the trainer at {address} did not greet this engine process ({exc})") from None
+    if bytes(hello[: len(MAGIC)]) != MAGIC:
+        raise LinkRefused(f"rollout.mode async: {address} is not a grpo_fast trainer's engine link")
+    try:
         theirs, ours = bytes(hello[len(MAGIC) :]), secrets.token_bytes(NONCE_BYTES)
         sock.sendall(MAGIC + ours + _mac(key, b"engine", theirs, ours))
-        proof = _read_exact(sock, TAG_BYTES)
-    except (LinkClosed, OSError) as exc:
+        proof = _read_exact(sock, TAG_BYTES, deadline)
+    except OSError as exc:
         raise LinkRefused(
             f"rollout.mode async: the trainer at {address} refused this engine process ({exc}): its link secret is "
             f"not this one (use the trainer's: --secret-file with the file it logs, or ${SECRET_ENV} as set on its "

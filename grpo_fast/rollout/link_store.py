@@ -20,14 +20,15 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from grpo_fast.rollout.link_auth import Connection, LinkClosed, LinkRefused, accept, connect
+from grpo_fast.rollout.link_auth import Connection, LinkClosed, LinkRefused, LinkUngreeted, accept, connect
 from grpo_fast.rollout.link_codec import LinkProtocolError, decode, encode, from_plain, to_plain
 
 logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.01
 MAX_HANDSHAKES = 16
-"""Connections proving the secret at one time at most; more are closed at once (each has HANDSHAKE_SECONDS)."""
+"""Connections proving the secret at one time at most; more are closed at once, ungreeted (each has HANDSHAKE_SECONDS
+in all; an engine tries again until its connect_seconds)."""
 
 
 def parse_address(address: str, argument: str) -> tuple[str, int]:
@@ -307,22 +308,28 @@ class _Remote:
 
 def connect_link(address: str, key: bytes, connect_seconds: float) -> LinkStore:
     """An engine's view of the trainer's store at `address` ("host:port"), once both sides proved the secret `key`;
-    waits up to `connect_seconds` for the trainer to listen (RuntimeError then), LinkRefused when it turns the
-    secret away. Its requests wait up to `connect_seconds` too."""
+    waits up to `connect_seconds` for the trainer to listen and greet it (RuntimeError then), LinkRefused when it
+    turns the secret away. Its requests wait up to `connect_seconds` too."""
     host, port = parse_address(address, "--connect")
-    deadline = time.monotonic() + connect_seconds
+    deadline, sock = time.monotonic() + connect_seconds, None
     while True:
         try:
             sock = socket.create_connection((host, port), timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = connect(sock, key, address)
             break
-        except OSError as exc:
+        except OSError as exc:  # not listening yet, or every handshake slot taken (LinkUngreeted)
+            if sock is not None:
+                sock.close()
+                sock = None
             if time.monotonic() >= deadline:
+                why = ""
+                if isinstance(exc, LinkUngreeted):
+                    why = "its handshake slots stayed taken, see the link's threat model: "
                 raise RuntimeError(
-                    f"rollout.mode async: no trainer answered at {address} in {connect_seconds:g} s ({exc})"
+                    f"rollout.mode async: no trainer answered at {address} in {connect_seconds:g} s ({why}{exc})"
                 ) from None
             time.sleep(0.1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    conn = connect(sock, key, address)
     # Requests wait as long as the trainer's store says; a trainer host that vanished without closing the
     # connection is found by TCP keepalive within about a minute (its requests then raise LinkClosed).
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

@@ -16,12 +16,14 @@ import socket
 import stat
 import struct
 import threading
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from grpo_fast.cli import main
+from grpo_fast.rollout import link_auth, link_store
 from grpo_fast.rollout.async_messages import CONTROL, FROM_ENGINE, Group, Prompt, Ready, Stop, Weights
 from grpo_fast.rollout.async_rollouts import EngineSetup, EngineSpec, run_engine
 from grpo_fast.rollout.base import SamplingSpec
@@ -438,3 +440,73 @@ def test_a_prompt_with_an_id_that_is_not_an_int_is_refused_naming_it():
     plain = {"kind": "Prompt", "fields": {"row": 3, "prompt_ids": [1, "2"]}}
     with pytest.raises(LinkProtocolError, match=r"Prompt\.prompt_ids\[1\]: expected int"):
         Channel(None, "prompts/0", (Prompt,)).decode(encode(plain))
+
+
+def test_a_handshake_ends_at_its_deadline_however_slowly_the_peer_writes(monkeypatch):
+    """A peer that trickles its reply a byte at a time keeps a handshake slot for HANDSHAKE_SECONDS in all, not for
+    that long per byte."""
+    monkeypatch.setattr(link_auth, "HANDSHAKE_SECONDS", 0.5)
+    trainer, peer = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.wait(0.1):
+            try:
+                peer.send(b"g")
+            except OSError:
+                return
+
+    thread = threading.Thread(target=trickle)
+    thread.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="handshake"):
+            accept(trainer, KEY)  # 80 bytes at 10 a second: 8 s
+        assert time.monotonic() - start < 4.0
+    finally:
+        stop.set()
+        thread.join()
+        trainer.close()
+        peer.close()
+
+
+def test_an_engine_waits_while_strangers_hold_every_handshake_slot(monkeypatch):
+    """Idle connections take the trainer's handshake slots; an engine that arrives then is closed ungreeted and
+    tries again until the strangers' handshakes time out (it gave up at once, blaming its secret)."""
+    monkeypatch.setattr(link_store, "MAX_HANDSHAKES", 2)
+    monkeypatch.setattr(link_auth, "HANDSHAKE_SECONDS", 1.0)
+    server = LinkServer("127.0.0.1", 0, KEY, 5.0)
+    strangers = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    try:
+        for stranger in strangers:  # greeted: each holds a slot now
+            assert stranger.recv(len(link_auth.MAGIC)) == link_auth.MAGIC
+        engine = connect_link(f"127.0.0.1:{server.port}", KEY, 30.0)
+        engine.set("seen", b"1")
+        assert server.store.get("seen") == b"1"
+    finally:
+        for stranger in strangers:
+            stranger.close()
+        server.close()
+
+
+def test_a_port_that_never_greets_ends_the_engines_wait_with_the_cause():
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def close_each():  # what a trainer with every slot taken does
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                listener.accept()[0].close()
+            except TimeoutError:
+                pass
+
+    thread = threading.Thread(target=close_each)
+    thread.start()
+    try:
+        with pytest.raises(RuntimeError, match="handshake slots stayed taken"):
+            connect_link(f"127.0.0.1:{listener.getsockname()[1]}", KEY, 1.0)
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
