@@ -23,7 +23,7 @@ class OptimConfig(ConfigSection):
     eps: float = option(1e-8, "AdamW's epsilon", low=0, low_open=True)
     lr_scheduler: Literal["constant", "linear", "cosine"] = option("constant", "the schedule after warmup")
     warmup_steps: int = option(0, "optimizer steps of linear warmup from 0", low=0)
-    max_grad_norm: float = option(1.0, "gradient clipping norm", low=0, low_open=True)
+    max_grad_norm: float = option(1.0, "gradient clipping norm (0: no clipping, as in transformers)", low=0)
 
 
 def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.AdamW:

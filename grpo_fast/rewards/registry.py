@@ -7,7 +7,8 @@
 A spec is a callable (used as is), a name, or a mapping {"name": ..., <option>: <value>, ...}; the
 options are bound with functools.partial (picklable, so the function can run in a RewardPool
 worker) and must be keyword parameters of the function. A name is a built-in below, one declared with
-`@reward("name", ...)`, or "package.module:function".
+`@reward("name", ...)`, or "package.module:function"; a string with a "/" that is none of these is, as in TRL, a
+learned reward model's hub name or directory ({"name": "reward_model", "path": ...}).
 
     @reward("my_accuracy", kind="accuracy", range=(0.0, 1.0), samples=[Sample("right", "4", {"answer": "4"}, True),
                                                                      Sample("wrong", "5", {"answer": "4"}, False)])
@@ -78,6 +79,8 @@ def reward_from_spec(spec: Any) -> RewardFunc:
     """The reward function a spec describes (see module doc); ValueError naming what is wrong."""
     if callable(spec):
         return spec
+    if isinstance(spec, str) and spec not in REWARD_FUNCTIONS and "/" in spec and ":" not in spec:
+        return reward_from_spec({"name": "reward_model", "path": spec})  # TRL's spelling: a model's hub name or path
     if isinstance(spec, str):
         return _checked(REWARD_FUNCTIONS.get(spec), spec)
     if isinstance(spec, Mapping) and isinstance(spec.get("name"), str):

@@ -133,6 +133,13 @@ class GRPOTrainer:
         peft_config=None,
     ) -> None:
         _check_positional(train_dataset, callbacks)
+        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            if dataset is not None and not hasattr(dataset, "__len__"):
+                raise ValueError(
+                    f"{name}: a dataset without a length ({type(dataset).__name__}, e.g. streaming=True); the trainer "
+                    "draws each step's prompts from the whole dataset: load it without streaming, or pass a list "
+                    "of the rows to train on"
+                )
         refused = {"reward_processing_classes": reward_processing_classes, "optimizers": optimizers}
         refused.update(quantization_config=quantization_config, peft_config=peft_config)
         rows = None if train_dataset is None else len(train_dataset)
@@ -591,8 +598,8 @@ class GRPOTrainer:
         else:
             raise ValueError(
                 f"run.output_dir {self.output_dir} holds an earlier run ({', '.join(earlier)}): starting afresh would "
-                "replace it. Resume it (run.resume: true / --resume), choose another run.output_dir, or set "
-                "run.overwrite: true (--overwrite) to delete it and start over."
+                "replace it. Resume it (run.resume: true / --resume / train(resume_from_checkpoint=True)), choose "
+                "another run.output_dir, or set run.overwrite: true (--overwrite) to delete it and start over."
             )
         ckpt.clear_earlier_run(self.output_dir)
 
@@ -605,10 +612,14 @@ class GRPOTrainer:
             return
         self.preflight_report = verifier_checks(self.rewards) if resumed else run_preflight(self, synced=True)
 
-    def train(self) -> dict:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> dict:
         """Runs `run.max_steps` steps (continuing a checkpoint with run.resume) after the launch checklist
-        (grpo_fast.trainer.preflight); returns the final metrics."""
+        (grpo_fast.trainer.preflight); returns the final metrics. `resume_from_checkpoint` (TRL's argument): True
+        or the path of the run's latest checkpoint resumes it, as run.resume; None or False: as the config says."""
         cfg = self.config
+        if resume_from_checkpoint:
+            self._check_resume_path(resume_from_checkpoint)
+            cfg.run.resume = True
         self._start_run()
         main = self.dist.is_main  # rank 0 writes the run's files; the others keep the metrics in memory
         trackers = open_trackers(cfg.run, cfg.to_dict()) if main else []
@@ -656,6 +667,18 @@ class GRPOTrainer:
             bar.close()
         self._finish_run(stop)
         return last
+
+    def _check_resume_path(self, path: bool | str) -> None:
+        """ValueError unless `path` is True or names the latest checkpoint under run.output_dir (the one run.resume
+        continues)."""
+        if path is True:
+            return
+        latest = ckpt.latest_checkpoint(self.output_dir / "checkpoints")
+        if latest is None or Path(path).resolve() != latest.resolve():
+            raise ValueError(
+                f"resume_from_checkpoint: {path!r} is not the latest checkpoint of run.output_dir {self.output_dir} "
+                f"({latest or 'none'}); a run resumes from its latest: pass True"
+            )
 
     def _start_run(self) -> None:
         """The output directory checked (refusals come before the engine starts), the engine started, a checkpoint

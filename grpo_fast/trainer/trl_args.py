@@ -34,6 +34,12 @@ def _same(value: Any) -> Any:
     return value
 
 
+def _completion_length(value: int | None) -> int:
+    if value is None:
+        raise _refuse("max_completion_length", None, "grpo_fast needs a number of tokens (TRL's default: 512)")
+    return int(value)
+
+
 def _top_k(value: int | None) -> int:
     return -1 if not value else int(value)  # TRL's 0 (or None) is "off", grpo_fast's -1
 
@@ -64,7 +70,6 @@ _GRPO = (
     "entropy_coef_max",
     "entropy_coef_delta",
     "entropy_target",
-    "vllm_importance_sampling_correction",
     "vllm_importance_sampling_mode",
     "vllm_importance_sampling_clip_max",
     "vllm_importance_sampling_clip_min",
@@ -87,7 +92,7 @@ MAPPED: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "use_liger_kernel": ("model.liger_kernels", bool),
     "chat_template_kwargs": ("data.chat_template_kwargs", _dict),
     "num_generations": ("rollout.num_generations", int),
-    "max_completion_length": ("rollout.max_completion_length", int),
+    "max_completion_length": ("rollout.max_completion_length", _completion_length),
     "temperature": ("rollout.temperature", float),
     "top_p": ("rollout.top_p", float),
     "top_k": ("rollout.top_k", _top_k),
@@ -101,29 +106,35 @@ MAPPED: dict[str, tuple[str, Callable[[Any], Any]]] = {
 """TRL field -> (TrainConfig key, conversion)."""
 
 DERIVED: dict[str, str] = {
-    "max_steps": "run.max_steps (-1: num_train_epochs passes over the dataset, as TRL counts them)",
-    "num_train_epochs": "run.max_steps when max_steps is -1",
+    "max_steps": "optimizer steps, as TRL counts them: run.max_steps = max_steps / num_iterations generation "
+    "batches (a multiple of num_iterations; -1: num_train_epochs)",
+    "num_train_epochs": "when max_steps is -1: num_train_epochs x the dataset's whole generation batches x "
+    "num_iterations optimizer steps, as TRL counts them (a multiple of num_iterations)",
     "generation_batch_size": "run.prompts_per_step = generation_batch_size / num_generations",
     "steps_per_generation": "one optimizer step per generation batch: must equal gradient_accumulation_steps",
     "gradient_accumulation_steps": "a generation batch is one optimizer step, in micro-batches (run.micro_batch_size)",
     "use_vllm": "rollout.engine: vllm, else hf (transformers' generate, as TRL without vLLM)",
+    "vllm_importance_sampling_correction": "grpo.vllm_importance_sampling_correction when use_vllm (TRL corrects "
+    "vLLM's sampling only)",
     "vllm_mode": "colocate (server: not supported)",
     "vllm_max_model_length": "rollout.max_model_len (null: the model's max_position_embeddings)",
     "bf16": "run.bf16",
     "use_cpu": "accepted where there is no GPU (grpo_fast trains on the GPU when there is one)",
     "disable_tqdm": "run.progress = not disable_tqdm",
     "report_to": "run.report_to (none: [])",
-    "logging_steps": "run.log_every (a fraction < 1: of max_steps)",
+    "logging_steps": "run.log_every = ceil(logging_steps / num_iterations) generation batches (TRL counts "
+    "optimizer steps; a fraction < 1: of them)",
     "logging_strategy": "steps (other strategies: not supported)",
-    "save_strategy": "steps: run.save_every = save_steps, and the final save; no: run.save_every 0, no final save",
-    "save_steps": "run.save_every (a fraction < 1: of max_steps)",
-    "eval_strategy": "steps: run.eval_every = eval_steps (null: logging_steps); no: run.eval_every 0",
-    "eval_steps": "run.eval_every",
+    "save_strategy": "steps: run.save_every from save_steps, and the final save; no: run.save_every 0, no final save",
+    "save_steps": "run.save_every, as logging_steps",
+    "eval_strategy": "steps: run.eval_every from eval_steps (null: logging_steps); no: run.eval_every 0",
+    "eval_steps": "run.eval_every, as logging_steps",
     "lr_scheduler_type": "optim.lr_scheduler: linear, cosine, constant (warmup ignored, as transformers does), "
     "constant_with_warmup",
-    "warmup_steps": "optim.warmup_steps (a fraction < 1: of max_steps)",
+    "warmup_steps": "optim.warmup_steps, optimizer steps as in TRL (a fraction < 1: of them)",
     "optim": "AdamW (adamw_torch, adamw_torch_fused)",
-    "model_init_kwargs": "dtype (or torch_dtype): model.dtype; attn_implementation: model.attn_implementation",
+    "model_init_kwargs": "dtype (or torch_dtype): model.dtype; attn_implementation: model.attn_implementation; "
+    "revision main and trust_remote_code false (TRL's script passes them): their defaults",
     "gradient_checkpointing_kwargs": "null or {use_reentrant: false} (what grpo_fast uses)",
     "reward_weights": "the trainer's reward weights, one per reward function (an environment's reward adds 1)",
     "multi_objective_aggregation": "sum_then_normalize (grpo_fast's: weighted sum, then the group's advantage)",
@@ -216,7 +227,7 @@ def trl_config(args, *, num_rows: int | None, model_max_length: int | None) -> t
     except ValueError as exc:
         named = [key for key in keys if key in str(exc)]  # the keys the message names, and the fields that set them
         sources = [name for name, (key, _) in MAPPED.items() if key in named]
-        sources += [name for name, what in DERIVED.items() if what.split(" ")[0] in named]
+        sources += [name for name, what in DERIVED.items() if any(key in what for key in named)]
         raise ValueError(f"{exc} (set from GRPOConfig: {', '.join(sources) or 'its fields'})") from exc
     return config, args.reward_weights
 
@@ -228,9 +239,11 @@ def _refuse(name: str, value: Any, why: str) -> ValueError:
 def _derived(args, num_rows: int | None, model_max_length: int | None) -> dict[str, Any]:
     """The TrainConfig keys of the DERIVED fields."""
     out = {**_batch(args), **_engine(args, model_max_length), **_precision(args), **_model(args)}
-    out["run.max_steps"] = max_steps = _max_steps(args, num_rows, out["run.prompts_per_step"])
-    out.update(_schedule(args, max_steps))
-    out.update(_logging(args, max_steps))
+    out["data.use_chat_template"] = False  # TRL renders a chat prompt through the template, a string as it is
+    updates = _optimizer_steps(args, num_rows, out["run.prompts_per_step"])
+    out["run.max_steps"] = updates // args.num_iterations
+    out.update(_schedule(args, updates))
+    out.update(_logging(args, updates))
     if args.multi_objective_aggregation != "sum_then_normalize":
         raise _refuse("multi_objective_aggregation", args.multi_objective_aggregation, "only sum_then_normalize")
     if args.remove_unused_columns:
@@ -258,7 +271,10 @@ def _engine(args, model_max_length: int | None) -> dict[str, Any]:
         raise _refuse("vllm_mode", args.vllm_mode, "grpo_fast runs vLLM colocated (or apart: rollout.mode async)")
     if args.vllm_model_impl != "vllm":
         raise _refuse("vllm_model_impl", args.vllm_model_impl, "grpo_fast runs vLLM's own model implementation")
-    out: dict[str, Any] = {"rollout.engine": "vllm" if args.use_vllm else "hf"}
+    out: dict[str, Any] = {
+        "rollout.engine": "vllm" if args.use_vllm else "hf",
+        "grpo.vllm_importance_sampling_correction": bool(args.use_vllm and args.vllm_importance_sampling_correction),
+    }
     max_len = args.vllm_max_model_length or model_max_length
     if max_len:
         out["rollout.max_model_len"] = int(max_len)
@@ -288,6 +304,9 @@ def _model(args) -> dict[str, Any]:
         out["model.dtype"] = str(dtype).removeprefix("torch.")
     if "attn_implementation" in kwargs:
         out["model.attn_implementation"] = kwargs.pop("attn_implementation")
+    for key, default in (("revision", "main"), ("trust_remote_code", False)):
+        if kwargs.get(key, default) in (default, None):
+            kwargs.pop(key, None)
     if kwargs:
         raise _refuse("model_init_kwargs", args.model_init_kwargs, f"only dtype and attn_implementation, not {kwargs}")
     checkpointing = args.gradient_checkpointing_kwargs
@@ -296,12 +315,33 @@ def _model(args) -> dict[str, Any]:
     return out
 
 
-def _max_steps(args, num_rows: int | None, prompts_per_step: int) -> int:
+def _optimizer_steps(args, num_rows: int | None, prompts_per_step: int) -> int:
+    """The run's optimizer steps as TRL counts them: max_steps, or num_train_epochs over the generation batches of
+    the dataset (TRL's sampler drops an incomplete last one), num_iterations steps each. grpo_fast trains every
+    batch num_iterations times, so it must be a multiple of num_iterations (ValueError naming the field)."""
+    iterations = args.num_iterations
     if args.max_steps > 0:
-        return int(args.max_steps)
-    if not num_rows:
+        name, value, updates = "max_steps", args.max_steps, int(args.max_steps)
+    elif not num_rows:
         raise _refuse("max_steps", args.max_steps, "without a train_dataset to count epochs over, set max_steps")
-    return max(1, math.ceil(args.num_train_epochs * math.ceil(num_rows / prompts_per_step)))
+    elif num_rows < prompts_per_step:
+        raise _refuse(
+            "max_steps",
+            args.max_steps,
+            f"the train_dataset's {num_rows} rows make no whole generation batch of {prompts_per_step} prompts "
+            "(TRL would train no step): set max_steps, or lower generation_batch_size",
+        )
+    else:
+        name, value = "num_train_epochs", args.num_train_epochs
+        updates = math.ceil(args.num_train_epochs * (num_rows // prompts_per_step) * iterations)
+    if updates % iterations:
+        raise _refuse(
+            name,
+            value,
+            f"{updates} optimizer steps end inside a generation batch (num_iterations={iterations} steps each); "
+            f"grpo_fast trains whole batches: make them a multiple of {iterations}",
+        )
+    return updates
 
 
 def _text(value: Any) -> str:
@@ -309,12 +349,17 @@ def _text(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def _steps(value: float, max_steps: int) -> int:
-    """A step count of transformers' convention: a fraction < 1 is a share of max_steps."""
-    return max(1, math.ceil(value * max_steps)) if 0 < value < 1 else int(value)
+def _steps(value: float, updates: int) -> int:
+    """An optimizer-step count of transformers' convention: a fraction < 1 is a share of the run's `updates`."""
+    return max(1, math.ceil(value * updates)) if 0 < value < 1 else int(value)
 
 
-def _schedule(args, max_steps: int) -> dict[str, Any]:
+def _batches(value: float, args, updates: int) -> int:
+    """A cadence in optimizer steps (`_steps`) as generation batches, num_iterations steps each (rounded up)."""
+    return math.ceil(_steps(value, updates) / args.num_iterations)
+
+
+def _schedule(args, updates: int) -> dict[str, Any]:
     kind = _text(args.lr_scheduler_type)
     schedules = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
     if kind not in schedules:
@@ -324,23 +369,23 @@ def _schedule(args, max_steps: int) -> dict[str, Any]:
     optim = _text(args.optim)
     if optim not in ("adamw_torch", "adamw_torch_fused"):
         raise _refuse("optim", optim, "grpo_fast trains with AdamW (adamw_torch, adamw_torch_fused)")
-    warmup = 0 if kind == "constant" else _steps(args.warmup_steps, max_steps) if args.warmup_steps else 0
+    warmup = 0 if kind == "constant" else _steps(args.warmup_steps, updates) if args.warmup_steps else 0
     return {"optim.lr_scheduler": schedules[kind], "optim.warmup_steps": warmup}
 
 
-def _logging(args, max_steps: int) -> dict[str, Any]:
+def _logging(args, updates: int) -> dict[str, Any]:
     strategy = {name: _text(getattr(args, name)) for name in ("logging_strategy", "save_strategy", "eval_strategy")}
     if strategy["logging_strategy"] != "steps":
         raise _refuse("logging_strategy", strategy["logging_strategy"], "grpo_fast logs every run.log_every steps")
-    out = {"run.log_every": _steps(args.logging_steps, max_steps)}
+    out = {"run.log_every": _batches(args.logging_steps, args, updates)}
     if strategy["save_strategy"] not in ("steps", "no"):
         raise _refuse("save_strategy", strategy["save_strategy"], "steps or no")
     saving = strategy["save_strategy"] == "steps"
-    out.update({"run.save_every": _steps(args.save_steps, max_steps) if saving else 0, "run.save_final": saving})
+    out.update({"run.save_every": _batches(args.save_steps, args, updates) if saving else 0, "run.save_final": saving})
     if strategy["eval_strategy"] not in ("steps", "no"):
         raise _refuse("eval_strategy", strategy["eval_strategy"], "steps or no")
     every = args.eval_steps or args.logging_steps
-    out["run.eval_every"] = _steps(every, max_steps) if strategy["eval_strategy"] == "steps" else 0
+    out["run.eval_every"] = _batches(every, args, updates) if strategy["eval_strategy"] == "steps" else 0
     return out
 
 

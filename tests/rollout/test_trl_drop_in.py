@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from scripted_chat import ScriptedTurns, build_bpe_chat_tokenizer, chatml_tokenizer, tool_call
 
 from grpo_fast.core.tiny_models import TinyModelSpec, build_tiny_model
+from grpo_fast.rollout.prompts import PromptEncoder
 from grpo_fast.trainer import GRPOTrainer
 from grpo_fast.trainer.trl_args import INERT, trl_config
 
@@ -155,7 +157,11 @@ def _non_default(field: dataclasses.Field, value):
     return None
 
 
-WHERE_IT_COUNTS = {"num_train_epochs": {"max_steps": -1}, "eval_steps": {"eval_strategy": "steps"}}
+WHERE_IT_COUNTS = {
+    "num_train_epochs": {"max_steps": -1},
+    "eval_steps": {"eval_strategy": "steps"},
+    "vllm_importance_sampling_correction": {"use_vllm": True},
+}
 """Fields that count only beside another's value (in TRL as here): checked there."""
 
 
@@ -228,3 +234,141 @@ def test_prompts_from_reset_with_the_environment_named_in_the_config(tmp_path):
         assert trainer.rewards.names == ["environment_reward"]
     finally:
         trainer.close()
+
+
+def _trl_optimizer_steps(rows: int, args) -> int:
+    """The optimizer steps TRL 1.16 trains for `args` on `rows` prompts in one process: its RepeatSampler's length
+    through transformers' count of update steps per epoch (Trainer._inner_training_loop)."""
+    from trl.trainer.utils import RepeatSampler
+
+    sampler = RepeatSampler(
+        range(rows),
+        mini_repeat_count=args.num_generations,
+        batch_size=args.generation_batch_size // args.num_generations,
+        repeat_count=args.num_iterations * args.steps_per_generation,
+    )
+    batches = -(-len(sampler) // (args.per_device_train_batch_size * args.steps_per_generation))
+    accumulation = args.gradient_accumulation_steps
+    per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
+    return args.max_steps if args.max_steps > 0 else math.ceil(args.num_train_epochs * per_epoch)
+
+
+@pytest.mark.parametrize(
+    ("rows", "fields"),
+    [
+        (8, {"num_train_epochs": 1}),
+        (7, {"num_train_epochs": 3}),  # the last, incomplete generation batch of each epoch is dropped
+        (5, {"num_train_epochs": 0.5}),
+        (9, {"num_train_epochs": 2, "num_iterations": 2}),
+        (8, {"num_train_epochs": 1, "gradient_accumulation_steps": 2, "num_iterations": 3}),
+        (8, {"max_steps": 4, "num_iterations": 2}),
+    ],
+)
+def test_the_run_takes_as_many_optimizer_steps_as_trl(tmp_path, rows, fields):
+    args = grpo_config(tmp_path, **{"max_steps": -1, **fields})
+    config, _ = trl_config(args, num_rows=rows, model_max_length=1024)
+    assert config.run.max_steps * config.grpo.num_iterations == _trl_optimizer_steps(rows, args)
+
+
+def test_cadences_count_optimizer_steps_and_a_step_count_inside_a_batch_is_refused(tmp_path):
+    args = grpo_config(tmp_path, max_steps=8, num_iterations=2, logging_steps=4, warmup_steps=0.25)
+    config, _ = trl_config(args, num_rows=8, model_max_length=1024)
+    assert (config.run.max_steps, config.run.log_every, config.optim.warmup_steps) == (4, 2, 2)
+    with pytest.raises(ValueError, match=r"GRPOConfig.max_steps=3: .*multiple of 2"):
+        trl_config(grpo_config(tmp_path, max_steps=3, num_iterations=2), num_rows=8, model_max_length=1024)
+    with pytest.raises(ValueError, match=r"GRPOConfig.max_steps=-1: .*1 rows make no whole generation batch of 2"):
+        trl_config(grpo_config(tmp_path, max_steps=-1), num_rows=1, model_max_length=1024)
+
+
+def test_the_sampling_correction_of_vllm_applies_with_vllm_only(tmp_path):
+    """TRL corrects vLLM's sampling; transformers' generate samples from the policy itself (its processed logprobs
+    differ from the trainer's by top_k / top_p, which the correction would read as a mismatch)."""
+    for use_vllm in (False, True):
+        args = grpo_config(tmp_path, use_vllm=use_vllm, vllm_importance_sampling_correction=True, top_k=3)
+        config, _ = trl_config(args, num_rows=8, model_max_length=1024)
+        assert config.grpo.vllm_importance_sampling_correction is use_vllm
+
+
+def test_a_string_prompt_is_encoded_as_trl_does_and_a_chat_prompt_through_the_template(tmp_path):
+    tok = chatml_tokenizer(["say", "2"])
+    config, _ = trl_config(grpo_config(tmp_path), num_rows=8, model_max_length=1024)
+    encoder = PromptEncoder(tok, config.data)
+    assert encoder.encode("say 2") == tok(text="say 2")["input_ids"]  # TRL: processing_class(text=prompts)
+    chat = [{"role": "user", "content": "say 2"}]
+    rendered = tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)
+    assert encoder.encode(chat) == rendered["input_ids"]
+
+
+def _length_rollout_trainer(tmp_path, **fields):
+    """A TRL-configured trainer whose rollout_func completes every prompt with "ok" (no engine)."""
+    tok = chatml_tokenizer(["m", "ok"])
+
+    def rollout_func(prompts, trainer):
+        ids = [tok(p)["input_ids"] for p in prompts]
+        done = tok("ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return {"prompt_ids": ids, "completion_ids": [done] * len(ids), "logprobs": [[-1.0] * len(done)] * len(ids)}
+
+    return GRPOTrainer(
+        model=build_tiny_model(tok, SPEC),
+        reward_funcs=[lambda completions, **_: [float(len(c)) for c in completions]],
+        args=grpo_config(tmp_path, **fields),
+        train_dataset=[{"prompt": "m"}] * 2,
+        processing_class=tok,
+        rollout_func=rollout_func,
+    )
+
+
+def test_train_takes_trls_resume_from_checkpoint(tmp_path):
+    first = _length_rollout_trainer(tmp_path, max_steps=1, save_strategy="steps", save_steps=1)
+    try:
+        first.train(resume_from_checkpoint=None)  # what TRL's script passes on a first run
+    finally:
+        first.close()
+    (saved,) = (tmp_path / "run" / "checkpoints").iterdir()
+    again = _length_rollout_trainer(tmp_path, max_steps=2)
+    try:
+        with pytest.raises(ValueError, match=r"resume_from_checkpoint: '/elsewhere' is not the latest checkpoint"):
+            again.train(resume_from_checkpoint="/elsewhere")
+        again.train(resume_from_checkpoint=str(saved))
+    finally:
+        again.close()
+    assert again.step == 2 and [row["step"] for row in again.metrics.history if "loss" in row] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"max_completion_length": None}, "GRPOConfig.max_completion_length=None"),
+        ({"model_init_kwargs": {"dtype": "auto"}}, "model.dtype.*set from GRPOConfig: model_init_kwargs"),
+        ({"model_init_kwargs": {"revision": "v2"}}, "GRPOConfig.model_init_kwargs=.*revision"),
+    ],
+)
+def test_a_trl_value_grpo_fast_cannot_take_is_refused_naming_its_field(tmp_path, fields, named):
+    with pytest.raises(ValueError, match=named):
+        trl_config(grpo_config(tmp_path, **fields), num_rows=8, model_max_length=1024)
+
+
+def test_trl_defaults_a_script_passes_and_transformers_zero_are_read_as_trl_reads_them(tmp_path):
+    """TRL's grpo.py passes model_init_kwargs with revision 'main' and trust_remote_code False; transformers'
+    max_grad_norm 0 (no clipping) is grpo_fast's too."""
+    kwargs = {"revision": "main", "trust_remote_code": False, "attn_implementation": None, "dtype": "float32"}
+    config, _ = trl_config(
+        grpo_config(tmp_path, model_init_kwargs=kwargs, max_grad_norm=0), num_rows=8, model_max_length=1024
+    )
+    assert config.model.dtype == "float32" and config.optim.max_grad_norm == 0.0
+
+
+def test_a_streaming_dataset_is_refused_by_name_and_a_reward_model_path_is_trls_reward_model(tmp_path):
+    from grpo_fast.rewards.registry import reward_from_spec
+
+    class Streaming:  # datasets.IterableDataset: rows, no length
+        def __iter__(self):
+            yield {"prompt": "m"}
+
+    tok = chatml_tokenizer(["m"])
+    with pytest.raises(ValueError, match=r"train_dataset: a dataset without a length \(Streaming"):
+        GRPOTrainer(build_tiny_model(tok, SPEC), ["exact_match"], Streaming(), processing_class=tok)
+    fn = reward_from_spec("org/reward-model")
+    assert fn.func.__name__ == "reward_model" and fn.keywords == {"path": "org/reward-model"}
+    with pytest.raises(ValueError, match=r"unknown name 'exact_mach'"):
+        reward_from_spec("exact_mach")
