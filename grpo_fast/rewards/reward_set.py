@@ -2,7 +2,9 @@
 default), combined with their weights.
 
 Each function is called as TRL calls it: `fn(prompts=..., completions=..., completion_ids=...,
-trainer_state=..., **dataset_columns)`, taking what it names (everything with **kwargs); completions are
+trainer_state=..., **dataset_columns)`, taking what it names (everything with **kwargs), and in the trainer's
+process also TRL's `log_metric(name, value)` (the step's mean lands in the metrics as `reward_log/<name>`) and
+`log_extra(column, values)` (one value per completion of the call, kept beside the audited completions); completions are
 chat messages `[{"role": "assistant", "content": text}]` when the prompt is a list of messages, else
 text. A function with a required `max_completion_length` parameter gets the rollout's (so DAPO's
 `overlong_penalty` needs only its buffer).
@@ -34,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -69,29 +71,67 @@ a program's failure (a ProgramFailure reward: the lowest reward, never a skip), 
 an infrastructure failure (None)."""
 
 
+@dataclass
+class RewardLog:
+    """What the in-process functions log while one batch is scored, through TRL's `log_metric(name, value)` and
+    `log_extra(column, values)` (values: one per completion of the call)."""
+
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    columns: dict[str, list] = field(default_factory=dict)
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values) -> None:
+        self.columns.setdefault(str(column), []).extend(values)
+
+    def mark(self) -> tuple[dict[str, int], dict[str, int]]:
+        return {k: len(v) for k, v in self.metrics.items()}, {k: len(v) for k, v in self.columns.items()}
+
+    def rewind(self, mark: tuple[dict[str, int], dict[str, int]]) -> None:
+        """Forget what was logged since `mark` (a call that raised is called again, one completion at a time)."""
+        for logged, lengths in zip((self.metrics, self.columns), mark, strict=True):
+            for key in list(logged):
+                if key in lengths:
+                    del logged[key][lengths[key] :]
+                else:
+                    del logged[key]
+
+
 @dataclass(frozen=True)
 class ScoredBatch:
     """per_func [N, F] rewards (NaN where a function returned None); failures: "<name>/<kind>" -> count, kind
     one of FAILURE_KINDS; seconds_critical: in-process scoring plus the wait for the pool after generation (what
     scoring adds to the step); seconds_pool: the pool's own wall time on this batch (overlapped or not, worker
     start-up included); call_seconds [F]: the seconds each function's calls took (in-process, or summed over the
-    pool's workers)."""
+    pool's workers); logged_metrics: log_metric's values by name; extra: log_extra's columns, [N] each (None where
+    a batch logged none)."""
 
     per_func: torch.Tensor
     failures: dict[str, int]
     seconds_critical: float
     seconds_pool: float
     call_seconds: list[float]
+    logged_metrics: dict[str, list[float]] = field(default_factory=dict)
+    extra: dict[str, list] = field(default_factory=dict)
 
     @staticmethod
     def concat(batches: list[ScoredBatch]) -> ScoredBatch:
-        """The batches' completions in order, as one batch: rewards stacked, failures and seconds added up."""
+        """The batches' completions in order, as one batch: rewards stacked, failures, seconds and logged metrics
+        added up, extra columns joined."""
+        metrics: dict[str, list[float]] = {}
+        for b in batches:
+            for name, values in b.logged_metrics.items():
+                metrics.setdefault(name, []).extend(values)
+        columns = sorted({c for b in batches for c in b.extra})
         return ScoredBatch(
             torch.cat([b.per_func for b in batches]),
             dict(sum((Counter(b.failures) for b in batches), Counter())),
             sum(b.seconds_critical for b in batches),
             sum(b.seconds_pool for b in batches),
             [sum(column) for column in zip(*(b.call_seconds for b in batches), strict=True)],
+            metrics,
+            {c: [v for b in batches for v in b.extra.get(c, [None] * len(b.per_func))] for c in columns},
         )
 
 
@@ -108,9 +148,15 @@ class PendingScores:
         names: list[str],
         counts: Counter,
         on_scores: Callable[[list[int], Scores], None] | None = None,
+        log: RewardLog | None = None,
     ) -> None:
         self._per_func, self._call_seconds, self._names = per_func, call_seconds, names
         self._pooled, self._future, self._counts, self._on_scores = pooled, future, counts, on_scores
+        self._log = log or RewardLog()
+        n = len(per_func)
+        for column, values in self._log.columns.items():
+            if len(values) != n:
+                raise ValueError(f"log_extra({column!r}, values): {len(values)} values for {n} completions (one each)")
 
     def result(self) -> ScoredBatch:
         start = time.perf_counter()
@@ -133,7 +179,8 @@ class PendingScores:
             if self._on_scores is not None:
                 self._on_scores(self._pooled, scores)
         waited = time.perf_counter() - start
-        return ScoredBatch(self._per_func, dict(counts), in_process + waited, seconds_pool, self._call_seconds)
+        logged = (self._log.metrics, self._log.columns)
+        return ScoredBatch(self._per_func, dict(counts), in_process + waited, seconds_pool, self._call_seconds, *logged)
 
 
 class RewardSet:
@@ -236,14 +283,17 @@ class RewardSet:
         table.update(columns or {})
         table["completion_ids"] = completion_ids
         call_kwargs = {"trainer_state": state}
-        local_kwargs = call_kwargs if environments is None else {**call_kwargs, "environments": environments}
+        log = RewardLog()
+        local_kwargs = {**call_kwargs, "log_metric": log.log_metric, "log_extra": log.log_extra}
+        if environments is not None:
+            local_kwargs["environments"] = environments
         per_func = torch.full((len(rows), len(self.funcs)), math.nan)
         call_seconds = [0.0] * len(self.funcs)
         counts: Counter = Counter()
         for j in range(len(self.funcs)):
             if self.in_process[j]:
                 start = time.perf_counter()
-                values, failed = self._score_here(j, prompts, completions, table, local_kwargs)
+                values, failed = self._score_here(j, prompts, completions, table, local_kwargs, log)
                 per_func[:, j] = torch.tensor([math.nan if v is None else float(v) for v in values])
                 counts[f"{self.names[j]}/failures"] += failed
                 counts[f"{self.names[j]}/program_failures"] += sum(isinstance(v, ProgramFailure) for v in values)
@@ -253,23 +303,26 @@ class RewardSet:
         if pooled and rows:
             funcs = [self.funcs[j] for j in pooled]
             future = self._get_pool().submit(funcs, prompts, completions, table, call_kwargs)
-        return PendingScores(per_func, call_seconds, pooled, future, self.names, +counts, self._place)
+        return PendingScores(per_func, call_seconds, pooled, future, self.names, +counts, self._place, log)
 
     def _score_here(
-        self, j: int, prompts: list, completions: list, table: dict[str, list], kwargs: dict
+        self, j: int, prompts: list, completions: list, table: dict[str, list], kwargs: dict, log: RewardLog
     ) -> tuple[list[float | None], int]:
         """(rewards, how many completions failed) of function j in this process, failures as the pool treats them:
         an exception a completion may have caused (anything but InfrastructureError, which stays loud) costs that
         completion alone its failure reward, a ProgramFailure. The batch is one call; when it raises, each
-        completion is called alone to find which did it. A missing column raises, as in the pool."""
+        completion is called alone to find which did it (what the batch call logged is forgotten). One that raises
+        on every completion of a batch of several is the function's bug, not theirs: RuntimeError naming it. A
+        missing column raises, as in the pool."""
         fn = self.funcs[j]
         select_columns(fn, {**kwargs, **table})
+        mark = log.mark()
         try:
             return call_reward(fn, prompts, completions, table, kwargs), 0
         except InfrastructureError:
             raise
         except Exception:  # noqa: BLE001 - whose fault it was is found one completion at a time
-            pass
+            log.rewind(mark)
         values: list[float | None] = []
         failed = 0
         for i in range(len(completions)):
@@ -284,6 +337,11 @@ class RewardSet:
                 values.append(ProgramFailure(self._failure_reward(fn), f"error: {message}"))
                 failed += 1
                 logger.warning("reward %s failed on completion %d (error): %s", self.names[j], i, message)
+        if failed == len(completions) > 1:
+            raise RuntimeError(
+                f"reward {self.names[j]} raised on each of the batch's {failed} completions ({values[0].reason}): a "
+                "bug in the function; it should score a completion it cannot parse low (or None), not raise"
+            )
         return values, failed
 
     def _failure_reward(self, fn) -> float:
@@ -342,8 +400,11 @@ def _why_not_pooled(fn) -> str | None:
     the training script, so it cannot import it), one that does not pickle (a lambda, a closure), or one that takes
     `environments` (the rollouts' live environment instances, which stay in this process)."""
     inner = getattr(unrouted(fn), "func", unrouted(fn))
-    if "environments" in inspect.signature(fn).parameters:
+    params = inspect.signature(fn).parameters
+    if "environments" in params:
         return "takes `environments` (the rollouts' environment instances stay in the trainer's process)"
+    if "log_metric" in params or "log_extra" in params:
+        return "takes `log_metric` or `log_extra` (they log in the trainer's process)"
     module = getattr(inner, "__module__", None) if inspect.isroutine(inner) else type(inner).__module__
     if module == "__main__":
         return (

@@ -33,6 +33,7 @@ class AuditTrail:
         chosen = [("top", i) for i in reversed(order[-self.samples :])]
         chosen += [("bottom", i) for i in order[: self.samples] if i not in order[-self.samples :]]
         new = []
+        extra = rollout.generated_extra  # log_extra's columns
         for rank, i in chosen:
             per_func = rollout.generated_rewards_per_func[i].tolist()
             completion = rollout.generated[i]
@@ -45,6 +46,7 @@ class AuditTrail:
                     "length": len(completion.token_ids),
                     "prompt": _text(rows[rollout.generated_rows[i]]["prompt"]),
                     "completion": completion.text,
+                    **({"extra": {column: values[i] for column, values in extra.items()}} if extra else {}),
                 }
             )
         with open(self.jsonl, "a") as f:

@@ -48,6 +48,7 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
         out[f"reward/{name}/std"] = float(col.std()) if col.numel() > 1 else 0.0
         for kind in FAILURE_KINDS:
             out[f"reward/{name}/{kind}"] = float(rollout.reward_failures.get(f"{name}/{kind}", 0))
+    out.update({f"reward_log/{name}": sum(values) / len(values) for name, values in rollout.reward_logs.items()})
     out.update(
         {
             "time/generate": rollout.time_generate,

@@ -92,6 +92,10 @@ class RolloutBatch:
     completions they do not hand out: the rate counts what was generated, not what was handed out."""
     seconds_generating: float | None = None
     """The seconds the engine generated `tokens_generated` in: async, the engine process's own time generating."""
+    reward_logs: dict[str, list[float]] = field(default_factory=dict)
+    """What the reward functions logged this step with `log_metric`, by name."""
+    generated_extra: dict[str, list] = field(default_factory=dict)
+    """What they logged with `log_extra`: columns [M], one value per completion of `generated` (None: not logged)."""
 
 
 @dataclass(frozen=True)
@@ -122,16 +126,14 @@ class _Step:
     engine's counts."""
 
     drawn: list[_Group] = field(default_factory=list)
-    per_func: list[torch.Tensor] = field(default_factory=list)
+    scored: list[ScoredBatch] = field(default_factory=list)
     times: Counter = field(default_factory=Counter)
-    failures: Counter = field(default_factory=Counter)
     counts: Counter = field(default_factory=Counter)
 
     def add(self, groups: list[_Group], scored: ScoredBatch) -> None:
         self.drawn += groups
-        self.per_func.append(scored.per_func)
+        self.scored.append(scored)
         self.times.update(score=scored.seconds_critical, score_pool=scored.seconds_pool)
-        self.failures.update(scored.failures)
 
 
 def _slice(items: list, needed: list[int], rank: int) -> list:
@@ -418,6 +420,7 @@ class RolloutPhase:
         generated_rows = [grp.row for grp in data.drawn for _ in grp.completions]
         zero_var, stuck = self._flat_groups(generated_rewards, generated_rows)
         rounds_kind = self.scheduler.rounds
+        scored = ScoredBatch.concat(data.scored)
         return RolloutBatch(
             prompt_ids=[p for grp in chosen for p in grp.prompt_ids],
             completions=[c for grp in chosen for c in grp.completions],
@@ -425,20 +428,22 @@ class RolloutPhase:
             generated=[c for grp in data.drawn for c in grp.completions],
             generated_rows=generated_rows,
             generated_rewards=generated_rewards,
-            generated_rewards_per_func=torch.cat(data.per_func),
+            generated_rewards_per_func=scored.per_func,
             frac_zero_var_groups=zero_var,
             frac_stuck_groups=stuck,
             resample_rounds=rounds,
             time_generate=data.times["generate"],
             time_score=data.times["score"],
             time_score_pool=data.times["score_pool"],
-            reward_failures=dict(data.failures),
+            reward_failures=scored.failures,
             version=step,
             time_tools=data.times["tools"],
             partial_counts=dict(data.counts) if rounds_kind else {},
             # every rank counts every round's tokens; async: the engine process's own time generating
             tokens_generated=data.counts["generated_tokens"] / self.dist.world_size if rounds_kind else None,
             seconds_generating=(data.counts["busy_seconds"] if self.scheduler.engine_process else None),
+            reward_logs=scored.logged_metrics,
+            generated_extra=scored.extra,
         )
 
     def _flat_groups(self, rewards: torch.Tensor, rows: list[int]) -> tuple[float, float]:

@@ -299,8 +299,9 @@ def test_a_string_prompt_is_encoded_as_trl_does_and_a_chat_prompt_through_the_te
     assert encoder.encode(chat) == rendered["input_ids"]
 
 
-def _length_rollout_trainer(tmp_path, **fields):
-    """A TRL-configured trainer whose rollout_func completes every prompt with "ok" (no engine)."""
+def _length_rollout_trainer(tmp_path, reward=None, **fields):
+    """A TRL-configured trainer whose rollout_func completes every prompt with "ok" (no engine); `reward` (default:
+    the completion's length) scores it."""
     tok = chatml_tokenizer(["m", "ok"])
 
     def rollout_func(prompts, trainer):
@@ -310,7 +311,7 @@ def _length_rollout_trainer(tmp_path, **fields):
 
     return GRPOTrainer(
         model=build_tiny_model(tok, SPEC),
-        reward_funcs=[lambda completions, **_: [float(len(c)) for c in completions]],
+        reward_funcs=[reward or (lambda completions, **_: [float(len(c)) for c in completions])],
         args=grpo_config(tmp_path, **fields),
         train_dataset=[{"prompt": "m"}] * 2,
         processing_class=tok,
@@ -372,3 +373,17 @@ def test_a_streaming_dataset_is_refused_by_name_and_a_reward_model_path_is_trls_
     assert fn.func.__name__ == "reward_model" and fn.keywords == {"path": "org/reward-model"}
     with pytest.raises(ValueError, match=r"unknown name 'exact_mach'"):
         reward_from_spec("exact_mach")
+
+
+def test_a_reward_functions_log_metric_lands_in_the_steps_metrics(tmp_path):
+    def counted(completions, log_metric, **_):  # TRL 1.16's reward-function logging
+        log_metric("scored", len(completions))
+        return [1.0] * len(completions)
+
+    trainer = _length_rollout_trainer(tmp_path, counted, max_steps=1)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    (row,) = [row for row in trainer.metrics.history if "loss" in row]
+    assert row["reward_log/scored"] == 4.0  # 2 prompts x 2 completions, one call

@@ -78,3 +78,9 @@ def flat_on_even_operands(prompts, completions, **_):
 
 def even_operand(prompt: str) -> bool:
     return int(re.match(r"\((\d+)", prompt).group(1)) % 2 == 0
+
+
+def logs_a_metric(prompts, completions, log_metric, **_):
+    """completion count as a metric through TRL's log_metric; 0 per completion."""
+    log_metric("completions", len(completions))
+    return [0.0] * len(completions)

@@ -14,13 +14,14 @@ from scoring_verifiers import (
     column_value,
     completion_length,
     global_step,
+    logs_a_metric,
     misbehaving,
     slow_length,
 )
 
 from grpo_fast.rewards import overlong_penalty
 from grpo_fast.rewards.outcomes import InfrastructureError
-from grpo_fast.rewards.reward_set import RewardSet, TrainerState
+from grpo_fast.rewards.reward_set import RewardSet, ScoredBatch, TrainerState
 
 STATE = TrainerState(global_step=7, max_steps=10)
 
@@ -134,6 +135,40 @@ def test_without_workers_a_raising_completion_costs_its_reward_alone():
     scored = _score(rewards, [{"prompt": "p"}] * 3, ["abcd", "abc", "abcde"])
     assert scored.per_func.tolist() == [[1.0], [0.0], [0.5]] and rewards._pool is None
     assert scored.failures == {"picky/failures": 1, "picky/program_failures": 1}
+
+
+def test_a_function_that_raises_on_every_completion_is_named_not_scored_zero():
+    """The bug is the function's (here a keyword it does not get): scoring the batch 0 would train on nothing."""
+
+    def needs_a_helper(prompts, completions, helper=None, **_):  # a closure: scored in-process
+        return [helper(c) for c in completions]
+
+    rewards = RewardSet([needs_a_helper], workers=2)
+    with pytest.raises(RuntimeError, match=r"reward needs_a_helper raised on each of the batch's 3 completions"):
+        _score(rewards, [{"prompt": "p"}] * 3, ["a", "b", "c"])
+
+
+def test_trls_log_metric_and_log_extra_reach_the_scored_batch():
+    """TRL 1.16 passes reward functions `log_metric` and `log_extra`; a function that takes them is scored in the
+    trainer's process, and what a call that raised had logged is forgotten when its completions are scored alone."""
+
+    def logging_reward(completions, log_metric, log_extra, **_):  # a closure: scored in-process
+        lengths = [float(len(c)) for c in completions]
+        log_metric("longest", max(lengths))
+        log_extra("length", lengths)
+        if "boom" in completions and len(completions) > 1:
+            raise ValueError("scored alone")
+        return lengths
+
+    rewards = RewardSet([logging_reward, {"name": "exact_match", "in_process": True}], workers=2)
+    texts = ["ab", "boom", "abcd"]
+    scored = _score(rewards, [{"prompt": "p", "answer": "ab"}] * 3, texts)
+    assert rewards.in_process == [True, True] and rewards._pool is None
+    assert scored.logged_metrics == {"longest": [2.0, 4.0, 4.0]}  # one call per completion after the raise
+    assert scored.extra == {"length": [2.0, 4.0, 4.0]}
+    both = ScoredBatch.concat([scored, ScoredBatch(torch.zeros(1, 2), {}, 0.0, 0.0, [0.0, 0.0])])  # logged nothing
+    assert both.extra == {"length": [2.0, 4.0, 4.0, None]} and both.logged_metrics == scored.logged_metrics
+    assert RewardSet([logs_a_metric], workers=2).in_process == [True]  # importable, so poolable but for log_metric
 
 
 def test_length_rewards_need_no_glue():
