@@ -27,9 +27,9 @@ def main(args: argparse.Namespace) -> int:
     cfg = load_cli_config(args, overrides, loader=load_sample_config)
     if cfg is None:
         return 0
-    rows = load_prompt_dataset(cfg.data.source, prompt_column=cfg.data.prompt_column, **cfg.data.task_kwargs).to_list()
     try:
-        summary = run_sampling(cfg, rows, overwrite=args.overwrite)
+        data = load_prompt_dataset(cfg.data.source, prompt_column=cfg.data.prompt_column, **cfg.data.task_kwargs)
+        summary = run_sampling(cfg, data.to_list(), overwrite=args.overwrite)
     except ValueError as exc:
         raise SystemExit(f"grpo-fast sample: {exc}") from None
     print(json.dumps({k: v for k, v in summary.items() if not isinstance(v, list)}, indent=2))

@@ -99,9 +99,13 @@ def main(args: argparse.Namespace) -> int:
     if built is None:
         return 0
     cfg, trainer = built
-    if cfg.health.preflight and not cfg.run.resume:  # printed here; a resumed run's train() checks the verifiers
-        run_checks(cfg, trainer)
     try:
+        try:  # before the checklist starts the engine: an earlier run in the way, another run's checkpoint
+            trainer.check_output_dir()
+        except ValueError as exc:
+            raise SystemExit(f"grpo-fast {args.command_name}: {exc}") from None
+        if cfg.health.preflight and not cfg.run.resume:  # printed here; a resumed run's train() checks the verifiers
+            run_checks(cfg, trainer)
         last = trainer.train()
     except UnsafeCheckpointError as exc:  # refused unread: nothing of it ran, nothing was changed
         checkpoint = latest_checkpoint(trainer.output_dir / "checkpoints")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Literal, Self
 
 import torch
@@ -108,6 +109,26 @@ def build_sequence_batch(
     attn = torch.cat([prompt_mask, comp_mask.long()], dim=1)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     return SequenceBatch(input_ids, attn, position_ids, comp_ids, comp_mask, p)
+
+
+def check_model_path(path: str) -> None:
+    """ValueError naming model.path when `path` is meant as a local directory (absolute, relative with ./ or
+    ~, or more than one /) and does not exist, or is a directory without a Hugging Face config; or, a hub name,
+    when the Hub cannot give it (grpo_fast.core.policy.check_hub_model)."""
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not any((local / name).is_file() for name in ("config.json", "adapter_config.json")):
+            raise ValueError(
+                f"model.path: {path} is a directory without config.json, not a Hugging Face model directory; "
+                "point model.path at the directory save_pretrained wrote (or a hub name such as org/model)"
+            )
+    elif local.exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1:
+        raise ValueError(
+            f"model.path: {path} does not exist (expected a Hugging Face model directory or a hub name such as "
+            "org/model); check the path"
+        )
+    else:
+        check_hub_model(path)
 
 
 def check_hub_model(name: str, key: str = "model.path") -> None:

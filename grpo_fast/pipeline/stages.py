@@ -128,6 +128,7 @@ def filter_stage(config: dict, stage_dir: Path, model: str | None) -> StageResul
 def sft_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
     data = _with_defaults(config, model, ("run", "output_dir"), stage_dir)
     data["run"]["resume"] = bool(ckpt.saved_steps(Path(data["run"]["output_dir"]) / "checkpoints"))
+    data["run"]["overwrite"] = not data["run"]["resume"]  # interrupted before its first checkpoint: its own files
     s = run_sft(load_sft_config(data))
     return StageResult({"model": s["final_model"]}, {k: s[k] for k in ("steps", "final_loss") if k in s})
 

@@ -63,6 +63,7 @@ class SFTRunConfig(ConfigSection, ReportingOptions):
     save_every: int = option(0, "steps between checkpoints (0: only the final model)", low=0)
     keep_checkpoints: int | None = option(None, "keep the newest K checkpoints (null: all)", low=1)
     resume: bool = option(False, "continue from the latest checkpoint under output_dir")
+    overwrite: bool = option(False, "a fresh run in an output_dir of an earlier run deletes that run's files")
     bf16: bool | Auto = option("auto", "bf16 autocast (auto: on GPU, off on CPU)")
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from grpo_fast.core.metrics import MetricsLogger
 from grpo_fast.core.optim import build_optimizer, build_scheduler
 from grpo_fast.core.packing import packing_error
 from grpo_fast.core.plots import save_plots
-from grpo_fast.core.policy import load_policy
+from grpo_fast.core.policy import check_model_path, load_policy
 from grpo_fast.core.seeding import set_rng_state, set_seed
 from grpo_fast.core.trackers import open_trackers
 from grpo_fast.data.tokenizer import load_tokenizer
@@ -61,6 +62,7 @@ class SFTTrainer:
         if model is None:
             if not cfg.model.path:
                 raise ValueError("model.path: required (an HF directory or hub name) when no model is given")
+            check_model_path(cfg.model.path)
             model = load_policy(cfg.model)
         self.model = model
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.path or model.name_or_path)
@@ -141,7 +143,6 @@ class SFTTrainer:
         position, RNG states); False when there is none."""
         path = ckpt.latest_checkpoint(Path(self.config.run.output_dir) / "checkpoints")
         if path is None:
-            logger.warning("resume requested but no checkpoint under %s: starting fresh", self.config.run.output_dir)
             return False
         state = ckpt.load_trainer_state(path)  # before the weights: a refused checkpoint changes nothing
         ckpt.load_model_weights(self.model, path)
@@ -158,8 +159,8 @@ class SFTTrainer:
 
         cfg, out = self.config.run, Path(self.config.run.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if cfg.resume:
-            self.resume()
+        if not (cfg.resume and self.resume()):
+            self._clear_for_a_fresh_start(out)
         metrics = MetricsLogger(out, open_trackers(cfg, self.config.to_dict()))
         metrics.truncate_after(self.step)
         bar = _progress(self.total_steps, self.step, cfg.progress)
@@ -194,6 +195,27 @@ class SFTTrainer:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         metrics.close([out / "summary.json"])
         return summary
+
+    def _clear_for_a_fresh_start(self, out: Path) -> None:
+        """A start from step 0 in `out`: what an earlier run left there (checkpoints, metrics, the final model) is
+        deleted with run.overwrite; otherwise ValueError, so that nothing saved is replaced unasked."""
+        earlier = ckpt.earlier_run_files(out)
+        if (out / "final").is_dir():
+            earlier.append("final/")
+        if not earlier:
+            if self.config.run.resume:
+                logger.warning("resume requested but no checkpoint under %s: starting fresh", out)
+            return
+        if not self.config.run.overwrite:
+            resume = "it has no checkpoint to resume" if self.config.run.resume else "resume it (--resume)"
+            raise ValueError(
+                f"run.output_dir {out} holds an earlier run ({', '.join(earlier)}): starting afresh would replace it; "
+                f"{resume}, choose another run.output_dir, or set run.overwrite: true (--overwrite) to delete it"
+            )
+        logger.warning("run.overwrite: deleting the earlier run in %s (%s)", out, ", ".join(earlier))
+        ckpt.clear_earlier_run(out)
+        shutil.rmtree(out / "final", ignore_errors=True)
+        (out / "summary.json").unlink(missing_ok=True)
 
 
 def run_sft(config: SFTConfig, model=None, tokenizer=None, dataset=None) -> dict:

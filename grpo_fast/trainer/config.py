@@ -562,7 +562,15 @@ def load_sample_config(path: str | Path | dict | None = None, overrides: list[st
 
 
 def check_distributed_config(cfg: TrainConfig, world_size: int) -> None:
-    """ValueError naming the key for what a run of `world_size` > 1 processes cannot do."""
+    """ValueError naming the key for what a run of `world_size` processes cannot do."""
+    tp = cfg.rollout.vllm.tensor_parallel_size
+    if world_size % tp:
+        raise ValueError(
+            f"rollout.vllm.tensor_parallel_size: {tp} needs a torchrun launch of a multiple of {tp} processes (each "
+            f"vLLM engine spans {tp} consecutive ranks), not {world_size}"
+        )
+    if world_size == 1:
+        return
     if cfg.run.prompts_per_step % world_size:
         raise ValueError(
             f"run.prompts_per_step: {cfg.run.prompts_per_step} prompts do not split evenly over {world_size} "
@@ -571,12 +579,6 @@ def check_distributed_config(cfg: TrainConfig, world_size: int) -> None:
     if cfg.curriculum.every > 0:
         raise ValueError("curriculum.every: the pass-rate curriculum runs in a single process only; set it to 0")
     check_plan(cfg.rollout.scheduler, configured_capabilities(cfg.rollout), world_size=world_size)
-    tp = cfg.rollout.vllm.tensor_parallel_size
-    if world_size % tp:
-        raise ValueError(
-            f"rollout.vllm.tensor_parallel_size: {tp} does not divide the {world_size} processes (each vLLM engine "
-            f"spans {tp} consecutive ranks)"
-        )
 
 
 def config_key(cfg: Any, dotted: str) -> Any:

@@ -17,7 +17,9 @@ def trainer_from_config(cfg: TrainConfig) -> GRPOTrainer:
     train = load_prompt_dataset(data.source, prompt_column=data.prompt_column, **data.task_kwargs)
     evals = None
     if data.eval_source:
-        evals = load_prompt_dataset(data.eval_source, prompt_column=data.prompt_column, **data.eval_task_kwargs)
+        evals = load_prompt_dataset(
+            data.eval_source, prompt_column=data.prompt_column, key="data.eval_source", **data.eval_task_kwargs
+        )
     return GRPOTrainer(cfg.model.path, cfg.reward.funcs, train, config=cfg, eval_dataset=evals)
 
 
@@ -26,5 +28,5 @@ def launch_checks(cfg: TrainConfig, trainer: GRPOTrainer) -> PreflightReport:
     names one; raises PreflightError when the run would learn a broken reward."""
     control = None
     if cfg.check.sft_control_source:
-        control = load_prompt_dataset(cfg.check.sft_control_source).to_list()
+        control = load_prompt_dataset(cfg.check.sft_control_source, key="check.sft_control_source").to_list()
     return trainer.preflight(control)

@@ -26,7 +26,7 @@ from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger
 from grpo_fast.core.optim import build_optimizer, build_scheduler
 from grpo_fast.core.plots import PANELS, TOOL_PANELS, save_plots
-from grpo_fast.core.policy import check_hub_model, load_policy
+from grpo_fast.core.policy import check_model_path, load_policy
 from grpo_fast.core.scoring import submit_completions
 from grpo_fast.core.seeding import set_rng_state, set_seed
 from grpo_fast.core.sharded_checkpoint import (
@@ -132,22 +132,14 @@ class GRPOTrainer:
         quantization_config=None,
         peft_config=None,
     ) -> None:
-        _check_positional(train_dataset, callbacks)
-        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
-            if dataset is not None and not hasattr(dataset, "__len__"):
-                raise ValueError(
-                    f"{name}: a dataset without a length ({type(dataset).__name__}, e.g. streaming=True); the trainer "
-                    "draws each step's prompts from the whole dataset: load it without streaming, or pass a list "
-                    "of the rows to train on"
-                )
+        _check_arguments(train_dataset, eval_dataset, callbacks)
         refused = {"reward_processing_classes": reward_processing_classes, "optimizers": optimizers}
         refused.update(quantization_config=quantization_config, peft_config=peft_config)
         rows = None if train_dataset is None else len(train_dataset)
         cfg, tokenizer, weights = trainer_arguments(model, config, args, tokenizer, processing_class, rows, **refused)
         self.config = cfg
         self.dist = init_distributed()
-        if self.dist.enabled:
-            check_distributed_config(cfg, self.dist.world_size)
+        check_distributed_config(cfg, self.dist.world_size)
         set_seed(cfg.run.seed)
         model, ref_model = self._load_model(model)
         self.model = model
@@ -570,36 +562,59 @@ class GRPOTrainer:
         ckpt.write_run_signature(self.output_dir, signature)
         return path
 
+    def check_output_dir(self) -> None:
+        """The refusals of run.output_dir (an earlier run a fresh start would replace, a checkpoint another run
+        saved), as ValueError before anything starts; nothing is written or deleted. train() checks again."""
+        self.dist.run_on_main(self._check_output_dir_here)
+
+    def _check_output_dir_here(self) -> None:
+        signature = self.run_signature()
+        path = ckpt.latest_checkpoint(self.output_dir / "checkpoints") if self.config.run.resume else None
+        if path is not None:
+            ckpt.check_resume_config(path, signature)
+        elif problem := self._fresh_start_problem(signature, ckpt.earlier_run_files(self.output_dir)):
+            raise ValueError(problem)
+
+    def _fresh_start_problem(self, signature: dict, earlier: list[str]) -> str | None:
+        """Why a start from step 0 may not replace `earlier` (an earlier run's files in run.output_dir), or None:
+        run.overwrite deletes them, and so does run.resume when they are this same run's progress, never
+        checkpointed (killed before its first save: verl's resume_mode auto)."""
+        run = self.config.run
+        if not earlier or run.overwrite:
+            return None
+        if not run.resume:
+            return (
+                f"run.output_dir {self.output_dir} holds an earlier run ({', '.join(earlier)}): starting afresh would "
+                "replace it. Resume it (run.resume: true / --resume / train(resume_from_checkpoint=True)), choose "
+                "another run.output_dir, or set run.overwrite: true (--overwrite) to delete it and start over."
+            )
+        if (why := ckpt.unsaved_progress_mismatch(self.output_dir, signature)) is not None:
+            return (
+                f"run.resume: run.output_dir {self.output_dir} holds no checkpoint, and its run ({', '.join(earlier)}) "
+                f"is not this run's unsaved progress: {why}. Choose another run.output_dir, or set run.overwrite: "
+                "true (--overwrite) to delete it and start over."
+            )
+        return None
+
     def _clear_for_a_fresh_start(self, signature: dict) -> None:
-        """A start from step 0 in run.output_dir: what an earlier run left there is deleted with run.overwrite,
-        or with run.resume when it is this same run's progress, never checkpointed (killed before its first
-        save: verl's resume_mode auto); otherwise ValueError."""
+        """A start from step 0 in run.output_dir: what an earlier run left there is deleted where
+        `_fresh_start_problem` allows it; otherwise ValueError."""
         run = self.config.run
         earlier = ckpt.earlier_run_files(self.output_dir)
+        if problem := self._fresh_start_problem(signature, earlier):
+            raise ValueError(problem)
         if not earlier:
             if run.resume:
                 logger.warning("resume requested but no checkpoint under %s: starting fresh", self.output_dir)
             return
         if run.overwrite:
             logger.warning("run.overwrite: deleting the earlier run in %s (%s)", self.output_dir, ", ".join(earlier))
-        elif run.resume and (why := ckpt.unsaved_progress_mismatch(self.output_dir, signature)) is not None:
-            raise ValueError(
-                f"run.resume: run.output_dir {self.output_dir} holds no checkpoint, and its run ({', '.join(earlier)}) "
-                f"is not this run's unsaved progress: {why}. Choose another run.output_dir, or set run.overwrite: "
-                "true (--overwrite) to delete it and start over."
-            )
-        elif run.resume:
+        else:
             logger.warning(
                 "resume requested but no checkpoint under %s: it holds this run's progress from before its first "
                 "checkpoint (%s), started again from step 0 and replaced",
                 self.output_dir,
                 ", ".join(earlier),
-            )
-        else:
-            raise ValueError(
-                f"run.output_dir {self.output_dir} holds an earlier run ({', '.join(earlier)}): starting afresh would "
-                "replace it. Resume it (run.resume: true / --resume / train(resume_from_checkpoint=True)), choose "
-                "another run.output_dir, or set run.overwrite: true (--overwrite) to delete it and start over."
             )
         ckpt.clear_earlier_run(self.output_dir)
 
@@ -803,26 +818,6 @@ class GRPOTrainer:
         return out
 
 
-def check_model_path(path: str) -> None:
-    """ValueError naming model.path when `path` is meant as a local directory (absolute, relative with ./ or
-    ~, or more than one /) and does not exist, or is a directory without a Hugging Face config; or, a hub name,
-    when the Hub cannot give it (grpo_fast.core.policy.check_hub_model)."""
-    local = Path(path).expanduser()
-    if local.is_dir():
-        if not any((local / name).is_file() for name in ("config.json", "adapter_config.json")):
-            raise ValueError(
-                f"model.path: {path} is a directory without config.json, not a Hugging Face model directory; "
-                "point model.path at the directory save_pretrained wrote (or a hub name such as org/model)"
-            )
-    elif local.exists() or path.startswith(("/", ".", "~")) or path.count("/") > 1:
-        raise ValueError(
-            f"model.path: {path} does not exist (expected a Hugging Face model directory or a hub name such as "
-            "org/model); check the path"
-        )
-    else:
-        check_hub_model(path)
-
-
 def _takes_environments(fn) -> bool:
     """Whether reward function `fn` takes TRL's `environments` (the rollouts' live environment instances)."""
     try:
@@ -837,11 +832,19 @@ def _as_rows(dataset) -> list[dict]:
     return validate_prompt_rows(dataset.to_list() if hasattr(dataset, "to_list") else dataset)
 
 
-def _check_positional(train_dataset, callbacks) -> None:
+def _check_arguments(train_dataset, eval_dataset, callbacks) -> None:
     """TypeError for a TRL call that passed its config third (grpo_fast's third argument is train_dataset, TRL's is
-    args), ValueError for a callback that is not a callable (transformers' TrainerCallback objects)."""
+    args); ValueError for a dataset without a length (an IterableDataset) or a callback that is not a callable
+    (transformers' TrainerCallback objects)."""
     if isinstance(train_dataset, TrainConfig) or hasattr(train_dataset, "generation_batch_size"):
         raise TypeError("train_dataset: got a config; pass it by name, args=... (TRL's third argument is args)")
+    for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+        if dataset is not None and not hasattr(dataset, "__len__"):
+            raise ValueError(
+                f"{name}: a dataset without a length ({type(dataset).__name__}, e.g. streaming=True); the trainer "
+                "draws each step's prompts from the whole dataset: load it without streaming, or pass a list of "
+                "the rows to train on"
+            )
     for i, callback in enumerate(callbacks or ()):
         if not callable(callback):
             raise ValueError(

@@ -53,3 +53,15 @@ def test_resume_from_a_refused_checkpoint_is_one_line(tmp_path, tiny_dir):
     )
     assert not marker.exists() and (checkpoint / ckpt.TRAINER_STATE).read_bytes() == tampered
     assert ckpt.latest_checkpoint(out / "checkpoints") == checkpoint  # no step was trained from it
+
+
+def test_a_fresh_start_over_an_earlier_run_is_refused_in_one_line_before_anything_starts(tmp_path, tiny_dir):
+    out, config = tmp_path / "run", tmp_path / "config.yaml"
+    rollout = {"engine": "hf", "num_generations": 2, "max_completion_length": 2}
+    run = {"max_steps": 1, "prompts_per_step": 1}
+    config.write_text(yaml.safe_dump(quiet_run_config(tiny_dir, reward={"workers": 0}, rollout=rollout, run=run)))
+    assert _train(config, out).returncode == 0
+    proc = _train(config, out)  # neither --resume nor --overwrite
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Loading weights")]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines == [lines[0]] and lines[0].startswith(f"grpo-fast train: run.output_dir {out} holds an earlier run")

@@ -11,7 +11,7 @@ import yaml
 from safetensors.torch import load_file
 
 from grpo_fast.cli import main
-from grpo_fast.core.tiny_models import build_tiny_model, save_tiny
+from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, save_tiny
 from grpo_fast.sft.config import load_sft_config
 from grpo_fast.sft.in_memory import sft_train
 from grpo_fast.sft.trainer import SFTTrainer, run_sft
@@ -110,6 +110,29 @@ def test_cli_trains_a_local_model_on_a_jsonl_file(tok, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["data"]["source"] == str(data)
 
 
+def test_a_fresh_run_never_replaces_an_earlier_one_unasked(tok, tmp_path):
+    """A second run into the same output_dir is refused (its final model and checkpoints are the user's), as is a
+    resume with no checkpoint to resume; run.overwrite deletes the earlier run first, old checkpoints included."""
+    out = tmp_path / "run"
+    run_sft(config(out, max_steps=2, save_every=2), build_tiny_model(tok, seed=0), tok, ROWS)
+    saved = (out / "final" / "model.safetensors").read_bytes()
+    for resume, refusal in ((False, "resume it"), (True, None)):
+        again = config(out, max_steps=1, resume=resume)
+        if resume:  # a checkpoint exists: resumed, not refused; beyond max_steps, it trains nothing new
+            assert run_sft(again, build_tiny_model(tok, seed=1), tok, ROWS)["steps_this_run"] == 0
+            continue
+        with pytest.raises(ValueError, match=rf"run.output_dir {out} holds an earlier run .*final/.*{refusal}"):
+            run_sft(again, build_tiny_model(tok, seed=1), tok, ROWS)
+    assert (out / "final" / "model.safetensors").read_bytes() == saved
+    (out / "checkpoints").rename(tmp_path / "elsewhere")  # a finished run without checkpoints
+    with pytest.raises(ValueError, match="it has no checkpoint to resume"):
+        run_sft(config(out, max_steps=1, resume=True), build_tiny_model(tok, seed=1), tok, ROWS)
+    (tmp_path / "elsewhere").rename(out / "checkpoints")
+    summary = run_sft(config(out, max_steps=1, overwrite=True), build_tiny_model(tok, seed=1), tok, ROWS)
+    assert summary["steps"] == 1 and not (out / "checkpoints").exists()
+    assert (out / "final" / "model.safetensors").read_bytes() != saved
+
+
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
@@ -134,6 +157,12 @@ def test_cli_reports_an_invalid_config_and_a_missing_model(tmp_path):
         main(["sft", "--set", "run.max_steps=0"])
     with pytest.raises(SystemExit, match="model.path is required"):
         main(["sft", "--set", "data.source=x.jsonl"])
+    with pytest.raises(SystemExit, match=r"^grpo-fast sft: model.path: /tmp/no-such-model does not exist"):
+        main(["sft", "--set", "data.source=x.jsonl", "--set", "model.path=/tmp/no-such-model"])
+    tok = build_char_tokenizer()
+    model_dir = save_tiny(build_tiny_model(tok, seed=0), tok, tmp_path / "model")
+    with pytest.raises(SystemExit, match=rf"^grpo-fast sft: data.source: dataset file not found: {tmp_path}/x.jsonl"):
+        main(["sft", "--set", f"data.source={tmp_path}/x.jsonl", "--set", f"model.path={model_dir}"])
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.glob("sft_*.yaml")), ids=lambda p: p.name)

@@ -147,7 +147,7 @@ def test_hostile_config_structure_fails_naming_the_key():
         ("run.log_every", 0),
         ("run.seed", -1),
         ("run.seed", 2**40),
-        ("optim.max_grad_norm", 0),
+        ("optim.max_grad_norm", -1.0),
         ("optim.eps", -1e-8),
         ("optim.weight_decay", -0.1),
         ("optim.warmup_steps", -3),
@@ -260,6 +260,23 @@ def test_dataset_file_with_a_bad_row_names_it(tmp_path):
     path.write_text('{"prompt": "fine"\n')  # not JSON
     with pytest.raises(ValueError, match=r"rows\.jsonl: cannot be read"):
         load_prompt_dataset(str(path))
+
+
+def test_a_dataset_that_cannot_be_loaded_is_named_by_its_key(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    with pytest.raises(ValueError, match=rf"^data.eval_source: dataset file not found: {missing}$"):
+        load_prompt_dataset(str(missing), key="data.eval_source")
+    with pytest.raises(ValueError, match=r"^data.source: unknown built-in task 'nope'"):
+        load_prompt_dataset("task:nope")
+
+
+def test_tensor_parallel_vllm_in_one_process_is_refused_with_the_config():
+    from grpo_fast.trainer.config import TrainConfig, check_distributed_config
+
+    cfg = TrainConfig()
+    cfg.rollout.vllm.tensor_parallel_size = 2
+    with pytest.raises(ValueError, match=r"rollout.vllm.tensor_parallel_size: 2 needs a torchrun launch .* not 1"):
+        check_distributed_config(cfg, 1)
 
 
 def test_bad_task_kwargs_name_the_option():
