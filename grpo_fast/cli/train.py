@@ -91,7 +91,8 @@ def run_checks(cfg, trainer) -> None:
     except PreflightError as exc:
         trainer.close()
         raise SystemExit(f"grpo-fast: the run would learn a broken reward, not starting: {exc}") from None
-    print(report.text())
+    if trainer.dist.is_main:  # under torchrun every rank runs the checklist; one prints it
+        print(report.text())
 
 
 def main(args: argparse.Namespace) -> int:
@@ -112,5 +113,6 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"grpo-fast {args.command_name}: cannot resume from {checkpoint}: {exc}") from None
     finally:
         trainer.close()
-    print(json.dumps({k: v for k, v in last.items() if k.startswith(("reward/mean", "eval/"))}))
+    if trainer.dist.is_main:
+        print(json.dumps({k: v for k, v in last.items() if k.startswith(("reward/mean", "eval/"))}))
     return 0

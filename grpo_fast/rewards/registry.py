@@ -97,9 +97,16 @@ def _checked(fn: Any, name: str) -> RewardFunc:
     return fn
 
 
+CALL_ARGUMENTS = frozenset(
+    {"prompts", "completions", "completion_ids", "trainer_state", "log_metric", "log_extra", "environments"}
+)
+"""What the trainer passes a reward function at each call (as TRL does): never a spec's option."""
+
+
 def _check_options(fn: RewardFunc, name: str, options: Mapping[str, Any]) -> None:
     params = inspect.signature(fn).parameters
     keyword = {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    unknown = sorted(set(options) - (keyword - {"prompts", "completions"}))
+    known = keyword - CALL_ARGUMENTS
+    unknown = sorted(set(options) - known)
     if unknown:
-        raise ValueError(f"reward function {name!r}: unknown option(s) {unknown}; its options: {sorted(keyword)}")
+        raise ValueError(f"reward function {name!r}: unknown option(s) {unknown}; its options: {sorted(known)}")

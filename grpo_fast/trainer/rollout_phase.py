@@ -42,6 +42,11 @@ from grpo_fast.trainer.data_sampler import PromptSampler
 
 logger = logging.getLogger(__name__)
 
+ROUND_COUNTS = ("rounds", "started", "restarted", "dropped", "generated_tokens")
+"""What a partial step counts (PartialRollouts.collect), each logged as rollout/<name> every step, 0 included."""
+ENGINE_COUNTS = ("started", "restarted", "dropped", "dropped_stale", "generated_tokens", "busy_seconds", "idle_seconds")
+"""What an async step counts (the engine process's, and the groups that arrived too old), logged the same way."""
+
 OVERLAP_SHARE = 0.25
 """reward.overlap_chunks auto: split generation in two while the reward pool's work on the last round came to at least
 this share of the round's generation time (the hidden share, up to half the pool's time, must beat the cost of
@@ -438,13 +443,17 @@ class RolloutPhase:
             reward_failures=scored.failures,
             version=step,
             time_tools=data.times["tools"],
-            partial_counts=dict(data.counts) if rounds_kind else {},
+            partial_counts=self._step_counts(data.counts) if rounds_kind else {},
             # every rank counts every round's tokens; async: the engine process's own time generating
             tokens_generated=data.counts["generated_tokens"] / self.dist.world_size if rounds_kind else None,
             seconds_generating=(data.counts["busy_seconds"] if self.scheduler.engine_process else None),
             reward_logs=scored.logged_metrics,
             generated_extra=scored.extra,
         )
+
+    def _step_counts(self, counts: Counter) -> dict[str, float]:
+        """A partial or async step's counts, every one its scheduler keeps (0 where nothing happened)."""
+        return {**dict.fromkeys(ENGINE_COUNTS if self.scheduler.engine_process else ROUND_COUNTS, 0.0), **counts}
 
     def _flat_groups(self, rewards: torch.Tensor, rows: list[int]) -> tuple[float, float]:
         """The shares of the groups in `rewards` [groups * G] (of dataset rows `rows`) whose rewards are all equal,

@@ -97,7 +97,7 @@ def runs(tmp_path_factory, tiny_dir):
     root = tmp_path_factory.mktemp("torchrun")
     config = _config(root / "config.yaml", tiny_dir)
     _train(config, root / "one", 1)
-    _train(config, root / "two", 2, "--set", "run.max_steps=2")
+    (root / "two.stdout").write_text(_train(config, root / "two", 2, "--set", "run.max_steps=2"))
     return config, root
 
 
@@ -114,6 +114,12 @@ def test_two_ranks_train_what_one_process_trains(runs):
     first, second = _weights(root / "one", 1), _weights(root / "one", 2)
     moved = max(float((second[k] - first[k]).abs().max()) for k in first)
     assert moved > 1e3 * ATOL  # the tolerance is far below what a step changes
+
+
+def test_one_rank_prints_the_result(runs):
+    _, root = runs
+    printed = (root / "two.stdout").read_text()
+    assert printed.count('{"reward/mean"') == 1, printed[-2000:]
 
 
 def test_two_rank_checkpoint_has_shards_and_resumes_in_one_process(runs):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import re
 
 import pytest
 
@@ -41,6 +42,10 @@ def test_bad_specs_are_errors_that_name_the_problem():
         reward_from_spec("nope")
     with pytest.raises(ValueError, match=r"'think_format': unknown option\(s\) \['colour'\]"):
         reward_from_spec({"name": "think_format", "colour": "red"})
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['completions'\]; its options: \[[^]]*\]$") as refused:
+        reward_from_spec({"name": "overlong_penalty", "completions": 5})  # what the trainer passes at each call
+    options = set(re.findall(r"'(\w+)'", str(refused.value).split("its options:")[1]))
+    assert "overlong_buffer" in options and options.isdisjoint({"completions", "completion_ids", "prompts"})
     with pytest.raises(ValueError, match="expected a callable, a name"):
         reward_from_spec(3)
     with pytest.raises(ValueError, match="cannot load"):

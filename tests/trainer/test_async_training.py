@@ -73,9 +73,11 @@ def test_async_steps_train_whole_groups_within_the_staleness_bound(tmp_path, eng
 
 def _check_whole_groups(trainer, ledger) -> None:
     assert trainer.step == STEPS and not trainer.rollout.remote
+    counts = ("started", "restarted", "dropped", "dropped_stale", "generated_tokens", "busy_seconds", "idle_seconds")
     for m in ledger.metrics:
         assert m["rollout/trained_samples"] == 2 * 3
         assert m["rollout/staleness_max"] <= MAX_STALENESS
+        assert all(f"rollout/{name}" in m for name in counts), sorted(m)  # every step, 0 included: series without gaps
     assert max(m["rollout/staleness_max"] for m in ledger.metrics) >= 1, "generation must overlap training"
     assert len(ledger.rows) == len(set(ledger.rows)) == STEPS * 2
 

@@ -140,6 +140,8 @@ def test_partial_generation_rate_counts_the_tokens_generated_this_step():
         metrics = step_metrics(batch, phase.rewards.names, {"train": 0.0, "sync": 0.0, "step": 1.0})
         assert sum(returned) != sum(len(c.token_ids) for c in batch.completions)
         assert metrics["tokens_per_second/generate"] == pytest.approx(sum(returned) / batch.time_generate)
+        counts = ("rounds", "started", "restarted", "dropped", "generated_tokens")  # every step: series without gaps
+        assert all(f"rollout/{name}" in metrics for name in counts) and metrics["rollout/dropped"] == 0
 
 
 def test_partial_defaults_train_fresh_groups_without_a_long_tail():
