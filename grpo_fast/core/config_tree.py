@@ -108,7 +108,8 @@ as JSON, each alias as often as it is used: nine levels of nine aliases are 387 
 def read_yaml(source: str | Path):
     """The YAML file `source` as Python data, read with PyYAML's safe loader (plain values only: a `!!python/...`
     tag is an error, never a call); ValueError naming the file for bytes that are not UTF-8 text, text that is not
-    YAML, nesting deeper than the parser goes, or aliases that expand past MAX_YAML_VALUES."""
+    YAML, a key given twice in one mapping (PyYAML would keep the last silently), nesting deeper than the parser
+    goes, or aliases that expand past MAX_YAML_VALUES."""
     try:
         text = Path(source).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -120,6 +121,11 @@ def read_yaml(source: str | Path):
             return None
         if (size := _expanded_size(node, {})) > MAX_YAML_VALUES:
             raise ValueError(f"config file {source}: its aliases expand to more than {MAX_YAML_VALUES} values ({size})")
+        if (twice := _repeated_key(node, set())) is not None:
+            raise ValueError(
+                f"config file {source}, line {twice.start_mark.line + 1}: {twice.value!r} is given twice in one "
+                "mapping (only the last would count); keep one"
+            )
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise ValueError(f"config file {source}: not valid YAML ({_first_line(exc)})") from None
@@ -138,6 +144,24 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
             children = [part for pair in node.value for part in pair]
         sizes[id(node)] = 1 + sum(_expanded_size(child, sizes) for child in children)
     return sizes[id(node)]
+
+
+def _repeated_key(node: yaml.Node, seen: set[int]) -> yaml.ScalarNode | None:
+    """The first key that repeats an earlier key of its mapping, anywhere under `node` (each node visited once)."""
+    if id(node) in seen:
+        return None
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        names: set[str] = set()
+        for key, _ in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.value != "<<":  # "<<": YAML's merge key, repeatable
+                if key.value in names:
+                    return key
+                names.add(key.value)
+    children = node.value if isinstance(node, yaml.SequenceNode) else []
+    if isinstance(node, yaml.MappingNode):
+        children = [part for pair in node.value for part in pair]
+    return next((found for child in children if (found := _repeated_key(child, seen)) is not None), None)
 
 
 # -- the reference of every key ----------------------------------------------------------------------------

@@ -252,4 +252,7 @@ def upgrade_tensorboard(data: dict) -> list[str]:
     value = data["run"]["report_to"]
     if isinstance(value, bool):
         data["run"]["report_to"] = "auto" if value else []
-    return ["run.tensorboard is the old spelling of run.report_to; write run.report_to: [tensorboard] (or [] for none)"]
+    return [
+        "run.tensorboard is the old spelling of run.report_to; write run.report_to: auto (TensorBoard when it is "
+        "installed, what true meant), [tensorboard] to require it, or [] for none"
+    ]

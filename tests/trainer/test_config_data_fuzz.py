@@ -197,6 +197,18 @@ def test_config_file_not_utf8_or_not_yaml(tmp_path):
         main(["train", "--config", str(bad)])
 
 
+def test_a_key_given_twice_is_refused_not_silently_the_last(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("run:\n  max_steps: 3\n  output_dir: runs/x\n  max_steps: 4\n")
+    with pytest.raises(ValueError, match=r"twice.yaml, line 4: 'max_steps' is given twice in one mapping"):
+        load_config(twice)
+    merged = tmp_path / "merged.yaml"  # YAML's merge key may repeat; an anchor used twice is not a repeated key
+    merged.write_text("base: &b {max_steps: 3}\nrun:\n  <<: *b\n  output_dir: runs/x\noptim: {lr: 0.1}\n")
+    from grpo_fast.core.config_tree import read_yaml
+
+    assert read_yaml(merged)["run"] == {"max_steps": 3, "output_dir": "runs/x"}
+
+
 # -- dataset rows ------------------------------------------------------------------------------------------
 
 GOOD = ["what is 2+2?", [{"role": "user", "content": "hi"}], "  x  "]
