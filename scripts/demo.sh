@@ -6,4 +6,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/env.sh"
 cd "$ROOT"
+# c10 reads its log level when torch starts: its notices (vLLM's NUMA binding on CPU) stay off unless asked for
+export TORCH_CPP_LOG_LEVEL="${TORCH_CPP_LOG_LEVEL:-ERROR}"
 exec grpo-fast demo --output-dir "${1:-runs/demo}"

@@ -9,6 +9,7 @@ import importlib
 import logging
 import os
 import sys
+import warnings
 
 COMMANDS = {
     "train": ("grpo_fast.cli.train", "GRPO training from a YAML config (see configs/)"),
@@ -55,18 +56,33 @@ def add_logging_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_logging(level: str | None) -> None:
-    """Our loggers (grpo_fast.*) and vLLM's at `level` (None: warning, and vLLM's as VLLM_LOGGING_LEVEL says when
-    it is set). vLLM reads VLLM_LOGGING_LEVEL when it is imported, in this process and in the engine processes it
-    starts; a vLLM already imported is set directly."""
+    """Our loggers (grpo_fast.*) and vLLM's at `level`. None, the default, prints our own lines only: ours at
+    warning; vLLM's at error (as VLLM_LOGGING_LEVEL says when it is set), its deprecation warnings off, and
+    transformers' progress bars (writing and loading weights) off, the Hub's download bars kept. vLLM reads
+    VLLM_LOGGING_LEVEL when it is imported, in this process and in the engine processes it starts."""
     if level is None:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up notices (LD_PRELOAD, chunked prefill...)
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+        if "transformers" in sys.modules:  # imported by the commands that load models
+            _quiet_transformers_progress()
     else:
         os.environ["VLLM_LOGGING_LEVEL"] = level.upper()
-    if "vllm" in sys.modules:
-        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+    # set before vLLM configures it too: what it logs while it is being imported goes through this logger
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
     if level in ("info", "debug"):  # below warning our lines need a handler (without one Python prints warnings only)
         logging.basicConfig(format="%(message)s")  # the root stays at warning: other libraries' chatter stays off
         logging.getLogger("grpo_fast").setLevel(level.upper())
+
+
+def _quiet_transformers_progress() -> None:
+    """transformers' own progress bars off (each weight save and load shows one), the Hub's downloads' kept."""
+    import huggingface_hub.utils
+    from transformers.utils import logging as transformers_logging
+
+    downloads = not huggingface_hub.utils.are_progress_bars_disabled()
+    transformers_logging.disable_progress_bar()  # the Hub's bars too
+    if downloads:
+        huggingface_hub.utils.enable_progress_bars()
 
 
 def main(argv: list[str] | None = None) -> int:

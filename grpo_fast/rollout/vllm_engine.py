@@ -161,8 +161,8 @@ class VLLMEngine(RolloutEngine):
         self.on_gpu = current_platform.is_cuda_alike()
         self.sleep_supported = bool(self.on_gpu and current_platform.is_sleep_mode_available())
         self.sleep_level = sleep_level if self.sleep_supported else 0
-        if sleep_level and not self.sleep_supported:
-            logger.warning(
+        if sleep_level and not self.sleep_supported:  # expected on CPU; on a GPU, memory the trainer will miss
+            (logger.warning if self.on_gpu else logger.info)(
                 "vLLM sleep mode is not available on %s: the rollout engine stays resident (sleep skipped)",
                 current_platform.device_type or "this platform",
             )
@@ -172,6 +172,7 @@ class VLLMEngine(RolloutEngine):
         kwargs |= dict(enforce_eager=enforce_eager, enable_prefix_caching=enable_prefix_caching)
         # sampling logprobs after temperature / top-p / top-k: the distribution the loss's ratio is taken against
         kwargs |= dict(logprobs_mode="processed_logprobs", enable_sleep_mode=self.sleep_level > 0)
+        kwargs["use_tqdm_on_load"] = logging.getLogger("vllm").isEnabledFor(logging.INFO)  # with its INFO lines
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         else:

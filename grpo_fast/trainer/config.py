@@ -21,6 +21,7 @@ from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
 from grpo_fast.core.trackers import ReportingOptions, check_installed, upgrade_tensorboard
 from grpo_fast.curate.sampling import SampleConfig
+from grpo_fast.data.tasks import TASKS
 from grpo_fast.loss import GRPOLossConfig
 from grpo_fast.registry import import_modules
 from grpo_fast.rollout.async_rollouts import AsyncOptions
@@ -41,8 +42,8 @@ class DataConfig(ConfigSection):
     key = "data"
     source: str = option(
         "task:modular_arithmetic",
-        "task:<name> (a built-in task: modular_arithmetic, countdown, code_functions), a local .jsonl / .parquet / "
-        ".csv file, or a hub dataset name",
+        f"task:<name> (a built-in task: {', '.join(TASKS)}), a local .jsonl / .parquet / .csv file, or a hub "
+        "dataset name",
     )
     task_kwargs: dict = option(help="keyword arguments of the built-in task's builder (n, seed, ...)", factory=dict)
     eval_source: str | None = option(None, "the held-out set, in the same forms as source (null: no evaluation)")
