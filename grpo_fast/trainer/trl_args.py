@@ -256,8 +256,11 @@ def _batch(args) -> dict[str, Any]:
         raise _refuse(
             "steps_per_generation",
             args.steps_per_generation,
-            "grpo_fast takes one optimizer step per generation batch (per grpo.num_iterations); leave "
-            "steps_per_generation unset, or set generation_batch_size = per_device_train_batch_size x "
+            f"with generation_batch_size={args.generation_batch_size} and gradient_accumulation_steps="
+            f"{args.gradient_accumulation_steps}, a generation batch would feed {args.steps_per_generation} micro-"
+            f"batches per {args.gradient_accumulation_steps}-micro-batch optimizer step; grpo_fast takes one "
+            "optimizer step per generation batch (per grpo.num_iterations): set gradient_accumulation_steps to "
+            "steps_per_generation, or generation_batch_size = per_device_train_batch_size x "
             "gradient_accumulation_steps x processes",
         )
     prompts, rest = divmod(args.generation_batch_size, args.num_generations)

@@ -342,6 +342,7 @@ def test_train_takes_trls_resume_from_checkpoint(tmp_path):
         ({"max_completion_length": None}, "GRPOConfig.max_completion_length=None"),
         ({"model_init_kwargs": {"dtype": "auto"}}, "model.dtype.*set from GRPOConfig: model_init_kwargs"),
         ({"model_init_kwargs": {"revision": "v2"}}, "GRPOConfig.model_init_kwargs=.*revision"),
+        ({"generation_batch_size": 16}, "steps_per_generation=4: with generation_batch_size=16 and gradient_acc"),
     ],
 )
 def test_a_trl_value_grpo_fast_cannot_take_is_refused_naming_its_field(tmp_path, fields, named):
