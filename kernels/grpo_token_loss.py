@@ -309,11 +309,12 @@ def _grpo_token_loss_kernel(
             tl.store(gl_ptr + rows, partial + mask * d_seq, mask=inside)
 
     out = sums_ptr + seq.to(tl.int64) * 8
+    flag_scale = 1.0 / seq_len if SEQ_LEVEL else 1.0  # one flag per sequence at sequence level (TRL's metric)
     tl.store(out + 0, tl.sum(acc_loss, axis=0))
     tl.store(out + 1, tl.sum(acc_kl, axis=0))
-    tl.store(out + 2, tl.sum(acc_low, axis=0))
-    tl.store(out + 3, tl.sum(acc_high, axis=0))
-    tl.store(out + 4, tl.sum(acc_region, axis=0))
+    tl.store(out + 2, tl.sum(acc_low, axis=0) * flag_scale)
+    tl.store(out + 3, tl.sum(acc_high, axis=0) * flag_scale)
+    tl.store(out + 4, tl.sum(acc_region, axis=0) * flag_scale)
     tl.store(out + 5, tl.sum(acc_ent, axis=0))
     tl.store(out + 6, tl.sum(acc_logp, axis=0))
     tl.store(out + 7, tl.sum(acc_w, axis=0))

@@ -114,7 +114,7 @@ def check_values(ids, mask, vocab, *float_inputs, validate: bool = True) -> torc
     [N]; float_inputs: flat [N] or None, named by FLOAT_INPUTS. (cu_seqlens' values: `_checked_layout`.)"""
     active = mask != 0
     if validate:
-        if mask.is_floating_point() and bool(((mask != 0) & (mask != 1)).any()):
+        if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):  # TRL would count a 2 twice
             raise ValueError("completion_mask: expected values in {0, 1}")
         checks.require_token_ids("completion_ids", ids, vocab, active)
         for name, values in zip(FLOAT_INPUTS, float_inputs, strict=True):

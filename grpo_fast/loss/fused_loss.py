@@ -199,7 +199,7 @@ def grpo_loss(
         return _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate, out)
     inputs, batch, backend = _prepare(hidden, weight, bias, per_token, num_items_in_batch, cu_seqlens, config, validate)
     loss, sums = _GRPOLossFunction.apply(*inputs, batch, config, backend, out)
-    return loss, finalize_metrics(sums.detach(), batch.layout.mask.sum(), config, is_weights is not None)
+    return loss, finalize_metrics(sums.detach(), batch.layout, config, is_weights is not None)
 
 
 def _flat_logprobs_out(out: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -277,7 +277,7 @@ def _traced_grpo_loss(hidden, weight, bias, per_token, num_items_in_batch, cu_se
         loss, sums = kernel.differentiable(logp, entropy, batch.inputs, batch.layout, config)
     else:
         loss, sums = token_terms(logp, entropy, batch.inputs, batch.layout, config)
-    return loss, finalize_metrics(sums, batch.layout.mask.sum(), config, per_token[5] is not None)
+    return loss, finalize_metrics(sums, batch.layout, config, per_token[5] is not None)
 
 
 class GRPOLoss(nn.Module):

@@ -68,7 +68,8 @@ def logits_grpo_loss(
     inplace_backward: bool = False,
     rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`grpo_loss` from logits [B, T, V] (or packed [N, V] with cu_seqlens); same options and metrics.
+    """`grpo_loss` from logits [B, T, V] (or packed [N, V] with cu_seqlens); same options and metrics, but for
+    the head's (logit_scale, final_logit_softcapping: the logits are the model's, scaled and capped already).
 
     inplace_backward=True writes ∂L/∂logits into `logits` during backward (see module docstring).
     """
@@ -88,6 +89,11 @@ def logits_grpo_loss(
         source=logits,
         dtype=accumulation_dtype(logits.dtype),
     )
+    if config.logit_scale != 1.0 or config.final_logit_softcapping is not None:  # config checked by prepare_batch
+        raise ValueError(
+            "config.logit_scale / final_logit_softcapping: they make logits of hidden states (grpo_loss); "
+            "logits_grpo_loss takes the model's logits, scaled and capped already: leave them at 1.0 / None"
+        )
     flat_logits = logits.view(-1, logits.shape[-1]) if logits.is_contiguous() else logits.reshape(-1, logits.shape[-1])
     loss, sums = _LogitsGRPOLoss.apply(flat_logits, batch, config, inplace_backward)
-    return loss, finalize_metrics(sums.detach(), batch.layout.mask.sum(), config, is_weights is not None)
+    return loss, finalize_metrics(sums.detach(), batch.layout, config, is_weights is not None)

@@ -150,7 +150,9 @@ class Objective:
     None when it reads only GRPOLossConfig fields). needs_rollout_logprobs: it reads the inference engine's logprobs
     (refused by name where they are missing). whole_sequences: a token's term reads its sequence's other tokens at
     token level too (layer 2 then sees whole sequences). weights_inside: importance weights enter the definition
-    instead of multiplying its result. masks_tokens: its Surrogate names the tokens its trust region drops (a metric).
+    instead of multiplying its result. gates_inside: the token gates (off_policy_mask_threshold,
+    top_entropy_quantile) choose the tokens the definition aggregates (its `mask`) instead of multiplying its
+    result. masks_tokens: its Surrogate names the tokens its trust region drops (a metric).
     levels: the importance_sampling_level values it takes (an objective with a ratio of its own takes "token").
     kernel: its code in the layer-2 Triton kernel, or None (PyTorch on every backend). validate(config): rules
     between the loss options it reads (ValueError naming the option)."""
@@ -162,6 +164,7 @@ class Objective:
     needs_rollout_logprobs: bool = False
     whole_sequences: bool = False
     weights_inside: bool = False
+    gates_inside: bool = False
     masks_tokens: bool = False
     levels: tuple[str, ...] = ("token", "sequence")
     kernel: int | None = None

@@ -158,14 +158,15 @@ def token_terms(
         ratio = torch.exp(sequences.mean(token_log_ratio, mask))
     else:
         ratio = torch.exp(token_log_ratio)
+    gate, e = _token_masks(logprobs.detach(), entropy, old, adv, mask, sequences, config, rows, layout)
+    inside = gate is not None and objective.gates_inside
     x = SurrogateInputs(
-        ratio, token_log_ratio, adv, logprobs, old, rollout, mask, weights, inputs.is_weights_per_sequence,
-        sequences, config, config.options,
+        ratio, token_log_ratio, adv, logprobs, old, rollout, mask * gate if inside else mask, weights,
+        inputs.is_weights_per_sequence, sequences, config, config.options,
     )  # fmt: skip
     surrogate = objective.definition(x)
     per_token = surrogate.per_token
-    gate, e = _token_masks(logprobs.detach(), entropy, old, adv, mask, sequences, config, rows, layout)
-    if gate is not None:
+    if gate is not None and not inside:
         per_token = per_token * gate
     if weights is not None and not objective.weights_inside:
         per_token = per_token * weights
@@ -182,24 +183,27 @@ def token_terms(
     if config.entropy_coef != 0.0:
         e = inputs.entropy_weights[rows] if e is None else e
         loss = loss - config.entropy_coef * (e * entropy).sum()
-    return TokenTerms(loss, _sums(loss, kl, surrogate, mask, entropy, logprobs, weights))
+    # the clip flags at sequence level are one per sequence: each sequence's tokens count 1 in all (TRL's metric)
+    per_flag = mask / sequences.length if config.importance_sampling_level == "sequence" else mask
+    return TokenTerms(loss, _sums(loss, kl, surrogate, mask, per_flag, entropy, logprobs, weights))
 
 
-def _sums(loss, kl, surrogate, mask, entropy, logprobs, weights) -> torch.Tensor:
-    """[len(SUM_NAMES)]: the loss and the masked metric sums, detached (weights 1 where absent)."""
+def _sums(loss, kl, surrogate, mask, per_flag, entropy, logprobs, weights) -> torch.Tensor:
+    """[len(SUM_NAMES)]: the loss and the masked metric sums, detached (weights 1 where absent); the clip flags
+    summed with the weights `per_flag`."""
     low, high = surrogate.low, surrogate.high
     zero = loss.new_zeros(())
 
-    def masked_sum(values):
-        return zero if values is None else (mask * values.detach()).sum()
+    def masked_sum(values, weights=mask):
+        return zero if values is None else (weights * values.detach()).sum()
 
     return torch.stack(
         [
             loss.detach(),
             masked_sum(kl),
-            masked_sum(low),
-            masked_sum(high),
-            masked_sum(low | high),
+            masked_sum(low, per_flag),
+            masked_sum(high, per_flag),
+            masked_sum(low | high, per_flag),
             masked_sum(entropy),
             masked_sum(logprobs),
             masked_sum(weights) if weights is not None else mask.sum(),
@@ -266,18 +270,20 @@ def off_policy_keep(
 
 
 def finalize_metrics(
-    sums: torch.Tensor, active_tokens: torch.Tensor, config: GRPOLossConfig, has_is_weights: bool
+    sums: torch.Tensor, layout: TokenLayout, config: GRPOLossConfig, has_is_weights: bool
 ) -> dict[str, torch.Tensor]:
-    """Masked means from the summed partials [len(SUM_NAMES)] over `active_tokens` (0-dim, the layout's
-    mask sum) under TRL's metric names, as detached 0-dim tensors."""
+    """Masked means from the summed partials [len(SUM_NAMES)] over the layout's active tokens (the clip ratios at
+    sequence level: over its sequences, as TRL averages its [B, 1] flags) under TRL's metric names, as detached
+    0-dim tensors."""
     values = dict(zip(SUM_NAMES, sums.unbind(0), strict=True))
-    count = active_tokens.clamp(min=1.0)
+    count = layout.mask.sum().clamp(min=1.0)
+    flags = count if config.importance_sampling_level == "token" else max(layout.num_seqs, 1)
     metrics = {}
     if config.beta != 0.0:
         metrics["kl"] = values["kl"] / count
-    metrics["clip_ratio/low_mean"] = values["clip_low"] / count
-    metrics["clip_ratio/high_mean"] = values["clip_high"] / count
-    metrics["clip_ratio/region_mean"] = values["clip_region"] / count
+    metrics["clip_ratio/low_mean"] = values["clip_low"] / flags
+    metrics["clip_ratio/high_mean"] = values["clip_high"] / flags
+    metrics["clip_ratio/region_mean"] = values["clip_region"] / flags
     metrics["entropy"] = values["entropy"] / count
     metrics["logprob_mean"] = values["logprob"] / count
     if has_is_weights:

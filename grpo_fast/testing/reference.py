@@ -67,14 +67,15 @@ def loss_from_logprobs(
     else:
         ratio = torch.exp(((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1))
     per_sequence = weights is not None and weights.shape[-1] == 1 and mask.shape[-1] != 1
+    keep = _kept_tokens(logp, entropy, old, adv, mask, config)
+    inside = keep is not None and objective.gates_inside
     inputs = SurrogateInputs(
-        ratio, log_ratio, adv, logp, old, rollout, mask, weights, per_sequence, PaddedSequences(mask), config,
-        config.options,
+        ratio, log_ratio, adv, logp, old, rollout, mask * keep if inside else mask, weights, per_sequence,
+        PaddedSequences(mask), config, config.options,
     )  # fmt: skip
     surrogate = objective.definition(inputs)
     per_token_loss, low, high = surrogate.per_token, surrogate.low, surrogate.high
-    keep = _kept_tokens(logp, entropy, old, adv, mask, config)
-    if keep is not None:
+    if keep is not None and not inside:
         per_token_loss = per_token_loss * keep
     if weights is not None and not objective.weights_inside:
         per_token_loss = per_token_loss * weights
@@ -92,12 +93,18 @@ def loss_from_logprobs(
     def masked_mean(x):
         return ((x.to(logp.dtype).expand_as(mask) * mask).sum() / count).detach()
 
+    def flag_mean(x):  # sequence level: one flag per sequence, TRL's mean of its [B, 1] flags
+        if config.importance_sampling_level == "token":
+            return masked_mean(x)
+        per_sequence = (x.to(logp.dtype).expand_as(mask) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        return per_sequence.mean().detach()
+
     metrics = {}
     if config.beta != 0.0:
         metrics["kl"] = masked_mean(per_token_kl)
-    metrics["clip_ratio/low_mean"] = masked_mean(low)
-    metrics["clip_ratio/high_mean"] = masked_mean(high)
-    metrics["clip_ratio/region_mean"] = masked_mean(low | high)
+    metrics["clip_ratio/low_mean"] = flag_mean(low)
+    metrics["clip_ratio/high_mean"] = flag_mean(high)
+    metrics["clip_ratio/region_mean"] = flag_mean(low | high)
     metrics["entropy"] = masked_mean(entropy)
     metrics["logprob_mean"] = masked_mean(logp)
     if weights is not None:

@@ -6,7 +6,9 @@ Bounds, per backend, on one on-policy batch with a KL term (no clip decision to 
   * loss, per-token logprobs and entropies: relative 1e-5 (fp32 accumulation; bf16-rounded logits are off
     by about 2^-9 of the logit range, ~1e-3 here, and fail it);
   * gradients of hidden and weight, returned in the inputs' bf16: max error at most 0.6% of the largest
-    gradient (bf16's own rounding of the exact value is 2^-9 relative, 0.2%).
+    gradient (bf16's own rounding of the exact value is 2^-9 relative, 0.2%) where the backward runs in fp32
+    (torch, cpu: 0.17-0.33% over seeds 0-4), 1% for Triton, whose backward rounds ∂L/∂z to the operands' bf16
+    before its dots, as tensor cores need (one more 2^-9 rounding per summed term: 0.36-0.73% over seeds 0-4).
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ BACKENDS = available_backends(torch.device("cpu"))
 CONFIG = dict(loss_type="dapo", beta=0.04, entropy_coef=0.01, temperature=0.9)
 
 
-@pytest.fixture(scope="module")
-def batch():
+GRADIENT_BOUND = {"torch": 6e-3, "cpu": 6e-3, "triton": 1e-2}  # of the largest gradient entry (module doc)
+
+
+@pytest.fixture(scope="module", params=[0, 5], ids=["seed0", "seed5"])
+def batch(request):
     # Logits of standard deviation ~4: bf16 rounding of such logits is ~1e-2 absolute.
-    return make_loss_batch(4, 24, 128, 2051, dtype=torch.bfloat16, seed=5, logit_scale=4.0)
+    return make_loss_batch(4, 24, 128, 2051, dtype=torch.bfloat16, seed=request.param, logit_scale=4.0)
 
 
 def _relative(actual: torch.Tensor, oracle: torch.Tensor) -> float:
@@ -46,8 +51,8 @@ def test_bf16_loss_and_gradients_are_fp32_accurate(batch, backend):
     loss.backward()
     assert h.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.bfloat16
     assert abs(loss.item() - exact.item()) <= 1e-5 * abs(exact.item()), (loss.item(), exact.item())
-    assert _relative(h.grad, exact_h.grad) <= 6e-3
-    assert _relative(w.grad, exact_w.grad) <= 6e-3
+    assert _relative(h.grad, exact_h.grad) <= GRADIENT_BOUND[backend]
+    assert _relative(w.grad, exact_w.grad) <= GRADIENT_BOUND[backend]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -35,6 +35,7 @@ BAD = {
     "targets wrong shape": (dict(completion_ids=torch.zeros(B, T + 1, dtype=torch.long)), ValueError, "completion_ids"),
     "mask wrong shape": (dict(completion_mask=torch.ones(B, T + 1)), ValueError, "completion_mask"),
     "mask not 0/1": (dict(completion_mask=torch.full((B, T), 0.5)), ValueError, "completion_mask"),
+    "integer mask of 2": (dict(completion_mask=torch.full((B, T), 2)), ValueError, "completion_mask"),
     "advantages wrong shape": (dict(advantages=torch.zeros(B + 1)), ValueError, "advantages"),
     "advantages NaN": (dict(advantages=torch.tensor([float("nan"), 0.0])), ValueError, "advantages"),
     "advantages inf": (dict(advantages=torch.tensor([float("inf"), 0.0])), ValueError, "advantages"),
@@ -119,6 +120,9 @@ def test_logits_grpo_loss_rejects():
         logits_grpo_loss(torch.randn(B, T + 1, V), ids, mask, adv)
     with pytest.raises(ValueError, match="logits"):
         logits_grpo_loss(torch.randn(B, V, T).transpose(1, 2), ids, mask, adv, inplace_backward=True)
+    for head in (dict(logit_scale=0.1), dict(final_logit_softcapping=30.0)):  # the logits are capped already
+        with pytest.raises(ValueError, match="config.logit_scale / final_logit_softcapping"):
+            logits_grpo_loss(torch.randn(B, T, V), ids, mask, adv, config=GRPOLossConfig(**head))
 
 
 def test_packed_layout_rejects_bad_cu_seqlens():

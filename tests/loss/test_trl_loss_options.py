@@ -154,3 +154,23 @@ def test_matches_trl_compute_loss(loss_type, level, options, per_sequence, dtype
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-5, atol=1e-8, msg="loss")
     for name, got, want in zip(("grad_hidden", "grad_weight"), ours[1:], theirs[1:], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_sequence_level_clip_ratios_are_shares_of_sequences_as_trls(backend):
+    """At importance_sampling_level="sequence" TRL's flags are [B, 1] and its global_masked_mean averages them over
+    the sequences: one long and one short sequence, the short one clipped high, give 0.5 whatever the lengths (a
+    share of tokens gave 0.2)."""
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(2, 4, 8), torch.randn(11, 8)
+    ids = torch.randint(11, (2, 4))
+    mask = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float32)
+    with torch.no_grad():
+        logp = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, ids[..., None])[..., 0]
+    old = logp.clone()
+    old[0, 0] -= 1.0  # sequence 0's ratio e^1: above 1 + epsilon_high
+    config = GRPOLossConfig(loss_type="grpo", importance_sampling_level="sequence", backend=backend)
+    _, metrics = grpo_loss(hidden, weight, ids, mask, torch.tensor([1.0, 1.0]), old_logprobs=old, config=config)
+    assert float(metrics["clip_ratio/high_mean"]) == pytest.approx(0.5)
+    assert float(metrics["clip_ratio/region_mean"]) == pytest.approx(0.5)
+    assert float(metrics["clip_ratio/low_mean"]) == 0.0

@@ -268,3 +268,38 @@ def test_refused_by_name_without_the_engines_logprobs(name):
 def test_objectives_with_their_own_ratio_refuse_sequence_level(name):
     with pytest.raises(ValueError, match=f"importance_sampling_level: the objective '{name}' takes"):
         GRPOLossConfig(loss_type=name, importance_sampling_level="sequence")
+
+
+@pytest.mark.parametrize("backend", _cpu_backends())
+def test_gmpo_drops_low_entropy_tokens_from_its_geometric_mean_as_trl(backend):
+    """TRL 1.16's GMPOTrainer._compute_loss with top_entropy_quantile: seq_mask = mask x the high-entropy mask,
+    coef_b = exp(Σ seq_mask ŝ / max(Σ seq_mask, 1)), loss = mean_b(−A_b coef_b); the gate chooses the tokens of the
+    mean and does not scale the result (multiplying each token's term by the gate gave -0.228 for TRL's -0.438)."""
+    generator = torch.Generator().manual_seed(3)
+    shape = dict(dtype=torch.float64, generator=generator)
+    hidden, weight = torch.randn(3, 6, 16, **shape), torch.randn(40, 16, **shape)
+    ids, adv = torch.randint(40, (3, 6), generator=generator), torch.randn(3, **shape)
+    mask = torch.ones(3, 6, dtype=torch.float64)
+    mask[2, 4:] = 0
+    with torch.no_grad():
+        old = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, ids[..., None])[..., 0]
+    old = old + 0.2 * torch.randn(3, 6, **shape)
+    results = {}
+    for who in ("trl", "ours"):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if who == "ours":
+            config = GRPOLossConfig(loss_type="gmpo", top_entropy_quantile=0.5, backend=backend)
+            loss, _ = grpo_loss(h, w, ids, mask, adv, old_logprobs=old, config=config)
+        else:
+            logp = torch.log_softmax(h @ w.t(), -1)
+            token, entropy = logp.gather(-1, ids[..., None])[..., 0], -(logp.exp() * logp).sum(-1)
+            threshold = torch.quantile(entropy.detach()[mask > 0], 0.5)  # TRL's get_high_entropy_mask
+            seq_mask = mask * ((entropy.detach() >= threshold) & (mask > 0)).double()
+            s = token - old
+            bounded = torch.clamp(s, -0.4, 0.4)
+            clipped = torch.where(adv[:, None] > 0, torch.minimum(s, bounded), torch.maximum(s, bounded))
+            coef = torch.exp((clipped * seq_mask).sum(-1) / seq_mask.sum(-1).clamp(min=1.0))
+            loss = (-coef * adv).mean()
+        results[who] = (loss.detach(), *torch.autograd.grad(loss, (h, w)))
+    for ours, trl in zip(results["ours"], results["trl"], strict=True):
+        torch.testing.assert_close(ours, trl, rtol=1e-9, atol=1e-12)

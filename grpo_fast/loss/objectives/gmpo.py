@@ -10,10 +10,12 @@ Definition: the authors' train_zero_math_gmpo.py (callsys/GMPO), as verl's `comp
     p_b = −A · exp(Σ_{i∈b} m_i ŝ_i / L_b)
 
 the same value for every token of sequence b; loss type `gmpo` reduces with each sequence's token mean, then the
-mean over sequences, which gives GMPO's mean over sequences of p_b. Importance weights against the engine enter as
-their geometric mean over the sequence, exp(Σ m log(w + 1e-10) / L_b) (verl's aggregation). TRL issue #6808: fused
-loss paths that only know TRL's `loss_type` rows silently train plain GRPO instead; here it is an objective like any
-other, so every backend runs it.
+mean over sequences, which gives GMPO's mean over sequences of p_b. The token gates (top_entropy_quantile,
+off_policy_mask_threshold) choose the tokens i of the geometric mean, as TRL's GMPOTrainer drops low-entropy
+tokens from it (m_i then includes the gate; L_b counts the kept tokens, at least 1). Importance weights against the
+engine enter as their geometric mean over the sequence, exp(Σ m log(w + 1e-10) / L_b) (verl's aggregation). TRL
+issue #6808: fused loss paths that only know TRL's `loss_type` rows silently train plain GRPO instead; here it is an
+objective like any other, so every backend runs it.
 
 Needs from the rollout: nothing beyond the tokens. The ratio is always per token; the geometric mean is GMPO's own
 sequence aggregation.
@@ -42,10 +44,16 @@ def gmpo(x: SurrogateInputs) -> Surrogate:
     o, adv, s = x.options, x.advantages, x.log_ratio
     bounded = torch.clamp(s, -o.clip_low, o.clip_high)
     clipped = torch.where(adv > 0, torch.minimum(s, bounded), torch.maximum(s, bounded))
-    per_token = -adv * torch.exp(x.sequences.mean(clipped, x.mask))
+    per_token = -adv * torch.exp(_kept_mean(x, clipped))
     if x.is_weights is not None:
-        per_token = per_token * torch.exp(x.sequences.mean(torch.log(x.is_weights + 1e-10), x.mask))
+        per_token = per_token * torch.exp(_kept_mean(x, torch.log(x.is_weights + 1e-10)))
     return Surrogate(per_token, (s < -o.clip_low) & (adv < 0), (s > o.clip_high) & (adv > 0))
+
+
+def _kept_mean(x: SurrogateInputs, values: torch.Tensor) -> torch.Tensor:
+    """Σ m v / max(Σ m, 1) over each token's sequence: m, the tokens the geometric mean keeps (`x.mask`, gates
+    included)."""
+    return x.sequences.sum(values * x.mask) / x.sequences.sum(x.mask).clamp(min=1.0)
 
 
 GMPO = Objective(
@@ -55,6 +63,7 @@ GMPO = Objective(
     options=GMPOOptions,
     whole_sequences=True,
     weights_inside=True,
+    gates_inside=True,
     levels=("token",),
 )
 LOSS_TYPE = LossType("gmpo", GMPO, Reduction.SEQUENCE_MEAN, "GMPO: geometric-mean ratio per sequence, mean over them")
