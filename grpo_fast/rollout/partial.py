@@ -278,10 +278,13 @@ class PartialRollouts:
         return {"groups": [self.group_state(g) for g in self.groups]}
 
     def load_state_dict(self, state: dict) -> None:
-        """The groups of `state_dict`; a multi-turn rollout under way (its environment was not saved) restarts."""
+        """The groups of `state_dict`; a multi-turn rollout under way restarts, and so does a finished one with an
+        environment (an environment instance is not saved: its reward functions would read None)."""
         self.groups = [self.group_from_state(g) for g in state["groups"]]
+        with_environments = self.kind.environments is not None
         for group in self.groups:
-            self.restart(group, [i for i, m in enumerate(group.members) if m.running and m.episode is not None])
+            lost = [m.episode is not None and (m.running or with_environments) for m in group.members]
+            self.restart(group, [i for i, restart in enumerate(lost) if restart])
 
     @staticmethod
     def group_state(group: PartialGroup) -> dict:

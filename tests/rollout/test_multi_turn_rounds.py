@@ -82,3 +82,33 @@ def test_stale_shares_count_sampled_tokens_only():
     assert Counter(k for k in metrics if "token_share" in k) == Counter(
         ["rollout/token_share_staleness_0", "rollout/token_share_staleness_2"]
     )
+
+
+def test_a_resumed_pool_restarts_every_rollout_whose_environment_was_not_saved(bpe_tool_agent):
+    """A checkpoint keeps the rollouts under way as plain data, never an environment instance: after a resume the
+    finished members of groups still in flight start again too (their reward functions would read environments
+    None: TRL's `[env.value for env in environments]` raised on each)."""
+    model, tok, _ = bpe_tool_agent
+    engine = HFEngine(model, tok)
+    rows = [{"prompt": p} for p in PROMPTS]
+    spec = lambda max_tokens, seed: SamplingSpec(  # noqa: E731
+        n=1, max_tokens=max_tokens, temperature=1.0, stop_token_ids=(tok.eos_token_id,), seed=seed
+    )
+    options = PartialOptions(segment_tokens=3, groups_in_flight=1)
+    pool = PartialRollouts(options, 2, 160, len(rows), "restart", spec, kind=_kind(tok))
+    prompt_ids = PromptEncoder(tok, DataConfig()).encode_rows(rows, range(len(rows)), cache=False)
+    pool.start([(i, prompt_ids[i], rows[i]) for i in range(len(rows))])
+    for version in range(8):  # until some members have finished and some have not
+        pool.round(engine, version, seed=version, counts=Counter())
+        members = [m for g in pool.groups for m in g.members]
+        if any(not m.running for m in members) and any(m.running for m in members):
+            break
+    finished = sum(not m.running for g in pool.groups for m in g.members)
+    assert finished, "the test needs finished members in flight"
+
+    resumed = PartialRollouts(options, 2, 160, len(rows), "restart", spec, kind=_kind(tok))
+    resumed.load_state_dict(pool.state_dict())
+    for member in (m for g in resumed.groups for m in g.members):
+        assert member.running and not member.token_ids and member.episode.environment is not None
+    for kind in (pool.kind, resumed.kind):
+        kind.close()
