@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PER_TOKEN = {"logprobs": ((float, int), False), "sampled": ((bool,), True)}
+PER_TOKEN = {"logprobs": ((float, int), True), "sampled": ((bool,), True)}  # empty: none (an engine without them)
 """A group member's lists that hold an item per token of its token_ids: (item types, whether it may be empty
 instead, e.g. `sampled`'s "every token was sampled")."""
 MEMBER_FIELDS = ("token_ids", "logprobs", "segments", "finish_reason")

@@ -36,7 +36,8 @@ class RolloutOutput:
 
 @dataclass
 class PartialCompletion:
-    """One rollout under way: its tokens and behaviour logprobs so far; `segments`, the (first token index, weight
+    """One rollout under way: its tokens and behaviour logprobs so far (empty once a round came without them: an
+    engine that returns none; never made up); `segments`, the (first token index, weight
     version) of each round that added sampled tokens; `sampled`, False for tokens the kind inserted (a tool's
     result: in the sequence, out of the loss; empty: all sampled); `prompt_ids`, its own prompt when it is not its
     group's (an environment's reset adds to it); `turn_start`, where its current turn began; `episode`, a multi-turn
@@ -64,11 +65,11 @@ class PartialCompletion:
         """Appends at most `budget` of `out`'s sampled tokens (a segment of weight `version` when it adds tokens and
         version is not None); -> whether its turn stopped on a stop token within them."""
         ids = out.token_ids[:budget]
-        lps = (out.logprobs if len(out.logprobs) == len(out.token_ids) else [0.0] * len(out.token_ids))[:budget]
+        whole = len(out.logprobs) == len(out.token_ids) and self._has_logprobs()
         if ids and version is not None and (not self.segments or self.segments[-1][1] != version):
             self.segments.append((len(self.token_ids), version))
         self.token_ids += ids
-        self.logprobs += lps
+        self.logprobs = self.logprobs + out.logprobs[:budget] if whole else []
         if self.sampled:
             self.sampled += [True] * len(ids)
         return out.finish_reason == "stop" and len(ids) == len(out.token_ids)
@@ -76,8 +77,12 @@ class PartialCompletion:
     def insert(self, ids: list[int]) -> None:
         """Appends tokens the model did not sample (a tool's result): logprob 0.0, out of the loss."""
         self.sampled = (self.sampled or [True] * len(self.token_ids)) + [False] * len(ids)
+        if self._has_logprobs():
+            self.logprobs += [0.0] * len(ids)
         self.token_ids += ids
-        self.logprobs += [0.0] * len(ids)
+
+    def _has_logprobs(self) -> bool:
+        return len(self.logprobs) == len(self.token_ids)
 
     def completion(self) -> Completion:
         """The completion so far, without its text: rewards score the decode of its whole ids in its prompt's
@@ -85,7 +90,7 @@ class PartialCompletion:
         sampled = self.sampled or ([True] * len(self.token_ids) if self.episode is not None else [])
         return Completion(
             list(self.token_ids),
-            list(self.logprobs),
+            list(self.logprobs),  # empty where the engine gave none: the loss then has no behaviour logprobs
             "",
             self.finish_reason or "length",
             segments=list(self.segments),

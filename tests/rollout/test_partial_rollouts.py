@@ -5,6 +5,7 @@ handed out only whole, and the state survives a checkpoint as plain data."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -226,3 +227,22 @@ def test_freshest_first_never_starves_long_completions(model):
     stops = tuple(TOK.convert_tokens_to_ids(list("012")))
     _, _, lengths = _hand_out_run(model, "freshest", steps=10, max_len=16, segment=2, stops=stops)
     assert max(lengths) == 16 and min(lengths) < 8
+
+
+class _WithoutLogprobs(HFEngine):
+    """An engine (a plug-in's, say) that returns no sampling logprobs."""
+
+    def generate(self, prompt_ids, sampling):
+        groups = super().generate(prompt_ids, sampling)
+        return [[dataclasses.replace(c, logprobs=[]) for c in group] for group in groups]
+
+
+def test_an_engine_without_logprobs_gives_completions_without_them_not_zeros(model):
+    """As in one sync call: no behaviour logprobs, so the loss has none to correct against (zeros made every token
+    look 400x less likely to the engine than to the trainer)."""
+    pool = _pool(2, 12, 4, temperature=1.0)
+    draw, _ = _drawer()
+    groups, counts = pool.collect(_WithoutLogprobs(model, TOK), version=0, needed=2, draw=draw, seed=0)
+    assert counts["rounds"] > 1
+    completions = [m.completion() for g in groups for m in g.members]
+    assert all(c.token_ids and c.logprobs == [] for c in completions)
