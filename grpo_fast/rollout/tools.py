@@ -199,18 +199,37 @@ class ToolRunner:
         return box[0][0]
 
     def _run_async(self, tool: Tool, arguments: Mapping) -> Any:
+        """The call on the event loop, cancelled at its deadline. A coroutine that blocks the loop (time.sleep)
+        cannot be cancelled: past its deadline and LOOP_GRACE_SECONDS it counts as timed out, and the loop, still
+        blocked, is left to it (the next async call starts a new one). One that returns after its deadline (it
+        caught the cancellation) counts as timed out too."""
+
         async def bounded():
             return await asyncio.wait_for(tool.fn(**arguments), self.timeout)
 
-        future = asyncio.run_coroutine_threadsafe(bounded(), self._event_loop())
+        start, loop = time.perf_counter(), self._event_loop()
+        future = asyncio.run_coroutine_threadsafe(bounded(), loop)
         try:
-            return future.result()
+            value = future.result(self.timeout + LOOP_GRACE_SECONDS)
         except TimeoutError:
+            if not future.done():  # the loop never got back to cancel it
+                future.cancel()
+                self._abandon(loop)
             return _Failed("timeout", f"timed out after {self.timeout:g} s")
         except InfrastructureError:
             raise
         except Exception as exc:  # noqa: BLE001 - a tool's exception is the model's to read
             return _Failed("raised", f"{type(exc).__name__}: {exc}")
+        if time.perf_counter() - start > self.timeout:
+            return _Failed("timeout", f"timed out after {self.timeout:g} s")
+        return value
+
+    def _abandon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Leaves a blocked event loop to its thread (a daemon), stopping it should it ever return."""
+        with self._lock:
+            if self._loop is loop:
+                self._loop = None
+        loop.call_soon_threadsafe(loop.stop)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -236,6 +255,11 @@ def _outcome(tool: Tool, arguments: Mapping) -> tuple[Any]:
         return (_Broken(exc),)
     except Exception as exc:  # noqa: BLE001 - a tool's exception is the model's to read
         return (_Failed("raised", f"{type(exc).__name__}: {exc}"),)
+
+
+LOOP_GRACE_SECONDS = 1.0
+"""How long past an async call's deadline its cancellation may take to arrive before its event loop counts as
+blocked."""
 
 
 class ToolTimeout(BaseException):

@@ -104,6 +104,44 @@ def test_a_sync_tool_in_the_main_thread_stops_at_its_deadline_even_when_it_swall
     assert signal.alarm(0) == 0  # the tool's own alarm was disarmed by its finally, none left pending
 
 
+async def blocking(seconds: float) -> str:
+    """An async tool that blocks its event loop (a sync sleep), so that no cancellation reaches it.
+
+    Args:
+        seconds: How long to block.
+    """
+    time.sleep(seconds)
+    return "blocked"
+
+
+async def shrugging(seconds: float) -> str:
+    """An async tool that catches its cancellation and answers late.
+
+    Args:
+        seconds: How long to sleep.
+    """
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        await asyncio.sleep(seconds)
+    return "late"
+
+
+def test_an_async_tool_past_its_deadline_times_out_however_it_overruns():
+    """Blocking the loop (past the grace too: the next call gets a new loop) and swallowing the cancellation each
+    returned late as a success (its environment kept)."""
+    tok = chatml_tokenizer(["s", "blocking", "shrugging", "seconds"])
+    for tool, seconds in ((blocking, 3.0), (shrugging, 0.6)):
+        multi = rollouts(tok, [tool])
+        script = {"s": [tool_call(tool.__name__, seconds=seconds), tool_call(tool.__name__, seconds=0.0), "done"]}
+        try:
+            (c,) = multi.generate(ScriptedTurns(tok, script), [{"prompt": "s"}], sampling(1)).completions
+        finally:
+            multi.close()
+        timed_out = f"error: {tool.__name__}: timed out after {TIMEOUT:g} s"
+        assert tool_results(c) == [timed_out, "blocked" if tool is blocking else "late"], tool.__name__
+
+
 def test_parallel_tool_workers_are_opt_in_and_keep_the_deadline():
     tok = chatml_tokenizer(["s", "stubborn", "seconds"])
     script = {"s": [tool_call("stubborn", seconds=2), "done"]}
