@@ -19,8 +19,10 @@ corrections, with logprob 0.0.
 
 Budgets, as TRL counts them: max_completion_length bounds the whole completion, sampled and inserted tokens
 together, and max_model_len the prompt plus completion. A turn gets at most what is left; a tool result that
-would not fit ends the rollout before it ("length", the unanswered call rolled back), as does a turn cut at its
-token limit (a call in a truncated turn never runs).
+would not fit ends the rollout before it ("length": the call ran, and an environment keeps its effect, but its
+result is not in the sequence), as does a turn cut at its token limit (a call in a truncated turn never runs; the
+reward sees the turn's text). A turn that stopped on another stop token than the end-of-turn one (rollout.stop)
+gets the end-of-turn token before its tool results, inserted, as the template renders the turn.
 
 A turn the parser rejects (a malformed tool call) gets an error as the tool's result, as does every failed call
 (grpo_fast.rollout.tools); the model may try again in its next turn.
@@ -240,7 +242,8 @@ class MultiTurn(Rollouts):
         message = self.chat.parse(turn, context, m.agent.schemas)
         if not stopped:
             m.finish_reason = "length"
-            message = {"role": "assistant", "content": (message or {}).get("content", "")}
+            content = self._text(turn) if message is None else message.get("content", "")  # a call cut off: its text
+            message = {"role": "assistant", "content": content}
         m.agent.pending = None if message is None else message.get("tool_calls") or []
         m.episode.messages.append(message or {"role": "assistant", "content": self._text(turn)})
 
@@ -266,6 +269,8 @@ class MultiTurn(Rollouts):
             if failure is not None:
                 episode.failures[name] = episode.failures.get(name, 0) + 1
         suffix = self.chat.tool_suffix_ids(messages)
+        if m.token_ids[-1:] != [self.chat.end_of_turn_id]:  # stopped on a rollout.stop token: close the turn first
+            suffix = [self.chat.end_of_turn_id, *suffix]
         fits = len(m.token_ids) + len(suffix) < self.max_completion_length
         if not fits or len(m.prompt_ids) + len(m.token_ids) + len(suffix) >= self.max_model_len:
             m.finish_reason = "length"

@@ -15,7 +15,7 @@ import pytest
 from scripted_chat import ScriptedTurns, chatml_tokenizer, multi_turn, tool_call
 from trl_agent_script import timeout
 
-from grpo_fast.rollout.base import SamplingSpec
+from grpo_fast.rollout.base import Completion, SamplingSpec
 from grpo_fast.rollout.environments import environment_tools
 from grpo_fast.rollout.multi_turn import MultiTurn
 
@@ -276,3 +276,51 @@ def test_an_environment_whose_method_timed_out_is_discarded_never_reset_and_reus
     assert all(c.episode.environment is not discarded for c in second.completions)
     assert all(x is not discarded for x in pool) and len(pool) == 2  # a fresh instance took its place
     assert [c.episode.environment_reward for c in second.completions] == [2.0, 2.0]
+
+
+def echo(word: str) -> str:
+    """Says the word back.
+
+    Args:
+        word: The word.
+    """
+    return word
+
+
+class _StopsAfterTheCall(ScriptedTurns):
+    """Ends a tool-call turn on the call's last token, as a rollout.stop on "</tool_call>" does: no end-of-turn
+    token sampled."""
+
+    def _turn(self, context):
+        turn = super()._turn(context)
+        if "</tool_call>" not in self.tokenizer.decode(turn.token_ids):
+            return turn
+        return Completion(turn.token_ids[:-1], turn.logprobs[:-1], turn.text)
+
+
+def test_a_turn_stopped_before_its_end_of_turn_token_is_closed_as_the_template_closes_it():
+    """The trained sequence had '</tool_call>' followed by the tool block: a context the template never renders."""
+    tok = chatml_tokenizer(["s", "echo", "word", "hi"])
+    multi = rollouts(tok, [echo])
+    script = {"s": [tool_call("echo", word="hi"), "done"]}
+    try:
+        (c,) = multi.generate(_StopsAfterTheCall(tok, script), [{"prompt": "s"}], sampling(1)).completions
+    finally:
+        multi.close()
+    assert tool_results(c) == ["hi"]
+    first_inserted = c.sampled.index(False)
+    assert c.token_ids[first_inserted] == tok.eos_token_id  # <|im_end|>, inserted: out of the loss
+    assert "</tool_call><|im_end|>" in tok.decode(c.token_ids)
+
+
+def test_a_turn_cut_off_inside_its_tool_call_is_scored_on_its_text():
+    """A truncated turn whose call cannot be parsed kept no text at all for the reward ('')."""
+    tok = chatml_tokenizer(["s", "echo", "word", "hi", "The answer is 42"])
+    multi = multi_turn(tok, [echo], max_iterations=2, max_completion_length=14, max_model_len=2048, timeout=TIMEOUT)
+    script = {"s": ["The answer is 42 " + tool_call("echo", word="hi")]}
+    try:
+        (c,) = multi.generate(ScriptedTurns(tok, script), [{"prompt": "s"}], sampling(1)).completions
+    finally:
+        multi.close()
+    assert c.finish_reason == "length" and c.episode.calls == 0
+    assert c.episode.answer.startswith("The answer is 42")
