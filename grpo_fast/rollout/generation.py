@@ -14,6 +14,8 @@ and the extra per-completion columns its reward functions receive.
 from __future__ import annotations
 
 import abc
+import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -202,9 +204,10 @@ class CustomRollouts(Rollouts):
                 got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
                 raise ValueError(f"rollout_func: {key!r} must hold one entry per rollout ({n}), got {got}")
         masks = out.get("env_mask") or [None] * n
+        prompt_ids = [_token_ids(p, f"prompt_ids[{i}]", empty=False) for i, p in enumerate(out["prompt_ids"])]
         completions = []
         for i, (ids, lps, mask) in enumerate(zip(out["completion_ids"], out["logprobs"], masks, strict=True)):
-            ids, lps = list(ids), [float(x) for x in (lps or [])]
+            ids, lps = _token_ids(ids, f"completion_ids[{i}]"), _logprobs(lps, f"logprobs[{i}]")
             if lps and len(lps) != len(ids):
                 raise ValueError(f"rollout_func: rollout {i} has {len(ids)} completion ids but {len(lps)} logprobs")
             if mask is not None and len(mask) != len(ids):
@@ -216,4 +219,28 @@ class CustomRollouts(Rollouts):
         columns = {
             k: list(v) for k, v in out.items() if k not in ("prompt_ids", "completion_ids", "logprobs", "env_mask")
         }
-        return RolloutOutput([list(p) for p in out["prompt_ids"]], completions, columns)
+        return RolloutOutput(prompt_ids, completions, columns)
+
+
+def _token_ids(values, key: str, empty: bool = True) -> list[int]:
+    """A rollout_func's token ids as ints; ValueError naming `key` for anything but non-negative integers (or an
+    empty list where `empty` is false)."""
+    if not isinstance(values, (list, tuple)) or (not values and not empty):
+        raise ValueError(f"rollout_func: {key}: expected a {'' if empty else 'non-empty '}list of token ids")
+    ids = []
+    for x in values:
+        if isinstance(x, bool) or not isinstance(x, numbers.Integral) or x < 0:
+            raise ValueError(f"rollout_func: {key}: expected non-negative integer token ids, got {x!r}")
+        ids.append(int(x))
+    return ids
+
+
+def _logprobs(values, key: str) -> list[float]:
+    """A rollout_func's sampling logprobs as floats; ValueError naming `key` for one that is not a finite number
+    <= 0 (a probability's log)."""
+    lps = []
+    for x in values or []:
+        if isinstance(x, bool) or not isinstance(x, numbers.Real) or not math.isfinite(x) or x > 1e-6:
+            raise ValueError(f"rollout_func: {key}: expected finite logprobs <= 0, got {x!r}")
+        lps.append(float(x))
+    return lps

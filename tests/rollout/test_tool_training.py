@@ -127,3 +127,25 @@ def test_tools_run_in_every_mode_and_a_rollout_function_in_sync_only():
         assert load_config(None, ["rollout.tools=[multiply]", f"rollout.mode={mode}"]).rollout.scheduler.rounds
     with pytest.raises(ValueError, match="rollout.mode partial: a rollout_func cannot be continued over rounds"):
         load_config(None, ["rollout.rollout_func=tool_agent:conversation", "rollout.mode=partial"])
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"completion_ids": [[-1]]}, r"completion_ids\[0\]: expected non-negative integer token ids, got -1"),
+        ({"completion_ids": [[2.0]]}, r"completion_ids\[0\]: expected non-negative integer token ids, got 2.0"),
+        ({"prompt_ids": [[]]}, r"prompt_ids\[0\]: expected a non-empty list of token ids"),
+        ({"logprobs": [[float("nan")]]}, r"logprobs\[0\]: expected finite logprobs <= 0, got nan"),
+        ({"logprobs": [[0.5]]}, r"logprobs\[0\]: expected finite logprobs <= 0, got 0.5"),
+    ],
+)
+def test_a_rollout_functions_ids_and_logprobs_are_checked_naming_the_entry(tool_agent, change, named):
+    """Each gave a raw OverflowError or TypeError from deep inside, or was trained (NaN or positive logprobs)."""
+    from grpo_fast.rollout.base import SamplingSpec
+    from grpo_fast.rollout.generation import CustomRollouts
+
+    _, tok, _ = tool_agent
+    out = {"prompt_ids": [[1, 2]], "completion_ids": [[3, 4]], "logprobs": [[-0.5, -0.1]], **change}
+    rollouts = CustomRollouts(lambda prompts: out, tok, (tok.eos_token_id,))
+    with pytest.raises(ValueError, match=rf"^rollout_func: {named}"):
+        rollouts.generate(None, [{"prompt": "m"}], SamplingSpec(n=1, max_tokens=8))
