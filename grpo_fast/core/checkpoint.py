@@ -254,6 +254,15 @@ def _recover_interrupted_resaves(root: Path) -> None:
                 os.replace(p, final)
 
 
+def incomplete_steps(root: str | Path) -> list[int]:
+    """The steps under `root` whose step directory is incomplete (files missing or cut short), ascending."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [(p, _STEP_DIR.match(p.name)) for p in root.iterdir() if p.is_dir()]
+    return sorted(int(m.group(1)) for p, m in found if m and not is_complete(p))
+
+
 def saved_steps(root: str | Path) -> list[int]:
     """The steps that have a complete checkpoint under `root`, ascending."""
     return [int(_STEP_DIR.match(p.name).group(1)) for p in list_checkpoints(root)]
@@ -575,6 +584,8 @@ def earlier_run_files(output_dir: str | Path) -> list[str]:
     steps = saved_steps(out / "checkpoints")
     if steps:
         found.append(f"checkpoints/ (steps {', '.join(map(str, steps))})")
+    if broken := incomplete_steps(out / "checkpoints"):
+        found.append(f"checkpoints/ (incomplete: steps {', '.join(map(str, broken))})")
     return found
 
 

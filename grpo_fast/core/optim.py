@@ -45,6 +45,20 @@ def build_scheduler(optimizer, optim, total_steps: int) -> torch.optim.lr_schedu
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(optim, total_steps))
 
 
+def apply_hyperparameters(optimizer, scheduler, optim) -> None:
+    """After a checkpoint's optimizer and scheduler states are loaded (each brings back the lr, weight decay, betas
+    and eps it was saved with): the config's again, at the schedule's saved position, so that a resume with another
+    `optim.lr` trains with it."""
+    for group in optimizer.param_groups:
+        group.update(weight_decay=optim.weight_decay, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+        group["initial_lr"] = optim.lr
+    scheduler.base_lrs = [optim.lr] * len(optimizer.param_groups)
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() reports
+
+
 def lr_lambda(optim, total_steps: int):
     """The lr multiplier of optimizer step `step` (0-based): (step + 1) / warmup during warmup, then
     1 (constant), 1 - p (linear) or (1 + cos(pi p)) / 2 (cosine), p = progress through the steps after warmup."""

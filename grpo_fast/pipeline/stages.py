@@ -74,7 +74,8 @@ def train_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult
     data = _with_defaults(config, model, ("run", "output_dir"), stage_dir)
     run = data["run"]
     run["save_final"] = True
-    run["resume"] = bool(ckpt.saved_steps(Path(run["output_dir"]) / "checkpoints"))
+    checkpoints = Path(run["output_dir"]) / "checkpoints"  # incomplete ones too: a resume names them, never deletes
+    run["resume"] = bool(ckpt.saved_steps(checkpoints) or ckpt.incomplete_steps(checkpoints))
     # A stage interrupted before its first checkpoint restarts from scratch: what it logged is its own.
     run["overwrite"] = not run["resume"]
     cfg = load_config(data)
@@ -127,7 +128,8 @@ def filter_stage(config: dict, stage_dir: Path, model: str | None) -> StageResul
 
 def sft_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
     data = _with_defaults(config, model, ("run", "output_dir"), stage_dir)
-    data["run"]["resume"] = bool(ckpt.saved_steps(Path(data["run"]["output_dir"]) / "checkpoints"))
+    checkpoints = Path(data["run"]["output_dir"]) / "checkpoints"  # incomplete ones too, as train_stage
+    data["run"]["resume"] = bool(ckpt.saved_steps(checkpoints) or ckpt.incomplete_steps(checkpoints))
     data["run"]["overwrite"] = not data["run"]["resume"]  # interrupted before its first checkpoint: its own files
     s = run_sft(load_sft_config(data))
     return StageResult({"model": s["final_model"]}, {k: s[k] for k in ("steps", "final_loss") if k in s})

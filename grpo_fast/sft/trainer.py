@@ -27,7 +27,7 @@ import torch
 
 from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger
-from grpo_fast.core.optim import build_optimizer, build_scheduler
+from grpo_fast.core.optim import apply_hyperparameters, build_optimizer, build_scheduler
 from grpo_fast.core.packing import packing_error
 from grpo_fast.core.plots import save_plots
 from grpo_fast.core.policy import check_model_path, load_policy
@@ -148,6 +148,7 @@ class SFTTrainer:
         ckpt.load_model_weights(self.model, path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_hyperparameters(self.optimizer, self.scheduler, self.config.optim)  # a resume's new lr takes effect
         self.plan.load_state_dict(state["plan"])
         self.step = state["step"]
         set_rng_state(state["rng"])

@@ -24,7 +24,7 @@ import torch
 
 from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.metrics import MetricsLogger
-from grpo_fast.core.optim import build_optimizer, build_scheduler
+from grpo_fast.core.optim import apply_hyperparameters, build_optimizer, build_scheduler
 from grpo_fast.core.plots import PANELS, TOOL_PANELS, save_plots
 from grpo_fast.core.policy import check_model_path, load_policy
 from grpo_fast.core.scoring import submit_completions
@@ -531,6 +531,7 @@ class GRPOTrainer:
             ckpt.load_model_weights(self.model, path)
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_hyperparameters(self.optimizer, self.scheduler, self.config.optim)  # a resume's new lr takes effect
         self.sampler.load_state_dict(state["sampler"])
         self.curriculum.load_state_dict(state.get("curriculum", {"pass_rates": {}}))
         self.step = state["step"]
@@ -587,6 +588,12 @@ class GRPOTrainer:
                 f"run.output_dir {self.output_dir} holds an earlier run ({', '.join(earlier)}): starting afresh would "
                 "replace it. Resume it (run.resume: true / --resume / train(resume_from_checkpoint=True)), choose "
                 "another run.output_dir, or set run.overwrite: true (--overwrite) to delete it and start over."
+            )
+        if broken := ckpt.incomplete_steps(self.output_dir / "checkpoints"):
+            return (
+                f"run.resume: run.output_dir {self.output_dir} holds no complete checkpoint, only incomplete ones "
+                f"(steps {', '.join(map(str, broken))}: files missing or cut short): nothing to resume from. Look at "
+                "them, move them away, or set run.overwrite: true (--overwrite) to delete the run and start over."
             )
         if (why := ckpt.unsaved_progress_mismatch(self.output_dir, signature)) is not None:
             return (

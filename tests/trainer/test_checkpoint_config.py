@@ -57,6 +57,32 @@ def test_harmless_changes_are_allowed_and_logged(saved_run, caplog):
     assert "run.max_steps: saved 1, now 2" in logged and "run.keep_checkpoints: saved None, now 3" in logged
 
 
+def test_a_resume_trains_with_the_new_optimizer_options_it_reports(saved_run):
+    """The saved optimizer and scheduler states brought back the saved lr, weight decay, betas and eps, while the
+    log said the new ones change the training from here on."""
+    seen = []
+    changed = ["optim.lr=1e-6", "optim.weight_decay=0.3", "optim.beta1=0.5", "optim.eps=1e-6"]
+    trainer = _trainer(saved_run, "run.max_steps=2", "run.resume=true", *changed)
+    trainer.callbacks.append(lambda t, rollout, metrics: seen.append(dict(t.optimizer.param_groups[0])))
+    trainer.train()
+    trainer.close()
+    (group,) = seen
+    assert (group["lr"], group["weight_decay"], group["betas"], group["eps"]) == (1e-6, 0.3, (0.5, 0.99), 1e-6)
+    assert trainer.scheduler.base_lrs == [1e-6]
+
+
+def test_a_resume_that_finds_only_an_incomplete_checkpoint_refuses_and_deletes_nothing(saved_run):
+    """It was taken for the run's progress from before its first checkpoint: checkpoints/ deleted, step 0 again."""
+    (checkpoint,) = (saved_run / "checkpoints").iterdir()
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut short
+    trainer = _trainer(saved_run, "run.max_steps=2", "run.resume=true")
+    with pytest.raises(ValueError, match=r"holds no complete checkpoint, only incomplete ones \(steps 1: files"):
+        trainer.train()
+    trainer.close()
+    assert checkpoint.is_dir() and weights.exists() and (saved_run / "metrics.jsonl").exists()
+
+
 def test_compare_configs_sorts_changes_into_refused_harmless_and_other():
     saved = {"config": load_config(None, []).to_dict(), "lora": None}
     new = {"config": load_config(None, ["run.micro_batch_size=8", "run.plots=false", "optim.lr=1e-3"]).to_dict()}
