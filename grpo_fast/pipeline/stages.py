@@ -87,6 +87,12 @@ def train_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult
         history = trainer.metrics.history
     finally:
         trainer.close()
+    if trainer.stopped_by:  # not finished: its model is not the next stage's
+        raise ValueError(
+            f"train stage in {stage_dir}: stopped at step {trainer.step} on the health alarm(s) "
+            f"{', '.join(trainer.stopped_by)} (health.stop_on); its model is not passed on. Read its report.md, "
+            "change what it says, and run the pipeline again: the stage resumes from its last checkpoint"
+        )
     final = ckpt.latest_checkpoint(Path(cfg.run.output_dir) / "checkpoints")
     return StageResult({"model": str(final)}, {"steps": trainer.step, **_rl_summary(history)})
 

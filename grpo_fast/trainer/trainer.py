@@ -186,6 +186,7 @@ class GRPOTrainer:
         self.preflight_report: PreflightReport | None = None
         self.resumed_from: Path | None = None  # the checkpoint resumed from: never pruned by run.keep_checkpoints
         self.skipped_steps = 0  # steps whose loss or gradient was non-finite (their update skipped)
+        self.stopped_by: list[str] = []  # the health alarms of health.stop_on that stopped the run
         self.bad_steps_in_row = 0
 
     def _load_model(self, model) -> tuple:
@@ -449,7 +450,8 @@ class GRPOTrainer:
         metrics.update({f"health/reading/{k}": v for k, v in self.health.readings.items() if math.isfinite(v)})
         if self.audit and cfg.audit_every and self.step % cfg.audit_every == 0 and self.last_rollout is not None:
             self.audit.record(self.step, self.last_rollout, self.train_rows, self.rewards.names)
-        return any(alarm.name in cfg.stop_on for alarm in alarms)
+        self.stopped_by = [alarm.name for alarm in alarms if alarm.name in cfg.stop_on]
+        return bool(self.stopped_by)
 
     def _observe_eval(self, accuracy: float) -> list:
         """A held-out evaluation of this step: the best model kept when it beats the earlier ones, then the alarms

@@ -86,3 +86,21 @@ def test_a_bad_stage_config_fails_before_anything_runs(tmp_path):
     sft = [{"name": "s", "kind": "sft", "config": {"optim": {"lr": -1}}}]
     with pytest.raises(ValueError, match=r"\(s\).config: optim.lr"):
         _config(tmp_path, sft)
+
+
+def test_a_train_stage_stopped_by_a_health_alarm_is_not_done_and_passes_no_model(tmp_path, tiny_dir):
+    """It was marked done (stage.json) and its last checkpoint fed the next stage, on every later run too."""
+    from grpo_fast.testing.configs import quiet_run_config
+
+    train = quiet_run_config(
+        tiny_dir,
+        run={"max_steps": 6, "prompts_per_step": 2},
+        rollout={"engine": "hf", "num_generations": 2, "max_completion_length": 2},
+        reward={"funcs": ["exact_match"], "workers": 0},  # the random model never answers: every group stuck
+    )
+    train["health"] = {"audit_every": 0, "window": 2, "stop_on": ["no_signal"], "preflight": False}
+    stages = [{"name": "rl", "kind": "train", "config": train}, {"name": "next", "kind": "record_test_only"}]
+    CALLS.clear()
+    with pytest.raises(ValueError, match=r"stage rl \(train\): .*stopped at step 2 on the health alarm\(s\) no_signal"):
+        run_pipeline(_config(tmp_path, stages))
+    assert CALLS == [] and not (tmp_path / "run" / "rl" / "stage.json").exists()
