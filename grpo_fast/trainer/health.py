@@ -33,7 +33,9 @@ tokens where its later ones average 50), so their lengths, rewards and entropies
 - off_policy_drift: over the last `window` steps, the clipped fraction is above `clip_ratio_max` or the
   rollout/trainer logprob mismatch above `mismatch_max`. With partial or asynchronous rollouts the mismatch
   read is that of the fresh tokens (sampled by the weights being trained, staleness 0): older tokens differ
-  by the staleness the mode intends (and corrects), not by a drift.
+  by the staleness the mode intends (and corrects), not by a drift. With truncated sampling (top_p < 1,
+  top_k) the engine's logprobs are renormalised over what it keeps, so the mismatch carries -log of the kept
+  mass by design: the rule then reads the clipped fraction only. It needs a whole window.
 - collapse (at evaluations): held-out accuracy fell at least `collapse_drop` below its best; the alarm
   names the last checkpoint saved at or before the best evaluation.
 
@@ -154,8 +156,13 @@ class HealthMonitor:
     `readings` holds the rules' readings of the last step observed (READINGS); `fill_steps`: the steps the windowed
     rules leave out at the start (module doc)."""
 
-    def __init__(self, thresholds: HealthThresholds, reward_names: list[str], fill_steps: int = 0) -> None:
-        self.t, self.reward_names, self.fill_steps = thresholds, reward_names, fill_steps
+    def __init__(
+        self, thresholds: HealthThresholds, reward_names: list[str], fill_steps: int = 0, truncated: bool = False
+    ) -> None:
+        """truncated: the engine samples from a truncated distribution (top_p < 1, top_k), whose renormalised
+        logprobs differ from the trainer's full-vocabulary ones by design (-log of the kept mass): off_policy_drift
+        then reads the clipped fraction only."""
+        self.t, self.reward_names, self.fill_steps, self.truncated = thresholds, reward_names, fill_steps, truncated
         self.history: list[dict] = []
         self.evals: list[tuple[int, float, int]] = []  # (step, accuracy, prompts evaluated)
         self.alarms: list[Alarm] = []
@@ -396,8 +403,10 @@ class HealthMonitor:
 
     def _off_policy_drift(self, step: int) -> Alarm | None:
         recent = self.history[-self.t.window :]
+        if len(recent) < self.t.window:  # a whole window, as the other windowed rules
+            return None
         clip = [m["clip_ratio/region_mean"] for m in recent if "clip_ratio/region_mean" in m]
-        mismatch = [v for v in map(drift_mismatch, recent) if v is not None]
+        mismatch = [v for v in map(drift_mismatch, recent) if v is not None and not self.truncated]
         clip_mean = float(np.mean(clip)) if clip else 0.0
         mismatch_mean = float(np.mean(mismatch)) if mismatch else 0.0
         read = self._read(clip_ratio=clip_mean, mismatch=mismatch_mean)

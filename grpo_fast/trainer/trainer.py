@@ -180,7 +180,8 @@ class GRPOTrainer:
         self.last_eval: dict = {}
         self.last_rollout = None
         fill = cfg.rollout.max_staleness if cfg.rollout.scheduler.rounds else 0
-        self.health = HealthMonitor(cfg.health, self.rewards.names, fill_steps=fill)
+        truncated = cfg.rollout.top_p < 1.0 or cfg.rollout.top_k > 0  # the engine's logprobs renormalised
+        self.health = HealthMonitor(cfg.health, self.rewards.names, fill_steps=fill, truncated=truncated)
         self.best_model = BestModel(self.output_dir) if cfg.run.save_best else None
         self.audit: AuditTrail | None = None
         self.preflight_report: PreflightReport | None = None

@@ -233,7 +233,24 @@ def test_off_policy_drift_fires_on_fresh_tokens_that_differ():
     monitor = HealthMonitor(HealthThresholds(window=2), [])
     row = {"mismatch/abs_logprob_diff_mean": 0.3, "mismatch/abs_logprob_diff_staleness_0": 0.08}
     row |= {"mismatch/abs_logprob_diff_staleness_2": 0.5}
-    assert monitor.observe(1, row) and "mismatch of the fresh tokens (staleness 0) 0.0800" in monitor.alarms[0].message
+    assert not monitor.observe(1, row)  # a window of one step is no evidence
+    assert monitor.observe(2, row) and "mismatch of the fresh tokens (staleness 0) 0.0800" in monitor.alarms[0].message
+
+
+def test_off_policy_drift_reads_no_mismatch_under_truncated_sampling():
+    """top_p 0.9: the engine's renormalised logprobs sit -log(kept mass) ~ 0.1 above the trainer's by design, which
+    fired the alarm at step 1 of every such run; the clipped fraction still fires it."""
+    quiet, clipping = (
+        HealthMonitor(HealthThresholds(window=2), [], truncated=True),
+        HealthMonitor(HealthThresholds(window=2), [], truncated=True),
+    )
+    for step in (1, 2, 3):
+        assert not quiet.observe(step, {"mismatch/abs_logprob_diff_mean": 0.1, "clip_ratio/region_mean": 0.0})
+    fired = [
+        clipping.observe(step, {"mismatch/abs_logprob_diff_mean": 0.1, "clip_ratio/region_mean": 0.5})
+        for step in (1, 2)
+    ]
+    assert not fired[0] and fired[1][0].name == "off_policy_drift"
 
 
 # -- before the run ---------------------------------------------------------------------------------------
