@@ -171,6 +171,7 @@ class HealthMonitor:
         self._first_window: WindowMeans | None = None
         self._best_window: WindowMeans | None = None  # the window of the highest train reward so far
         self._start_step = 0  # the step of the first metrics observed
+        self.named_checkpoints: set[int] = set()  # the steps whose checkpoint an alarm named: to keep
 
     def observe(self, step: int, metrics: dict) -> list[Alarm]:
         if not self.history:
@@ -198,6 +199,7 @@ class HealthMonitor:
         if best - accuracy < self.t.collapse_drop:
             return []
         good = [s for s in checkpoint_steps if s <= best_step]
+        self.named_checkpoints.update(good[-1:])
         where = (
             f"the last good checkpoint is step-{max(good):06d}"
             if good

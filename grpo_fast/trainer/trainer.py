@@ -495,11 +495,16 @@ class GRPOTrainer:
             self.tokenizer,
             state,
             self.config.run.keep_checkpoints,
-            protect=[self.resumed_from] if self.resumed_from else [],
+            protect=self._protected_checkpoints(),
             run_config=self.run_signature(),
             write_weights=self._write_weights,
             dist=self.dist,
         )
+
+    def _protected_checkpoints(self) -> list[Path]:
+        """What run.keep_checkpoints never prunes: the checkpoint resumed from, and those an alarm named."""
+        named = [self.output_dir / "checkpoints" / f"step-{step:06d}" for step in sorted(self.health.named_checkpoints)]
+        return [*named, *([self.resumed_from] if self.resumed_from else [])]
 
     def run_signature(self) -> dict:
         """The config and LoRA settings a checkpoint keeps (train_config.json) and a resume is checked against."""

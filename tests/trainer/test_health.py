@@ -446,6 +446,23 @@ def test_collapse_names_the_last_good_checkpoint_and_alarms_cool_down():
     assert len(monitor.observe_eval(24, 0.4, [20], prompts=32)) == 1
 
 
+def test_the_checkpoint_a_collapse_names_outlives_checkpoint_retention(tmp_path):
+    """keep_checkpoints 2: the stop's own save pruned the step-2 checkpoint the alarm had just named."""
+    from tiny_trainer import tiny_trainer
+
+    options = ("run.save_every=1", "run.keep_checkpoints=2", "run.eval_every=1", "run.max_steps=6")
+    trainer = tiny_trainer(tmp_path, *options, "health.stop_on=[collapse]", "health.preflight=false")
+    trainer.eval_rows = trainer.train_rows[:2]
+    accuracies = iter([0.0, 0.5, 0.9, 0.8, 0.1, 0.1, 0.1])  # step 0, then one a step: best at 2, collapse at 4
+    trainer.evaluate = lambda: {"eval/accuracy": next(accuracies)}
+    trainer.train()
+    trainer.close()
+    (alarm,) = [a for a in trainer.health.alarms if a.name == "collapse"]
+    assert trainer.step == 4 and "the last good checkpoint is step-000002" in alarm.message
+    kept = [p.name for p in sorted((tmp_path / "checkpoints").iterdir())]
+    assert kept == ["step-000002", "step-000003", "step-000004"]
+
+
 def test_an_sft_control_baseline_is_measured_and_the_policy_restored(tmp_path, tokenizer):
     import torch
 
