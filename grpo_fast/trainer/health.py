@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -172,6 +172,29 @@ class HealthMonitor:
         self._best_window: WindowMeans | None = None  # the window of the highest train reward so far
         self._start_step = 0  # the step of the first metrics observed
         self.named_checkpoints: set[int] = set()  # the steps whose checkpoint an alarm named: to keep
+
+    def state_dict(self) -> dict:
+        """What the rules remember, as plain data (a checkpoint's): the steps' metrics and the evaluations, the
+        alarms and their cool-downs, the first and best windows, the checkpoints named."""
+        return {
+            "history": self.history,
+            "evals": [list(e) for e in self.evals],
+            "alarms": [asdict(a) for a in self.alarms],
+            "quiet_until": dict(self._quiet_until),
+            "windows": [None if w is None else list(w) for w in (self._first_window, self._best_window)],
+            "start_step": self._start_step,
+            "named_checkpoints": sorted(self.named_checkpoints),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """A resumed run's memory of the steps before it (`state_dict`)."""
+        self.history = list(state["history"])
+        self.evals = [tuple(e) for e in state["evals"]]
+        self.alarms = [Alarm(**a) for a in state["alarms"]]
+        self._quiet_until = dict(state["quiet_until"])
+        self._first_window, self._best_window = (None if w is None else WindowMeans(*w) for w in state["windows"])
+        self._start_step = state["start_step"]
+        self.named_checkpoints = set(state["named_checkpoints"])
 
     def observe(self, step: int, metrics: dict) -> list[Alarm]:
         if not self.history:

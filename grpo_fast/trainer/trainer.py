@@ -481,6 +481,7 @@ class GRPOTrainer:
             "curriculum": self.curriculum.state_dict(),
             "timers": dict(self.timers),
             "skipped_steps": self.skipped_steps,
+            "health": self.health.state_dict(),  # the alarms' memory: a resumed run compares with the steps before
         }
         if not self.dist.enabled:  # with several ranks, the optimizer is in the sharded state
             state["optimizer"] = self.optimizer.state_dict()
@@ -545,6 +546,8 @@ class GRPOTrainer:
         self.step = state["step"]
         self.timers.update(state.get("timers", {}))
         self.skipped_steps = state.get("skipped_steps", 0)
+        if "health" in state:
+            self.health.load_state_dict(state["health"])
         if self.loss_step.entropy_control is not None and "entropy_control" in state:
             self.loss_step.entropy_control.load_state_dict(state["entropy_control"])
         if self.rollout.partial is not None and "partial_rollouts" in state:

@@ -463,6 +463,23 @@ def test_the_checkpoint_a_collapse_names_outlives_checkpoint_retention(tmp_path)
     assert kept == ["step-000002", "step-000003", "step-000004"]
 
 
+def test_a_resumed_run_remembers_the_alarms_and_the_best_evaluation_before_it(tmp_path):
+    """A run killed after step 3 and resumed forgot its best held-out accuracy (0.9 at step 2): the collapse at
+    step 4 never fired and health.stop_on never stopped it; the report lost the alarms fired before."""
+    from tiny_trainer import tiny_trainer
+
+    accuracies = iter([0.0, 0.5, 0.9, 0.8, 0.1, 0.1, 0.1])  # step 0, then one a step: best at 2, collapse at 4
+    options = ("run.save_every=1", "run.eval_every=1", "health.stop_on=[collapse]", "health.preflight=false")
+    for max_steps, resume in ((3, "false"), (6, "true")):
+        trainer = tiny_trainer(tmp_path, *options, f"run.max_steps={max_steps}", f"run.resume={resume}")
+        trainer.eval_rows = trainer.train_rows[:2]
+        trainer.evaluate = lambda: {"eval/accuracy": next(accuracies)}
+        trainer.train()
+        trainer.close()
+    assert trainer.step == 4 and [a.name for a in trainer.health.alarms] == ["collapse"]
+    assert "0.800 below its best, 0.900 at step 2" in trainer.health.alarms[0].message
+
+
 def test_an_sft_control_baseline_is_measured_and_the_policy_restored(tmp_path, tokenizer):
     import torch
 
