@@ -22,9 +22,12 @@ class AuditTrail:
             self.records = read_jsonl(self.jsonl)
 
     def truncate_after(self, step: int) -> None:
-        """Drops entries past `step` (a resumed run records them again), and a partly written last line."""
+        """Drops entries past `step` (a resumed run records them again), and a partly written last line, from the
+        file and the page."""
         self.records = [r for r in self.records if r["step"] <= step]
         write_jsonl(self.jsonl, self.records)
+        if self.html.exists():
+            self.html.write_text(render_html(self.records))
 
     def record(self, step: int, rollout, rows: list[dict], reward_names: list[str]) -> list[dict]:
         """Append the step's `samples` best and worst completions (by combined reward) and re-render the page."""

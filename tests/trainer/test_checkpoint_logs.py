@@ -45,6 +45,16 @@ def test_a_truncated_last_line_of_the_journals_is_dropped_on_resume(tmp_path):
     assert sorted(set(_steps(out / "audit.jsonl"))) == [1, 2]
 
 
+def test_a_resume_drops_the_steps_after_its_checkpoint_from_the_audit_page_too(tmp_path):
+    """The page kept showing the abandoned steps' completions after the journal dropped them."""
+    trail = AuditTrail(tmp_path)
+    record = {"rank": "top", "reward": 1.0, "rewards": {}, "length": 1, "prompt": "p"}
+    trail.records = [{**record, "step": s, "completion": f"step {s}"} for s in (1, 2)]
+    (tmp_path / "audit.html").write_text("<p>step 1</p><p>step 2</p>")
+    trail.truncate_after(1)
+    assert "step 1" in (tmp_path / "audit.html").read_text() and "step 2" not in (tmp_path / "audit.html").read_text()
+
+
 def test_a_corrupt_line_inside_a_journal_is_an_error_naming_the_file_and_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, oops\n{"step": 3}\n')
