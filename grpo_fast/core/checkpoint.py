@@ -384,8 +384,6 @@ INCOMPATIBLE = (
     "loss.loss_type",
     "run.prompts_per_step",
     "rollout.num_generations",
-    "run.micro_batch_size",
-    "run.micro_batch_tokens",
     "rollout.max_completion_length",
     "rollout.max_model_len",
     "lora",
