@@ -93,6 +93,7 @@ class SFTTrainer:
         self.optimizer = build_optimizer(model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
         self.step = 0
+        self.resumed_from: Path | None = None  # never pruned by run.keep_checkpoints
 
     def train_step(self, micro_batches: list[MicroBatch] | None = None) -> dict[str, float]:
         """One optimizer step on `micro_batches` (rows of indices into `examples`; default: the plan's next
@@ -136,7 +137,8 @@ class SFTTrainer:
             "config": self.config.to_dict(),
         }
         root, keep = Path(self.config.run.output_dir) / "checkpoints", self.config.run.keep_checkpoints
-        return ckpt.save_checkpoint(root, self.step, self.model, self.tokenizer, state, keep)
+        protect = [self.resumed_from] if self.resumed_from else []
+        return ckpt.save_checkpoint(root, self.step, self.model, self.tokenizer, state, keep, protect=protect)
 
     def resume(self) -> bool:
         """Continues from the latest checkpoint under run.output_dir (weights, optimizer, schedule, data
@@ -152,6 +154,7 @@ class SFTTrainer:
         self.plan.load_state_dict(state["plan"])
         self.step = state["step"]
         set_rng_state(state["rng"])
+        self.resumed_from = path
         logger.info("resumed from %s (step %d)", path, self.step)
         return True
 

@@ -133,6 +133,14 @@ def test_a_fresh_run_never_replaces_an_earlier_one_unasked(tok, tmp_path):
     assert (out / "final" / "model.safetensors").read_bytes() != saved
 
 
+def test_retention_never_prunes_the_checkpoint_a_run_resumed_from(tok, tmp_path):
+    out = tmp_path / "run"
+    run_sft(config(out, max_steps=2, save_every=2), build_tiny_model(tok, seed=0), tok, ROWS)
+    resumed = config(out, max_steps=4, save_every=1, keep_checkpoints=1, resume=True)
+    run_sft(resumed, build_tiny_model(tok, seed=0), tok, ROWS)
+    assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step-000002", "step-000004"]
+
+
 @pytest.mark.parametrize(
     ("tree", "message"),
     [
