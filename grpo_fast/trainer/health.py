@@ -172,6 +172,8 @@ class HealthMonitor:
         self._best_window: WindowMeans | None = None  # the window of the highest train reward so far
         self._start_step = 0  # the step of the first metrics observed
         self.named_checkpoints: set[int] = set()  # the steps whose checkpoint an alarm named: to keep
+        # a verifier's mean is missing (NaN) at a step where it scored no row (routed by `when:`)
+        self._gappy = {f"reward/{name}/mean" for name in reward_names}
 
     def state_dict(self) -> dict:
         """What the rules remember, as plain data (a checkpoint's): the steps' metrics and the evaluations, the
@@ -256,13 +258,16 @@ class HealthMonitor:
 
     def _mean(self, key: str, end: int) -> float | None:
         """The mean of `key` over the `window` steps of the history ending before index `end` (negative: from the
-        end), or None without enough finite values or where the window reaches into the fill."""
+        end), or None where the window reaches into the fill or lacks finite values: any for most keys, more than
+        half for a verifier's mean (a step where it scored no row has none)."""
         w, n = self.t.window, len(self.history)
         stop = n + end if end <= 0 else end
         values = [m.get(key) for m in self.history[max(stop - w, 0) : stop]]
-        if stop - w < self.fill_steps or len(values) < w or any(v is None or not math.isfinite(v) for v in values):
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        need = w // 2 + 1 if key in self._gappy else w
+        if stop - w < self.fill_steps or len(values) < w or len(finite) < need:
             return None
-        return float(np.mean(values))
+        return float(np.mean(finite))
 
     def _windows(self, key: str) -> tuple[float, float] | None:
         """(mean over the previous window, mean over the last window) of `key`, or None without enough data."""

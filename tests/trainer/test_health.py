@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import pytest
 
@@ -478,6 +479,18 @@ def test_a_resumed_run_remembers_the_alarms_and_the_best_evaluation_before_it(tm
         trainer.close()
     assert trainer.step == 4 and [a.name for a in trainer.health.alarms] == ["collapse"]
     assert "0.800 below its best, 0.900 at step 2" in trainer.health.alarms[0].message
+
+
+def test_verifiers_that_part_are_seen_when_one_scores_no_row_at_some_steps():
+    """A verifier routed by `when:` logs NaN at a step where no row was its: the rule switched off for any window
+    with one such step (with one step in five, it never fired)."""
+    monitor = HealthMonitor(HealthThresholds(window=5, reward_rise=0.1), ["a", "b"])
+    fired = []
+    for step in range(1, 21):
+        b = math.nan if step % 5 == 0 else 1.0 - 0.04 * step
+        fired += monitor.observe(step, {"reward/mean": 0.5, "reward/a/mean": 0.04 * step, "reward/b/mean": b})
+    assert [a.name for a in fired] and {a.name for a in fired} == {"reward_hacking"}
+    assert "one verifier rises while another falls" in fired[0].message
 
 
 def test_an_sft_control_baseline_is_measured_and_the_policy_restored(tmp_path, tokenizer):
