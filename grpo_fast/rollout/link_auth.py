@@ -132,7 +132,12 @@ def _read_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
             if left <= 0:
                 raise TimeoutError(f"the handshake took more than {HANDSHAKE_SECONDS:g} s")
             sock.settimeout(left)
-        k = sock.recv_into(view[got:])
+        try:
+            k = sock.recv_into(view[got:])
+        except TimeoutError:  # the socket's own timeout, at the deadline: the same refusal
+            if deadline is None:
+                raise
+            raise TimeoutError(f"the handshake took more than {HANDSHAKE_SECONDS:g} s") from None
         if k == 0:
             raise LinkClosed("the other side closed the connection")
         got += k
