@@ -82,7 +82,7 @@ def save_checkpoint(
     every rank's part succeeded; the directory must be on a file system all ranks share."""
     dist = dist or Distributed()
     root = Path(root)
-    final = root / f"step-{step:06d}"
+    final = checkpoint_dir(root, step)
     tmp = root / f".tmp-step-{step:06d}-{dist.broadcast(os.getpid())}"
     if dist.is_main:
         root.mkdir(parents=True, exist_ok=True)
@@ -201,6 +201,11 @@ def _fsync_tree(root: Path) -> None:
 
 
 # -- finding ------------------------------------------------------------------------------------------------
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    """Where the checkpoint of `step` is (or would be) under `root`."""
+    return Path(root) / f"step-{step:06d}"
 
 
 def list_checkpoints(root: str | Path) -> list[Path]:

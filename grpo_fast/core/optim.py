@@ -25,6 +25,11 @@ class OptimConfig(ConfigSection):
     warmup_steps: int = option(0, "optimizer steps of linear warmup from 0", low=0)
     max_grad_norm: float = option(1.0, "gradient clipping norm (0: no clipping, as in transformers)", low=0)
 
+    @property
+    def clip_norm(self) -> float:
+        """The norm to clip gradients to: max_grad_norm, inf for 0 (no clipping)."""
+        return self.max_grad_norm or math.inf
+
 
 def build_optimizer(model: torch.nn.Module, optim) -> torch.optim.AdamW:
     """AdamW over the model's trainable parameters, in torch's fused implementation (one kernel over every

@@ -127,14 +127,14 @@ def _read_exact(sock: socket.socket, n: int, deadline: float | None = None) -> b
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
-        if deadline is not None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"the handshake took more than {HANDSHAKE_SECONDS:g} s")
-            sock.settimeout(left)
         try:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
             k = sock.recv_into(view[got:])
-        except TimeoutError:  # the socket's own timeout, at the deadline: the same refusal
+        except TimeoutError:  # past the deadline, found between reads or by the socket's own timeout
             if deadline is None:
                 raise
             raise TimeoutError(f"the handshake took more than {HANDSHAKE_SECONDS:g} s") from None

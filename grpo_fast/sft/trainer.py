@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import shutil
 import time
 from pathlib import Path
@@ -109,8 +108,7 @@ class SFTTrainer:
             part = sft_loss(self.model, batch.to(self.device), num_loss_tokens, self.autocast)
             part.backward()
             loss += part.detach()
-        max_norm = self.config.optim.max_grad_norm or math.inf  # 0: no clipping
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.clip_norm)
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -450,7 +449,7 @@ class LossStep:
             control.update(float(totals[0]), float(totals[1]))
         if current is not None:
             step.stats.update(mismatch_metrics(current, step.measure_from, step.mask, step.staleness))
-        params, max_norm = self.model.parameters(), self.config.optim.max_grad_norm or math.inf  # 0: no clipping
+        params, max_norm = self.model.parameters(), self.config.optim.clip_norm
         norm = full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True))  # one op, not one per tensor
         grad_norms.append(norm.to(self.device))
         losses = agg["loss"][len(agg["loss"]) - step.real_micro_batches :]  # this update's

@@ -504,7 +504,7 @@ class GRPOTrainer:
 
     def _protected_checkpoints(self) -> list[Path]:
         """What run.keep_checkpoints never prunes: the checkpoint resumed from, and those an alarm named."""
-        named = [self.output_dir / "checkpoints" / f"step-{step:06d}" for step in sorted(self.health.named_checkpoints)]
+        named = [ckpt.checkpoint_dir(self.output_dir / "checkpoints", s) for s in sorted(self.health.named_checkpoints)]
         return [*named, *([self.resumed_from] if self.resumed_from else [])]
 
     def run_signature(self) -> dict:
