@@ -7,8 +7,8 @@ Bounds, per backend, on one on-policy batch with a KL term (no clip decision to 
     by about 2^-9 of the logit range, ~1e-3 here, and fail it);
   * gradients of hidden and weight, returned in the inputs' bf16: max error at most 0.6% of the largest
     gradient (bf16's own rounding of the exact value is 2^-9 relative, 0.2%) where the backward runs in fp32
-    (torch, cpu: 0.17-0.33% over seeds 0-4), 1% for Triton, whose backward rounds ∂L/∂z to the operands' bf16
-    before its dots, as tensor cores need (one more 2^-9 rounding per summed term: 0.36-0.73% over seeds 0-4).
+    (torch, cpu), 1% for Triton, whose backward rounds ∂L/∂z to the operands' bf16 before its dots, as tensor
+    cores need (one more 2^-9 rounding per summed term).
 """
 
 from __future__ import annotations
