@@ -14,13 +14,17 @@ ones.
   model any earlier stage produced. A stage that takes a model and names none gets the latest model.
 - A finished stage leaves `<output_dir>/<name>/stage.json`; running the pipeline again skips it and reuses
   its outputs, and a stage that was interrupted resumes (training from its last checkpoint, sampling from
-  its journal, SFT from its checkpoints).
+  its journal, SFT from its checkpoints). stage.json keeps what the stage ran from (its kind, its config with
+  the references resolved, the model it was given): a finished stage whose config has changed since is
+  refused by name, never reused, and never rerun over its outputs.
 - `skip: true` leaves a stage out; its `outputs:` (optional) stand in for what it would have produced.
 - At the end, one table of every stage (status, seconds, headline numbers) in summary.md / summary.json.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import logging
 import re
@@ -93,6 +97,7 @@ def run_pipeline(config: PipelineConfig) -> list[dict]:
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     context: dict[str, dict[str, str]] = {}
+    digests: dict[str, str] = {}  # stage name -> digest of what it ran from (its outputs, if skipped)
     latest_model: str | None = None
     table = []
     for stage in config.stages:
@@ -100,31 +105,71 @@ def run_pipeline(config: PipelineConfig) -> list[dict]:
         marker = stage_dir / "stage.json"
         t0 = time.perf_counter()
         if stage.skip:
+            made_from = {"skipped": dict(stage.outputs)}
             result, status = StageResult(dict(stage.outputs), {}), "skipped"
         elif marker.exists():
             saved = json.loads(marker.read_text())
+            made_from = _made_from(stage, context, latest_model, digests)
+            _check_unchanged(saved, made_from, marker)
             result, status = StageResult(saved["outputs"], saved["summary"]), "done earlier"
         else:
-            resolved = _resolve(stage.config, context, latest_model, stage.name)
+            made_from = _made_from(stage, context, latest_model, digests)
             logger.info("pipeline: stage %s (%s)", stage.name, stage.kind)
             stage_dir.mkdir(parents=True, exist_ok=True)
             try:
-                result = STAGE_KINDS.get(stage.kind)(resolved, stage_dir, latest_model)
+                result = STAGE_KINDS.get(stage.kind)(copy.deepcopy(made_from["config"]), stage_dir, latest_model)
             except ValueError as exc:
                 raise ValueError(f"stage {stage.name} ({stage.kind}): {exc}") from exc
             status = "ran"
             seconds = time.perf_counter() - t0
+            summary = {**result.summary, "seconds": seconds}
             write_atomic(
-                marker,
-                json.dumps({"outputs": result.outputs, "summary": {**result.summary, "seconds": seconds}}, indent=2),
+                marker, json.dumps({"outputs": result.outputs, "summary": summary, "made_from": made_from}, indent=2)
             )
             result.summary["seconds"] = seconds
         context[stage.name] = result.outputs
+        digests[stage.name] = hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
         latest_model = result.outputs.get("model", latest_model)
         table.append({"stage": stage.name, "kind": stage.kind, "status": status, **result.summary})
     write_atomic(out / "summary.json", json.dumps(table, indent=2))
     write_atomic(out / "summary.md", summary_table(table))
     return table
+
+
+def _made_from(stage: StageSpec, context: dict, latest_model: str | None, digests: dict[str, str]) -> dict:
+    """What a stage runs from: its kind, its config with every reference resolved, the model it is given, and
+    the digest of what each stage before it ran from (an earlier stage run again differently changes it)."""
+    resolved = _resolve(stage.config, context, latest_model, stage.name)
+    made_from = {"kind": stage.kind, "config": resolved, "model": latest_model, "earlier": dict(digests)}
+    return json.loads(json.dumps(made_from, default=str))
+
+
+def _check_unchanged(saved: dict, made_from: dict, marker: Path) -> None:
+    """ValueError naming what differs when a finished stage (its stage.json `saved`) ran from something other
+    than what the pipeline gives it now. A stage.json written before stages kept `made_from` is not checked."""
+    before = saved.get("made_from")
+    if before is None or before == made_from:
+        return
+    changes = [
+        f"stage {key.removeprefix('earlier.')} before it ran from something else" if key.startswith("earlier.")
+        else f"{key}: {was!r} -> {now!r}"
+        for key, was, now in _differences(before, made_from)
+    ]  # fmt: skip
+    shown = "; ".join(changes[:5]) + ("; ..." if len(changes) > 5 else "")
+    raise ValueError(
+        f"stage {marker.parent.name} finished earlier from another configuration ({shown}). Its outputs in "
+        f"{marker.parent} are kept: to run it again as configured now, move or delete that directory (and those of "
+        f"the stages after it); to reuse them, restore the configuration it ran with."
+    )
+
+
+def _differences(before, now, path: str = ""):
+    """(dotted key, before, now) for each leaf that differs between two JSON values."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        for key in sorted(set(before) | set(now)):
+            yield from _differences(before.get(key), now.get(key), f"{path}.{key}" if path else key)
+    elif before != now:
+        yield path, before, now
 
 
 def summary_table(rows: list[dict]) -> str:

@@ -104,3 +104,32 @@ def test_a_train_stage_stopped_by_a_health_alarm_is_not_done_and_passes_no_model
     with pytest.raises(ValueError, match=r"stage rl \(train\): .*stopped at step 2 on the health alarm\(s\) no_signal"):
         run_pipeline(_config(tmp_path, stages))
     assert CALLS == [] and not (tmp_path / "run" / "rl" / "stage.json").exists()
+
+
+def test_a_finished_stage_whose_configuration_changed_is_refused_not_reused(tmp_path):
+    """It was reused silently: an edited stage config (or an earlier stage run again differently) gave the old
+    stage's outputs as if they came from the new config."""
+    CALLS.clear()
+    stages = [
+        {"name": "a", "kind": "record_test_only", "config": {"steps": 2}},
+        {"name": "b", "kind": "record_test_only", "config": {"source": "${a.data}"}},
+    ]
+    run_pipeline(_config(tmp_path, stages))
+    stages[0]["config"]["steps"] = 3
+    with pytest.raises(
+        ValueError, match=r"stage a finished earlier from another configuration \(config\.steps: 2 -> 3\)"
+    ):
+        run_pipeline(_config(tmp_path, stages))
+    assert (tmp_path / "run" / "a" / "stage.json").exists()  # kept: the user decides
+    # a, moved away, runs again as configured now; b, made from the old a, is refused in turn.
+    (tmp_path / "run" / "a").rename(tmp_path / "old_a")
+    CALLS.clear()
+    with pytest.raises(ValueError, match=r"stage b finished earlier .*stage a before it ran from something else"):
+        run_pipeline(_config(tmp_path, stages))
+    assert [c[0] for c in CALLS] == ["a"]
+    # Unchanged: both reused as before.
+    (tmp_path / "run" / "b" / "stage.json").unlink()
+    run_pipeline(_config(tmp_path, stages))
+    CALLS.clear()
+    table = run_pipeline(_config(tmp_path, stages))
+    assert CALLS == [] and [r["status"] for r in table] == ["done earlier", "done earlier"]
