@@ -58,6 +58,9 @@ class SampleConfig(ConfigSection):
 
 
 JOURNAL, SETTINGS = "records.jsonl", "sample_settings.json"
+# The rollout section's keys that change what is sampled: the sampling, the engine, the rollout kind.
+_SAMPLING_KEYS = ("max_completion_length", "temperature", "top_p", "top_k", "stop", "max_model_len", "engine")
+_SAMPLING_KEYS += ("tools", "environment_factory", "max_tool_calling_iterations", "rollout_func")
 
 
 def selection_rules(sample_config) -> SelectionRules:
@@ -175,7 +178,7 @@ def _check_settings(out: Path, config, num_rows: int, overwrite: bool) -> None:
         "data": c["data"],
         "num_rows": num_rows,
         "reward": {k: c["reward"][k] for k in ("funcs", "weights", "failure_reward")},
-        "rollout": {k: c["rollout"][k] for k in ("max_completion_length", "temperature", "top_p", "top_k", "stop")},
+        "rollout": {k: c["rollout"][k] for k in _SAMPLING_KEYS},
         "sample": {k: v for k, v in c["sample"].items() if k != "output_dir"},
         "seed": c["run"]["seed"],
     }

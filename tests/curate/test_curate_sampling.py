@@ -91,6 +91,11 @@ def test_other_settings_are_refused_in_the_same_directory(tmp_path, tiny_dir):
     _run(tmp_path / "a", tiny_dir)
     with pytest.raises(ValueError, match="sample.*differ.*--overwrite"):
         _run(tmp_path / "a", tiny_dir, "sample.samples_per_prompt=3")
+    # Another engine or rollout kind samples other completions (both were continued silently).
+    with pytest.raises(ValueError, match=r"\(rollout differ\)"):
+        _run(tmp_path / "a", tiny_dir, "rollout.engine=vllm")
+    with pytest.raises(ValueError, match=r"\(rollout differ\)"):
+        _run(tmp_path / "a", tiny_dir, "rollout.tools=[multiply]")
     cfg = _config(tmp_path / "a", f"model.path={tiny_dir}", "sample.samples_per_prompt=3")
     cfg.reward.funcs = [starts_low]
     assert run_sampling(cfg, ROWS, overwrite=True)["samples"] == 3 * len(ROWS)
