@@ -42,8 +42,8 @@ from grpo_fast.distributed.context import Distributed
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_OLD_DIR = re.compile(r"^\.old-(step-\d+)-\d+$")
-_TMP_DIR = re.compile(r"^\.tmp-step-\d+-(\d+)$")
+_OLD_DIR = re.compile(r"^\.old-(.+)-\d+$")  # replace_dir's
+_TMP_DIR = re.compile(r"^\.tmp-(.+)-(\d+)$")  # a writer's, <name>-<pid>
 TRAINER_STATE = "trainer_state.pt"
 RUN_CONFIG = "train_config.json"
 MANIFEST = "checkpoint_files.json"  # written last: every other file's size, checked before a checkpoint is used
@@ -137,14 +137,20 @@ def _publish(tmp: Path, final: Path) -> None:
         kept = final.with_name(f"{final.name}.incomplete-{os.getpid()}")
         os.replace(final, kept)
         logger.warning("%s was incomplete (files missing or cut short): kept as %s", final, kept.name)
-    if final.exists():  # re-saving the same step (e.g. final save right after a periodic one)
-        old = final.parent / f".old-{final.name}-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
+    replace_dir(tmp, final)  # re-saving the same step replaces it (e.g. final save right after a periodic one)
+    _fsync(final.parent)
+
+
+def replace_dir(new: Path, target: Path) -> None:
+    """Renames directory `new` to `target`, replacing it: the old one is moved aside to `.old-<name>-<pid>` first
+    and deleted after. A crash between the two renames leaves no `target`: `recover_interrupted_writes` puts it back."""
+    if target.exists():
+        old = target.with_name(f".old-{target.name}-{os.getpid()}")
+        os.replace(target, old)
+        os.replace(new, target)
         shutil.rmtree(old)
     else:
-        os.replace(tmp, final)
-    _fsync(final.parent)
+        os.replace(new, target)
 
 
 def prune_checkpoints(root: str | Path, keep: int, protect: Iterable[str | Path] = ()) -> list[Path]:
@@ -214,8 +220,7 @@ def list_checkpoints(root: str | Path) -> list[Path]:
     root = Path(root)
     if not root.is_dir():
         return []
-    _recover_interrupted_resaves(root)
-    _remove_dead_writers_temp_dirs(root)
+    recover_interrupted_writes(root, _STEP_DIR)
     found = []
     for p in root.iterdir():
         if p.is_dir() and (m := _STEP_DIR.match(p.name)):
@@ -224,14 +229,6 @@ def list_checkpoints(root: str | Path) -> list[Path]:
             else:
                 logger.warning("skipping checkpoint %s: incomplete (files missing or cut short)", p)
     return [p for _, p in sorted(found)]
-
-
-def _remove_dead_writers_temp_dirs(root: Path) -> None:
-    """A writer killed mid-save leaves .tmp-step-N-<pid>: removed once no process of that pid runs."""
-    for p in root.iterdir():
-        m = _TMP_DIR.match(p.name)
-        if m and p.is_dir() and not _pid_alive(int(m.group(1))):
-            shutil.rmtree(p, ignore_errors=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -246,17 +243,21 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _recover_interrupted_resaves(root: Path) -> None:
-    """A re-save of an existing step moves step-N aside to .old-step-N-<pid> before renaming the new one in: a
-    crash between the two renames leaves no step-N. Put the previous, complete one back."""
+def recover_interrupted_writes(root: Path, name: re.Pattern) -> None:
+    """Undoes what writers that died left under `root` for the directories whose names match `name`: an
+    `.old-<name>-<pid>` of `replace_dir` is put back where `<name>` is missing (the previous, complete one) and
+    deleted where it exists (a leftover of the cleanup); a `.tmp-<name>-<pid>` being written when its writer died is
+    deleted once no process of that pid runs."""
     for p in sorted(root.iterdir()):
-        m = _OLD_DIR.match(p.name)
-        if m and p.is_dir():
-            final = root / m.group(1)
-            if final.exists():
-                shutil.rmtree(p)  # the new one made it: this is a leftover of the cleanup
+        old, tmp = _OLD_DIR.match(p.name), _TMP_DIR.match(p.name)
+        if old and name.fullmatch(old.group(1)) and p.is_dir():
+            target = root / old.group(1)
+            if target.exists():
+                shutil.rmtree(p)
             else:
-                os.replace(p, final)
+                os.replace(p, target)
+        elif tmp and name.fullmatch(tmp.group(1)) and p.is_dir() and not _pid_alive(int(tmp.group(2))):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def incomplete_steps(root: str | Path) -> list[int]:

@@ -3,7 +3,8 @@
 Whenever an evaluation's accuracy beats every earlier one of the run, the policy's weights and tokenizer are written
 to output_dir/best_model in Hugging Face format, with best.json ({"step", "accuracy", "prompts"}): into a temporary
 directory beside it first, then renamed over the previous one, so that the directory always holds one whole model
-(never two, never half of one). A resumed run reads best.json and replaces the model only with a better one.
+(never two, never half of one; a crash between the renames is undone when the run resumes). A resumed run reads
+best.json and replaces the model only with a better one.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from grpo_fast.core import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +40,12 @@ class BestModel:
         self.directory = Path(output_dir) / BEST_DIR
         self.best: BestEvaluation | None = None
 
+    def recover(self) -> None:
+        """Puts back the previous model when a crash came between `offer`'s two renames and deletes a model a dead
+        process was writing; rank 0, before `restore`."""
+        if self.directory.parent.is_dir():
+            ckpt.recover_interrupted_writes(self.directory.parent, re.compile(re.escape(BEST_DIR)))
+
     def restore(self) -> None:
         """The best evaluation an earlier part of this run kept (a resumed run), if any."""
         info = self.directory / BEST_INFO
@@ -54,16 +64,7 @@ class BestModel:
         write_model(tmp)
         if is_main:
             (tmp / BEST_INFO).write_text(json.dumps(vars(evaluation)) + "\n")
-            _replace_dir(tmp, self.directory)
+            ckpt.replace_dir(tmp, self.directory)
         self.best = best = evaluation
         logger.info("best held-out accuracy, %.3f at step %d: model in %s", best.accuracy, best.step, self.directory)
         return True
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Renames directory `new` to `target`, replacing it: the old one is moved aside first and deleted after."""
-    old = target.with_name(f".old-{target.name}-{os.getpid()}")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)

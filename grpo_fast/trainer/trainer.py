@@ -569,6 +569,8 @@ class GRPOTrainer:
         path = ckpt.latest_checkpoint(self.output_dir / "checkpoints") if run.resume else None
         if path is not None:
             ckpt.check_resume_config(path, signature)
+            if self.best_model is not None:
+                self.best_model.recover()
         else:
             self._clear_for_a_fresh_start(signature)
         ckpt.write_run_signature(self.output_dir, signature)

@@ -5,6 +5,8 @@ run report and in the collapse alarm."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import torch
 from safetensors.torch import load_file
@@ -72,6 +74,30 @@ def test_a_resumed_run_keeps_the_earlier_best_until_beaten(tmp_path):
     assert info == {"step": 4, "accuracy": 1.0, "prompts": 4} and again.best_model.best.step == 4
     torch.testing.assert_close(weights["lm_head.weight"], again.weights_at[4]["lm_head.weight"], rtol=0, atol=0)
     again.close()
+
+
+def test_a_crash_inside_the_replacement_loses_no_best_model(tmp_path):
+    """A crash between `offer`'s two renames left the previous best aside as .old-best_model-<pid> and no
+    best_model: the resumed run forgot it (and kept a worse model as the best), and the copy stayed on disk."""
+    out = tmp_path / "run"
+    first = _trainer(out, [0.25, 0.75, 0.5], "run.max_steps=2", "run.save_every=2")
+    first.train()
+    first.close()
+    dead = _exited_pid()
+    os.replace(out / BEST_DIR, out / f".old-{BEST_DIR}-{dead}")  # the first rename done, the second not
+    (out / f".tmp-{BEST_DIR}-{dead}").mkdir()  # the new model, half written
+    again = _trainer(out, [0.5, 0.6], "run.max_steps=4", "run.save_every=2", "run.resume=true")
+    again.train()
+    info, weights = _kept(out)
+    assert info == {"step": 1, "accuracy": 0.75, "prompts": 4}
+    torch.testing.assert_close(weights["lm_head.weight"], first.weights_at[1]["lm_head.weight"], rtol=0, atol=0)
+    again.close()
+
+
+def _exited_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 def test_without_save_best_nothing_is_kept(tmp_path):
