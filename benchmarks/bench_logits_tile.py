@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
 
 from grpo_fast.backends.chunked import ChunkedBackend
-from grpo_fast.bench.common import environment_stamp, write_json
+from grpo_fast.bench.common import environment_stamp, timing_summary, write_json
 
 INV_TEMPERATURE = 1 / 0.9
 
@@ -57,11 +56,7 @@ def measure(rows: int, hidden_size: int, vocab: int, repeats: int) -> dict:
     want = workspace.clone()
     after(hidden, weight, workspace)
     torch.testing.assert_close(workspace, want, rtol=1e-5, atol=1e-5)  # the same tile either way
-    out = {}
-    for name, values in samples.items():
-        values.sort()
-        out[name] = {"median_s": statistics.median(values), "p20_s": values[len(values) // 5],
-                     "p80_s": values[(4 * len(values)) // 5], "samples_s": values}  # fmt: skip
+    out = {name: timing_summary(values) for name, values in samples.items()}
     out["after_over_before"] = out["after"]["median_s"] / out["before"]["median_s"]
     out["tile_bytes_saved"] = rows * vocab * 4
     return out

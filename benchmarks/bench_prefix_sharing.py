@@ -34,6 +34,7 @@ from grpo_fast.bench.common import (
     run_json_subprocess,
     synchronize,
     text_table,
+    timing_summary,
     write_json,
 )
 from grpo_fast.bench.memory import peak_extra_bytes
@@ -152,7 +153,7 @@ def time_pairs(steps: dict[str, Callable[[], None]], device, repeats: int) -> di
             wall[name].append(time.perf_counter() - start)
             cpu[name].append(time.process_time() - start_cpu)
             gc.collect()
-    out = {name: {**summarize(wall[name]), "cpu_median_s": statistics.median(cpu[name])} for name in steps}
+    out = {name: {**timing_summary(wall[name]), "cpu_median_s": statistics.median(cpu[name])} for name in steps}
     out["speedup"] = _paired_ratio(wall)
     out["speedup_cpu_time"] = _paired_ratio(cpu)
     return out
@@ -160,13 +161,6 @@ def time_pairs(steps: dict[str, Callable[[], None]], device, repeats: int) -> di
 
 def _paired_ratio(samples: dict[str, list[float]]) -> float:
     return statistics.median(u / s for u, s in zip(samples["unshared"], samples["shared"], strict=True))
-
-
-def summarize(samples: list[float]) -> dict:
-    """median, p20, p80 and the sorted samples, in seconds."""
-    samples = sorted(samples)
-    pick = lambda q: samples[min(len(samples) - 1, round(q * (len(samples) - 1)))]  # noqa: E731
-    return {"median_s": statistics.median(samples), "p20_s": pick(0.2), "p80_s": pick(0.8), "samples_s": samples}
 
 
 def run_ratio(args, prompt_len: int, model, device, autocast: bool) -> dict:

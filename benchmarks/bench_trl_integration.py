@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from grpo_fast.bench.common import environment_stamp, write_json  # noqa: E402
+from grpo_fast.bench.common import environment_stamp, timing_summary, write_json  # noqa: E402
 from grpo_fast.bench.models import add_model_shape_arguments, model_from_shape_arguments  # noqa: E402
 from grpo_fast.core.tiny_models import build_word_tokenizer  # noqa: E402
 
@@ -133,14 +133,11 @@ def worker(args) -> dict:
         losses.append(step())  # float(loss) waits for the device
         samples.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated() if cuda else rss_bytes("VmHWM")
-    samples.sort()
-    pick = lambda q: samples[min(len(samples) - 1, round(q * (len(samples) - 1)))]  # noqa: E731
+    timing = timing_summary(samples)
     return {
         "variant": args.variant,
-        "step_median_s": pick(0.5),
-        "step_p20_s": pick(0.2),
-        "step_p80_s": pick(0.8),
-        "samples_s": samples,
+        **{f"step_{key}": timing[key] for key in ("median_s", "p20_s", "p80_s")},
+        "samples_s": timing["samples_s"],
         "memory": "cuda max_memory_allocated" if cuda else "VmHWM (peak RSS)",
         "peak_bytes": peak,
         "before_step_bytes": before,

@@ -38,8 +38,13 @@ def time_call(fn: Callable[[], object], device=None, warmup: int = 1, repeats: i
         fn()
         synchronize(device)
         samples.append(time.perf_counter() - start)
-    samples.sort()
-    pick = lambda q: samples[min(len(samples) - 1, round(q * (len(samples) - 1)))]  # noqa: E731
+    return timing_summary(samples)
+
+
+def timing_summary(samples: Sequence[float]) -> dict:
+    """{median_s, p20_s, p80_s, samples_s (sorted)} of times in seconds; a percentile is the sample nearest to it."""
+    samples = sorted(samples)
+    pick = lambda q: samples[round(q * (len(samples) - 1))]  # noqa: E731
     return {"median_s": statistics.median(samples), "p20_s": pick(0.2), "p80_s": pick(0.8), "samples_s": samples}
 
 
