@@ -30,6 +30,7 @@ fails or cannot run (the row cannot be judged).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -107,17 +109,11 @@ def sql_execution(
     texts = completion_texts(completions)
     dbs = broadcast_column("db", db, len(texts))
     references = broadcast_column("reference_sql", reference_sql, len(texts))
-    bounds = dict(
-        timeout_s=timeout_s,
-        max_rows=max_rows,
-        max_value_bytes=max_value_bytes,
-        max_memory_bytes=max_memory_bytes,
-        memory_bytes=memory_bytes,
-    )
+    bounds = QueryBounds(timeout_s, max_rows, max_value_bytes, max_memory_bytes, memory_bytes)
     return [_score(extract_sql(text), d, ref, bounds) for text, d, ref in zip(texts, dbs, references, strict=True)]
 
 
-def _score(query: str, db: str, reference: str, bounds: dict) -> float | None:
+def _score(query: str, db: str, reference: str, bounds: QueryBounds) -> float | None:
     with QueryProcess(db, bounds) as child:
         expected = child.run(reference)
         if "rows" not in expected:
@@ -132,13 +128,24 @@ def _score(query: str, db: str, reference: str, bounds: dict) -> float | None:
     return float(got["rows"][kind] == expected["rows"][kind])
 
 
+@dataclass(frozen=True)
+class QueryBounds:
+    """What the queries of one completion may use (the module doc says how each is enforced)."""
+
+    timeout_s: float  # wall seconds a query
+    max_rows: int  # rows fetched
+    max_value_bytes: int  # bytes of one string or blob
+    max_memory_bytes: int  # growth of SQLite's heap during a query
+    memory_bytes: int  # the child's address space
+
+
 class QueryProcess:
     """A child process (sql_child.py) holding one read-only connection to `db`; `run` sends it one query
     and waits at most its time limit plus a second: {"rows": {"ordered": digest, "multiset": digest}},
     {"error": why} (the query failed or was denied), or {"error": ..., "killed": True} (it overran, or its
     child died: the process is gone, and later queries get the same)."""
 
-    def __init__(self, db: str, bounds: dict) -> None:
+    def __init__(self, db: str, bounds: QueryBounds) -> None:
         self.bounds, self.buffer, self.dead = bounds, b"", None
         root = str(Path(__file__).resolve().parents[2])
         script = f"import sys; sys.path.insert(0, {root!r}); from grpo_fast.rewards.sql_child import main; main()"
@@ -149,7 +156,7 @@ class QueryProcess:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        ready = self._exchange({"db": db, **bounds}, _LOAD_S)
+        ready = self._exchange({"db": db, **dataclasses.asdict(bounds)}, _LOAD_S)
         if ready.get("ready") is not True:
             self.dead = f"the database does not load: {ready.get('error')}"
 
@@ -157,7 +164,7 @@ class QueryProcess:
         if self.dead is not None:
             return {"error": self.dead, "killed": True}
         left = time_left()
-        timeout = self.bounds["timeout_s"] + 1.0
+        timeout = self.bounds.timeout_s + 1.0
         return self._exchange({"query": query}, timeout if left is None else max(0.1, min(timeout, left - 1.0)))
 
     def _exchange(self, message: dict, timeout: float) -> dict:
@@ -171,7 +178,7 @@ class QueryProcess:
         while b"\n" not in self.buffer:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return self._kill(f"the query ran past its {self.bounds['timeout_s']} s")
+                return self._kill(f"the query ran past its {self.bounds.timeout_s} s")
             chunk = os.read(fd, 65536)
             if not chunk:
                 return self._kill("the query process died (memory or CPU limit)")

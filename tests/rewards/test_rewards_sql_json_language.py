@@ -125,14 +125,16 @@ def test_a_query_timer_costs_the_child_little_address_space():
     """Each query's interrupt timer is a thread started under the child's RLIMIT_AS. With glibc's defaults a thread
     takes an 8 MiB stack and may reserve a 64 MiB malloc arena: under a 96 MiB limit that left the thread's start no
     memory, and it hung (a reference query "ran past its 20 s"; one run in six here). It must cost under 2 MiB."""
-    from grpo_fast.rewards.sql import QueryProcess
+    from grpo_fast.rewards.sql import QueryBounds, QueryProcess
 
     def address_space(pid: int) -> int:
         status = Path(f"/proc/{pid}/status").read_text().splitlines()
         line = next(x for x in status if x.startswith("VmSize:"))
         return int(line.split()[1]) << 10
 
-    bounds = dict(timeout_s=5, max_rows=10, max_value_bytes=1 << 20, max_memory_bytes=16 << 20, memory_bytes=1 << 30)
+    bounds = QueryBounds(
+        timeout_s=5, max_rows=10, max_value_bytes=1 << 20, max_memory_bytes=16 << 20, memory_bytes=1 << 30
+    )
     with QueryProcess(DDL, bounds) as child:
         before = address_space(child.proc.pid)
         assert "rows" in child.run("SELECT 1")
