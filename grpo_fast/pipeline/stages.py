@@ -70,14 +70,22 @@ def _with_defaults(config: dict, model: str | None, output_key: tuple[str, str],
     return data
 
 
+def _resume_or_restart(run: dict, stage_dir: Path) -> None:
+    """A training stage's run section: resume when its output directory holds checkpoints (incomplete ones too:
+    a resume names them, never deletes them). One interrupted before its first checkpoint starts over, replacing
+    what it logged, only in the stage's own directory: an output_dir the user named elsewhere keeps their
+    run.overwrite (an earlier run there is refused, never deleted unasked)."""
+    checkpoints = Path(run["output_dir"]) / "checkpoints"
+    run["resume"] = bool(ckpt.saved_steps(checkpoints) or ckpt.incomplete_steps(checkpoints))
+    own = Path(run["output_dir"]).resolve().is_relative_to(stage_dir.resolve())
+    if own:
+        run["overwrite"] = not run["resume"]
+
+
 def train_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
     data = _with_defaults(config, model, ("run", "output_dir"), stage_dir)
-    run = data["run"]
-    run["save_final"] = True
-    checkpoints = Path(run["output_dir"]) / "checkpoints"  # incomplete ones too: a resume names them, never deletes
-    run["resume"] = bool(ckpt.saved_steps(checkpoints) or ckpt.incomplete_steps(checkpoints))
-    # A stage interrupted before its first checkpoint restarts from scratch: what it logged is its own.
-    run["overwrite"] = not run["resume"]
+    data["run"]["save_final"] = True
+    _resume_or_restart(data["run"], stage_dir)
     cfg = load_config(data)
     trainer = trainer_from_config(cfg)
     try:
@@ -134,9 +142,7 @@ def filter_stage(config: dict, stage_dir: Path, model: str | None) -> StageResul
 
 def sft_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
     data = _with_defaults(config, model, ("run", "output_dir"), stage_dir)
-    checkpoints = Path(data["run"]["output_dir"]) / "checkpoints"  # incomplete ones too, as train_stage
-    data["run"]["resume"] = bool(ckpt.saved_steps(checkpoints) or ckpt.incomplete_steps(checkpoints))
-    data["run"]["overwrite"] = not data["run"]["resume"]  # interrupted before its first checkpoint: its own files
+    _resume_or_restart(data["run"], stage_dir)
     s = run_sft(load_sft_config(data))
     return StageResult({"model": s["final_model"]}, {k: s[k] for k in ("steps", "final_loss") if k in s})
 

@@ -133,3 +133,23 @@ def test_a_finished_stage_whose_configuration_changed_is_refused_not_reused(tmp_
     CALLS.clear()
     table = run_pipeline(_config(tmp_path, stages))
     assert CALLS == [] and [r["status"] for r in table] == ["done earlier", "done earlier"]
+
+
+@pytest.mark.parametrize("kind", ["train", "sft"])
+def test_a_training_stage_in_a_directory_of_the_user_s_refuses_their_earlier_run(tmp_path, tiny_dir, kind):
+    """The stage forced run.overwrite on whenever its output_dir held no checkpoint, so an output_dir the user
+    named had their earlier run deleted (metrics, final model) although they had not set run.overwrite."""
+    from grpo_fast.testing.configs import quiet_run_config
+
+    mine = tmp_path / "my_run"
+    (mine / "final").mkdir(parents=True)
+    (mine / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    config = quiet_run_config(tiny_dir, run={"max_steps": 1, "prompts_per_step": 2, "output_dir": str(mine)})
+    if kind == "sft":
+        rows = tmp_path / "rows.jsonl"
+        rows.write_text('{"prompt": "1+1=", "completion": "2"}\n' * 4)
+        run = {"max_steps": 1, "output_dir": str(mine), "progress": False}
+        config = {"model": {"path": str(tiny_dir)}, "data": {"source": str(rows)}, "run": run}
+    with pytest.raises(ValueError, match=rf"stage mine \({kind}\): run.output_dir {mine} holds an earlier run"):
+        run_pipeline(_config(tmp_path, [{"name": "mine", "kind": kind, "config": config}]))
+    assert (mine / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n' and (mine / "final").is_dir()
