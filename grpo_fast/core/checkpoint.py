@@ -501,10 +501,13 @@ def saved_run_config(path: str | Path) -> dict | None:
     return None if config is None else {"config": _jsonable(config)}
 
 
-def compare_configs(saved: dict, new: dict) -> ConfigDiff:
+def compare_configs(
+    saved: dict, new: dict, incompatible: tuple[str, ...] = INCOMPATIBLE, harmless: tuple[str, ...] = HARMLESS
+) -> ConfigDiff:
     """Sorts the changes from the `saved` run signature to the `new` one (both as `run_signature` gives)
-    into incompatible, harmless and other, each ordered by key. Options only one side knows (added or
-    removed since) are not compared."""
+    into incompatible, harmless and other (by the dotted-key prefixes `incompatible` and `harmless`: a GRPO
+    run's by default), each ordered by key. Options only one side knows (added or removed since) are not
+    compared."""
     changes = list(_section_changes(saved["config"], new["config"]))
     if "lora" in saved:
         changes += _lora_changes(saved["lora"], new.get("lora"))
@@ -512,9 +515,9 @@ def compare_configs(saved: dict, new: dict) -> ConfigDiff:
     for change in sorted(changes, key=lambda c: c.key):
         if _matches(change.key, _IGNORED):
             continue
-        if _matches(change.key, INCOMPATIBLE):
+        if _matches(change.key, incompatible):
             diff.incompatible.append(change)
-        elif _matches(change.key, HARMLESS) and not _moves_the_schedule(change, new["config"]):
+        elif _matches(change.key, harmless) and not _moves_the_schedule(change, new["config"]):
             diff.harmless.append(change)
         else:
             diff.other.append(change)
@@ -553,13 +556,18 @@ def check_resume_config(path: str | Path, new: dict) -> ConfigDiff:
     if saved is None:
         logger.warning("checkpoint %s keeps no config: the resumed run's config cannot be checked against it", path)
         return ConfigDiff()
-    diff = compare_configs(saved, new)
+    return report_config_changes(compare_configs(saved, new), path, f"see {Path(path) / RUN_CONFIG}")
+
+
+def report_config_changes(diff: ConfigDiff, path: str | Path, where_saved: str) -> ConfigDiff:
+    """Raises ValueError listing `diff`'s incompatible changes with both values (`where_saved`: where the saved
+    values can be read); logs the others. Returns `diff`."""
     if diff.incompatible:
         lines = "\n".join(f"  {c}" for c in diff.incompatible)
         raise ValueError(
-            f"cannot resume from {path}: the config differs from the checkpoint's in options that change the "
-            f"model, the loss or the batch shape:\n{lines}\nSet them back to the saved values (see "
-            f"{Path(path) / RUN_CONFIG}), or start a fresh run in another run.output_dir."
+            f"cannot resume from {path}: the config differs from the checkpoint's in options that make it another "
+            f"run's (the model, the data, the loss or the batch shape):\n{lines}\nSet them back to the saved values "
+            f"({where_saved}), or start a fresh run in another run.output_dir."
         )
     if diff.harmless:
         logger.info("resuming with changed options: %s", "; ".join(map(str, diff.harmless)))

@@ -40,6 +40,15 @@ from grpo_fast.sft.loss import sft_loss
 
 logger = logging.getLogger(__name__)
 
+# Resuming with another config (core.checkpoint.compare_configs): refused where the checkpoint becomes another run's
+# (the model, the data and its order, the batch shape), logged where only the length, logging or output changes, and
+# warned otherwise (the optimizer's settings: they take effect from the resumed step on).
+RESUME_RULES = (
+    ("model.path", "data", "run.seed", "run.micro_batch_tokens", "run.micro_batch_size", "run.grad_accum"),
+    ("run.max_steps", "run.log_every", "run.save_every", "run.keep_checkpoints", "run.output_dir", "run.report_to")
+    + ("run.project", "run.run_name", "run.progress", "run.plots"),
+)
+
 PLOT_PANELS = (
     ("loss", "loss (mean NLL of the loss tokens)"),
     ("lr", "learning rate"),
@@ -145,6 +154,8 @@ class SFTTrainer:
         if path is None:
             return False
         state = ckpt.load_trainer_state(path)  # before the weights: a refused checkpoint changes nothing
+        diff = ckpt.compare_configs({"config": state["config"]}, {"config": self.config.to_dict()}, *RESUME_RULES)
+        ckpt.report_config_changes(diff, path, f"the config kept in {path / ckpt.TRAINER_STATE}")
         ckpt.load_model_weights(self.model, path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -76,6 +76,22 @@ def test_resume_from_a_checkpoint_gives_the_weights_of_an_uninterrupted_run(tok,
     assert logged == list(range(5, steps + 1))
 
 
+def test_a_resume_with_another_seed_data_or_batch_shape_is_refused(tok, tmp_path):
+    """It continued silently: the new seed replaced by the saved RNG states, other data or lengths trained on from
+    the saved data position."""
+    run_sft(config(tmp_path, max_steps=2, save_every=2), build_tiny_model(tok, seed=0), tok, ROWS)
+    for change, key in (({"seed": 7}, "run.seed"), ({"micro_batch_tokens": 48}, "run.micro_batch_tokens")):
+        cfg = config(tmp_path, max_steps=4, resume=True, **change)
+        with pytest.raises(ValueError, match=rf"cannot resume from .*step-000002.*\n  {key}: saved"):
+            run_sft(cfg, build_tiny_model(tok, seed=0), tok, ROWS)
+    cfg = config(tmp_path, max_steps=4, resume=True)
+    cfg.data.max_length = 24
+    with pytest.raises(ValueError, match=r"\n  data.max_length: saved 32, now 24"):
+        run_sft(cfg, build_tiny_model(tok, seed=0), tok, ROWS)
+    # A longer run resumes (max_steps moves the cosine schedule: warned, allowed).
+    assert run_sft(config(tmp_path, max_steps=4, resume=True), build_tiny_model(tok, seed=0), tok, ROWS)["steps"] == 4
+
+
 def test_cli_trains_a_local_model_on_a_jsonl_file(tok, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
