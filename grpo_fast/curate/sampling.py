@@ -11,12 +11,14 @@ through the reward pool, written as
 Resumable: each chunk of `sample.chunk_prompts` prompts is committed to `records.jsonl` (see journal.py)
 before the next starts, with seeds that depend only on the prompt's position, so a killed run started
 again continues at the first unfinished chunk and writes what an uninterrupted run writes. Starting
-again with different settings is refused (`overwrite=True` starts over).
+again with different settings (the rows, and the weights of a local model, included) is refused, and so is an
+output directory holding these files but no sampling run's settings (`overwrite=True` starts over).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import time
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_fast.config_fields import ConfigSection, option
-from grpo_fast.core.policy import load_policy
+from grpo_fast.core.policy import check_model_path, load_policy
 from grpo_fast.curate.journal import append_chunk, dumps, read_complete_chunks, write_atomic
 from grpo_fast.curate.pass_rates import PromptSamples, sample_prompts
 from grpo_fast.curate.rejection import SelectionRules, select_completions
@@ -58,6 +60,7 @@ class SampleConfig(ConfigSection):
 
 
 JOURNAL, SETTINGS = "records.jsonl", "sample_settings.json"
+OUTPUTS = (JOURNAL, "pass_rates.jsonl", "sft.jsonl", "summary.json")  # what a sampling run writes, beside SETTINGS
 # The rollout section's keys that change what is sampled: the sampling, the engine, the rollout kind.
 _SAMPLING_KEYS = ("max_completion_length", "temperature", "top_p", "top_k", "stop", "max_model_len", "engine")
 _SAMPLING_KEYS += ("tools", "environment_factory", "max_tool_calling_iterations", "rollout_func")
@@ -79,7 +82,7 @@ def run_sampling(config, rows: list[dict], *, tokenizer=None, model=None, engine
     rules = selection_rules(s)
     out = Path(s.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _check_settings(out, config, len(rows), overwrite)
+    _check_settings(out, config, rows, overwrite)
     rows = rows[: s.max_prompts] if s.max_prompts else rows
     n_chunks = -(-len(rows) // s.chunk_prompts)
     chunk_size = lambda c: min(s.chunk_prompts, len(rows) - c * s.chunk_prompts)  # noqa: E731
@@ -170,13 +173,16 @@ def _write_outputs(out: Path, records: list[dict]) -> dict:
     }
 
 
-def _check_settings(out: Path, config, num_rows: int, overwrite: bool) -> None:
-    """Refuses to continue a journal written with other settings (its samples would not be comparable)."""
+def _check_settings(out: Path, config, rows: list[dict], overwrite: bool) -> None:
+    """Refuses to continue a journal written with other settings (its samples would not be comparable) and to
+    write over another program's files; `overwrite` deletes what an earlier sampling run wrote instead."""
     c = config.to_dict()
     settings = {
         "model": c["model"]["path"],
+        "weights": _weights_stamp(c["model"]["path"]),
         "data": c["data"],
-        "num_rows": num_rows,
+        "num_rows": len(rows),
+        "rows": hashlib.sha256(dumps(rows).encode()).hexdigest(),
         "reward": {k: c["reward"][k] for k in ("funcs", "weights", "failure_reward")},
         "rollout": {k: c["rollout"][k] for k in _SAMPLING_KEYS},
         "sample": {k: v for k, v in c["sample"].items() if k != "output_dir"},
@@ -185,10 +191,11 @@ def _check_settings(out: Path, config, num_rows: int, overwrite: bool) -> None:
     settings["reward"]["funcs"] = [_spec_key(f) for f in settings["reward"]["funcs"]]
     settings = json.loads(dumps(settings))
     path = out / SETTINGS
+    written = [name for name in OUTPUTS if (out / name).exists()]
     if overwrite:
-        for name in (JOURNAL, "pass_rates.jsonl", "sft.jsonl", "summary.json"):
-            (out / name).unlink(missing_ok=True)
-    elif path.exists():
+        for name in written:
+            (out / name).unlink()
+    elif path.exists() and _has_records(out / JOURNAL):
         try:
             saved = json.loads(path.read_text())
         except ValueError:
@@ -204,7 +211,26 @@ def _check_settings(out: Path, config, num_rows: int, overwrite: bool) -> None:
                 f"sample.output_dir {out} holds a sampling run with other settings ({', '.join(changed)} differ): "
                 "use another output directory, or overwrite it (--overwrite)"
             )
+    elif written and not path.exists():
+        raise ValueError(
+            f"sample.output_dir {out} holds {', '.join(written)} that no sampling run of ours wrote there (no "
+            f"{SETTINGS}): use another output directory, or overwrite them (--overwrite)"
+        )
     write_atomic(path, json.dumps(settings, indent=2))
+
+
+def _has_records(journal: Path) -> bool:
+    """Whether the journal holds a sample (a run that stopped before its first one left nothing to continue)."""
+    return journal.exists() and journal.stat().st_size > 0
+
+
+def _weights_stamp(model_path: str | None) -> list | None:
+    """(name, size, modification time) of a local model directory's weight and config files: weights rewritten
+    at the same path change it. None for a hub name."""
+    if not model_path or not Path(model_path).is_dir():
+        return None
+    files = [p for p in sorted(Path(model_path).iterdir()) if p.suffix in (".safetensors", ".bin", ".json")]
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files if p.is_file()]
 
 
 def _spec_key(spec):
@@ -220,6 +246,8 @@ def _rollout(config, tokenizer, model, engine):
 
     if not config.model.path and (tokenizer is None or (engine is None and model is None)):
         raise ValueError("model.path: required to load the model to sample from")
+    if tokenizer is None or (engine is None and model is None):
+        check_model_path(config.model.path)
     if tokenizer is None:
         tokenizer = load_tokenizer(config.model.path)
     if engine is not None:

@@ -5,6 +5,8 @@ uninterrupted one writes."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 
 import pytest
 
@@ -99,6 +101,43 @@ def test_other_settings_are_refused_in_the_same_directory(tmp_path, tiny_dir):
     cfg = _config(tmp_path / "a", f"model.path={tiny_dir}", "sample.samples_per_prompt=3")
     cfg.reward.funcs = [starts_low]
     assert run_sampling(cfg, ROWS, overwrite=True)["samples"] == 3 * len(ROWS)
+
+
+def test_changed_rows_or_weights_at_the_same_path_are_refused(tmp_path, tiny_dir):
+    """Both were continued from the journal: the old model's samples, the old rows in pass_rates.jsonl."""
+    _run(tmp_path / "a", tiny_dir)
+    cfg = _config(tmp_path / "a", f"model.path={tiny_dir}")
+    cfg.reward.funcs = [starts_low]
+    with pytest.raises(ValueError, match=r"\(num_rows, rows differ\)"):
+        run_sampling(cfg, ROWS[:4])
+    with pytest.raises(ValueError, match=r"\(rows differ\)"):
+        run_sampling(cfg, [{**row, "prompt": row["prompt"] + " "} for row in ROWS])
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    _run(tmp_path / "b", model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())  # the same path, written again
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    with pytest.raises(ValueError, match=r"\(weights differ\)"):
+        _run(tmp_path / "b", model)
+
+
+def test_a_run_that_sampled_nothing_does_not_lock_its_directory(tmp_path, tiny_dir):
+    """Its settings were written before the model loaded: the corrected run was refused as 'other settings'. A
+    model.path that does not exist is named (it was an OSError traceback from transformers)."""
+    with pytest.raises(ValueError, match=r"model.path: .*no_such_model does not exist"):
+        _run(tmp_path / "a", tmp_path / "no_such_model")
+    assert _run(tmp_path / "a", tiny_dir)["samples"] == 6 * len(ROWS)
+
+
+def test_files_no_sampling_run_wrote_are_not_replaced(tmp_path, tiny_dir):
+    """A directory with a user's sft.jsonl and no sample_settings.json had it replaced."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "sft.jsonl").write_text('{"prompt": "p", "completion": "c"}\n')
+    with pytest.raises(ValueError, match=r"holds sft.jsonl that no sampling run of ours wrote there"):
+        _run(mine, tiny_dir)
+    assert (mine / "sft.jsonl").read_text() == '{"prompt": "p", "completion": "c"}\n'
 
 
 def test_cli_sample_then_filter(tmp_path, tiny_dir):
