@@ -32,9 +32,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_fast.core.checkpoint import UnsafeCheckpointError
 from grpo_fast.core.config_tree import read_yaml
 from grpo_fast.curate.journal import write_atomic
-from grpo_fast.pipeline.stages import STAGE_KINDS, StageResult, check_stage_config
+from grpo_fast.pipeline.stages import STAGE_KINDS, StageResult, check_stage_config, stage_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,28 @@ def load_pipeline_config(source: str | Path | dict) -> PipelineConfig:
                 name, entry["kind"], entry.get("config") or {}, bool(entry.get("skip")), entry.get("outputs") or {}
             )
         )
+    _check_references(stages)
     return PipelineConfig(str(data.get("output_dir", "runs/pipeline")), stages)
+
+
+def _check_references(stages: list[StageSpec]) -> None:
+    """ValueError naming the stage when one of its "${stage.output}" names no earlier stage or an output that
+    stage does not give, or its "${model}" comes before any stage that gives a model: before the first stage runs.
+    A registered kind's outputs are known only when it runs; a skipped stage gives its `outputs:`."""
+    given: dict[str, tuple[str, ...] | None] = {}
+    for i, stage in enumerate(stages):
+        for name, key in _REFERENCE.findall(json.dumps(stage.config, default=str)):
+            where = f"pipeline.stages[{i}] ({stage.name}).config: ${{{name}{'.' + key if key else ''}}}"
+            if not key:
+                if name != "model":
+                    raise ValueError(f"{where}: expected ${{stage.output}} or ${{model}}")
+                if not any(outputs is None or "model" in outputs for outputs in given.values()):
+                    raise ValueError(f"{where}: no stage before it gives a model")
+            elif name not in given:
+                raise ValueError(f"{where}: names no earlier stage (earlier stages: {sorted(given)})")
+            elif given[name] is not None and key not in given[name]:
+                raise ValueError(f"{where}: stage {name} gives {list(given[name])}, not {key!r}")
+        given[stage.name] = tuple(stage.outputs) if stage.skip else stage_outputs(stage.kind, stage.config)
 
 
 def run_pipeline(config: PipelineConfig) -> list[dict]:
@@ -118,7 +140,11 @@ def run_pipeline(config: PipelineConfig) -> list[dict]:
             stage_dir.mkdir(parents=True, exist_ok=True)
             try:
                 result = STAGE_KINDS.get(stage.kind)(copy.deepcopy(made_from["config"]), stage_dir, latest_model)
-            except ValueError as exc:
+            except (
+                ValueError,
+                OSError,
+                UnsafeCheckpointError,
+            ) as exc:  # bad input, a missing file, a refused checkpoint
                 raise ValueError(f"stage {stage.name} ({stage.kind}): {exc}") from exc
             status = "ran"
             seconds = time.perf_counter() - t0

@@ -52,12 +52,89 @@ STAGE_KINDS = Registry(
 )
 
 
+# The outputs each built-in kind gives later stages (tiny_models' reward_model only when its config asks for one).
+STAGE_OUTPUTS = {
+    "sft": ("model",),
+    "train": ("model",),
+    "sample": ("pass_rates", "sft_data"),
+    "filter": ("prompts", "plot"),
+    "mix": ("prompts",),
+    "tiny_models": ("model", "reward_model"),
+}
+
+
+def stage_outputs(kind: str, config: dict) -> tuple[str, ...] | None:
+    """The outputs a stage of `kind` with `config` gives; None for a registered kind (not known before it runs)."""
+    if kind == "tiny_models" and not config.get("reward_model"):
+        return ("model",)
+    return STAGE_OUTPUTS.get(kind)
+
+
 def check_stage_config(kind: str, config: dict) -> None:
-    """Loads a train / sample / sft stage's config as its command would (references left unresolved), so a
-    typo fails before the first stage runs rather than hours later; other kinds are checked when they run."""
+    """ValueError naming the key when a built-in stage's config is wrong, before the first stage runs rather than
+    hours later: train / sample / sft configs load as their command loads them (references left unresolved); the
+    others' keys and values are checked here. A registered kind checks its own when it runs."""
+    if not isinstance(config, dict):
+        raise ValueError(f"expected a mapping of the {kind} stage's options, got {config!r}")
     loaders = {"train": load_config, "sample": load_sample_config, "sft": load_sft_config}
     if kind in loaders:
         loaders[kind](copy.deepcopy(config))
+    elif kind in _CHECKS:
+        _CHECKS[kind](config)
+
+
+def _check_filter(config: dict) -> None:
+    _keys(config, "", {"pass_rates", "low", "high"}, required={"pass_rates"})
+    _expect(config, "pass_rates", str, "a path (or a reference such as ${sample.pass_rates})")
+    low, high = config.get("low", 0.1), config.get("high", 0.9)
+    for key, value in (("low", low), ("high", high)):
+        if type(value) not in (int, float) or not 0 <= value <= 1:
+            raise ValueError(f"{key}: expected a pass rate between 0 and 1, got {value!r}")
+    if low > high:
+        raise ValueError(f"low/high: expected low <= high, got {low}, {high}")
+
+
+def _check_mix(config: dict) -> None:
+    _keys(config, "", {"sources", "seed"}, required={"sources"})
+    _expect(config, "seed", int, "a whole number")
+    sources = config["sources"]
+    if not isinstance(sources, list) or not sources:
+        raise ValueError(
+            f"sources: expected a non-empty list of {{source, task_kwargs, columns, max_rows}}, got {sources!r}"
+        )
+    for i, spec in enumerate(sources):
+        where = f"sources[{i}]."
+        if not isinstance(spec, dict):
+            raise ValueError(f"sources[{i}]: expected a mapping with a 'source', got {spec!r}")
+        _keys(spec, where, {"source", "task_kwargs", "columns", "max_rows"}, required={"source"})
+        _expect(spec, "source", str, "a file, a hub dataset or task:<name>", where)
+        _expect(spec, "task_kwargs", dict, "a mapping of the task builder's keyword arguments", where)
+        _expect(spec, "columns", dict, "a mapping of column -> value added to every row", where)
+        _expect(spec, "max_rows", int, "a positive whole number", where)
+        if spec.get("max_rows", 1) < 1:
+            raise ValueError(f"{where}max_rows: expected a positive whole number, got {spec['max_rows']!r}")
+
+
+def _check_tiny_models(config: dict) -> None:
+    _keys(config, "", {"seed", "reward_model"})
+    _expect(config, "seed", int, "a whole number")
+    _expect(config, "reward_model", bool, "true or false")
+
+
+def _keys(config: dict, where: str, valid: set[str], required: frozenset | set = frozenset()) -> None:
+    if unknown := sorted(set(config) - valid):
+        raise ValueError(f"{where}{unknown[0]}: unknown key; valid keys: {sorted(valid)}")
+    if missing := sorted(required - set(config)):
+        raise ValueError(f"{where}{missing[0]}: required")
+
+
+def _expect(config: dict, key: str, kind: type, expected: str, where: str = "") -> None:
+    value = config.get(key)
+    if value is not None and (type(value) is not kind if kind in (int, bool) else not isinstance(value, kind)):
+        raise ValueError(f"{where}{key}: expected {expected}, got {value!r}")
+
+
+_CHECKS = {"filter": _check_filter, "mix": _check_mix, "tiny_models": _check_tiny_models}
 
 
 def _with_defaults(config: dict, model: str | None, output_key: tuple[str, str], stage_dir: Path) -> dict:
@@ -129,9 +206,6 @@ def sample_stage(config: dict, stage_dir: Path, model: str | None) -> StageResul
 
 
 def filter_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    unknown = sorted(set(config) - {"pass_rates", "low", "high"})
-    if unknown or "pass_rates" not in config:
-        raise ValueError(f"filter stage: expected keys pass_rates, low, high; got {sorted(config)}")
     plot = stage_dir / "pass_rates.png"
     s = filter_pass_rates(
         config["pass_rates"], stage_dir / "prompts.jsonl", config.get("low", 0.1), config.get("high", 0.9), plot
@@ -148,14 +222,9 @@ def sft_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
 
 
 def mix_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    sources = config.get("sources")
-    if not isinstance(sources, list) or not sources:
-        raise ValueError("mix stage: sources: expected a list of {source, task_kwargs, columns, max_rows}")
     rows, counts = [], {}
-    for i, spec in enumerate(sources):
-        if not isinstance(spec, dict) or "source" not in spec:
-            raise ValueError(f"mix stage: sources[{i}]: expected a mapping with a 'source', got {spec!r}")
-        ds = load_prompt_dataset(spec["source"], **spec.get("task_kwargs", {})).to_list()
+    for i, spec in enumerate(config["sources"]):
+        ds = load_prompt_dataset(spec["source"], key=f"sources[{i}].source", **spec.get("task_kwargs", {})).to_list()
         ds = ds[: spec["max_rows"]] if spec.get("max_rows") else ds
         rows += [{**row, **spec.get("columns", {})} for row in ds]
         counts[f"rows_{i}"] = len(ds)

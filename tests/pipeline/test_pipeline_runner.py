@@ -63,8 +63,8 @@ def test_errors_name_the_stage(tmp_path):
     with pytest.raises(ValueError, match="unknown key"):
         _config(tmp_path, [{"name": "a", "kind": "record_test_only", "confg": {}}])
     bad_ref = [{"name": "a", "kind": "record_test_only", "config": {"x": "${later.model}"}}]
-    with pytest.raises(ValueError, match=r"stage a: \$\{later.model\} names no earlier output"):
-        run_pipeline(_config(tmp_path, bad_ref))
+    with pytest.raises(ValueError, match=r"\(a\).config: \$\{later.model\}: names no earlier stage"):
+        _config(tmp_path, bad_ref)
     with pytest.raises(ValueError, match="stage f .record_test_only.: fail"):
         run_pipeline(_config(tmp_path, [{"name": "f", "kind": "record_test_only", "config": {"fail": True}}]))
     assert not (tmp_path / "run" / "f" / "stage.json").exists()  # a failed stage is not marked done
@@ -153,3 +153,65 @@ def test_a_training_stage_in_a_directory_of_the_user_s_refuses_their_earlier_run
     with pytest.raises(ValueError, match=rf"stage mine \({kind}\): run.output_dir {mine} holds an earlier run"):
         run_pipeline(_config(tmp_path, [{"name": "mine", "kind": kind, "config": config}]))
     assert (mine / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n' and (mine / "final").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("stages", "error"),
+    [
+        (  # a typo in a reference failed only when its stage came, after the stages before it had run
+            [
+                {"name": "seed", "kind": "mix", "config": {"sources": [{"source": "task:modular_arithmetic"}]}},
+                {"name": "s", "kind": "filter", "config": {"pass_rates": "${seed_dat.prompts}"}},
+            ],
+            r"stages\[1\] \(s\).config: \$\{seed_dat.prompts\}: names no earlier stage \(earlier stages: \['seed'\]\)",
+        ),
+        (
+            [
+                {"name": "seed", "kind": "mix", "config": {"sources": [{"source": "task:modular_arithmetic"}]}},
+                {"name": "s", "kind": "filter", "config": {"pass_rates": "${seed.pass_rates}"}},
+            ],
+            r"\$\{seed.pass_rates\}: stage seed gives \['prompts'\], not 'pass_rates'",
+        ),
+        (
+            [
+                {"name": "base", "kind": "tiny_models"},
+                {
+                    "name": "rl",
+                    "kind": "train",
+                    "config": {"reward": {"funcs": [{"name": "reward_model", "path": "${base.reward_model}"}]}},
+                },
+            ],
+            r"stage base gives \['model'\], not 'reward_model'",  # tiny_models without reward_model: true
+        ),
+        (
+            [{"name": "m", "kind": "mix", "config": {"sources": [{"source": "task:x", "colums": {"a": 1}}]}}],
+            r"\(m\).config: sources\[0\].colums: unknown key",  # was ignored: the column silently missing
+        ),
+        (
+            [{"name": "m", "kind": "mix", "config": {"sources": [{"source": "task:x", "max_rows": "3"}]}}],
+            r"sources\[0\].max_rows: expected a positive whole number, got '3'",
+        ),  # a TypeError traceback
+        (
+            [{"name": "m", "kind": "mix", "config": {"sources": [{"source": "task:x", "task_kwargs": 5}]}}],
+            r"sources\[0\].task_kwargs: expected a mapping",
+        ),
+        ([{"name": "m", "kind": "mix", "config": {"sources": [{"source": 5}]}}], r"sources\[0\].source: expected"),
+        ([{"name": "t", "kind": "tiny_models", "config": {"seeds": 3}}], r"\(t\).config: seeds: unknown key"),
+        (
+            [{"name": "f", "kind": "filter", "config": {"pass_rates": "p.jsonl", "low": "0.1"}}],
+            r"\(f\).config: low: expected a pass rate between 0 and 1, got '0.1'",
+        ),
+        ([{"name": "f", "kind": "filter", "config": [1, 2]}], r"\(f\).config: expected a mapping"),
+    ],
+)
+def test_stage_configs_and_references_are_checked_before_anything_runs(tmp_path, stages, error):
+    with pytest.raises(ValueError, match=error):
+        _config(tmp_path, stages)
+
+
+def test_a_missing_input_file_fails_in_one_line_naming_the_stage(tmp_path):
+    """A filter stage whose pass_rates file is missing ended the pipeline in a FileNotFoundError traceback."""
+    missing = tmp_path / "nope" / "pass_rates.jsonl"
+    config = _config(tmp_path, [{"name": "f", "kind": "filter", "config": {"pass_rates": str(missing)}}])
+    with pytest.raises(ValueError, match=r"^stage f \(filter\): .*nope/pass_rates.jsonl"):
+        run_pipeline(config)
