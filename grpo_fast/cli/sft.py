@@ -7,6 +7,7 @@ import argparse
 import json
 
 from grpo_fast.cli.train import add_config_arguments, load_cli_config
+from grpo_fast.core.checkpoint import UnsafeCheckpointError
 from grpo_fast.sft.config import SFTConfig, load_sft_config
 from grpo_fast.sft.trainer import run_sft
 
@@ -31,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
             raise SystemExit(f"grpo-fast sft: {key} is required")
     try:
         summary = run_sft(cfg)
-    except ValueError as exc:  # a model, dataset or output directory the config names that cannot be used
+    except (ValueError, UnsafeCheckpointError) as exc:  # a model, dataset, output directory or checkpoint refused
         raise SystemExit(f"grpo-fast sft: {exc}") from None
     print(json.dumps({k: summary[k] for k in ("steps", "first_loss", "final_loss", "packing", "final_model")}))
     return 0

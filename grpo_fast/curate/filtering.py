@@ -55,6 +55,8 @@ def filter_pass_rates(
     """Writes the rows of `pass_rates` with low <= pass rate <= high to `output` (JSONL); returns counts."""
     if not 0.0 <= low <= high <= 1.0:
         raise ValueError(f"low/high: expected 0 <= low <= high <= 1, got {low}, {high}")
+    if Path(output).resolve() == Path(pass_rates).resolve():
+        raise ValueError(f"output: {output} is the pass_rates file it reads; name another file")
     records = read_pass_rates(pass_rates)
     kept = [r for r in records if in_band(r["pass_rate"], low, high)]
     output = Path(output)

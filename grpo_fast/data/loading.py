@@ -19,6 +19,8 @@ def load_table(source: str, split: str = "train", key: str = "data.source"):
     if suffix in _LOCAL_FORMATS:
         if not Path(source).is_file():
             raise ValueError(f"{key}: dataset file not found: {source}")
+        if Path(source).stat().st_size == 0:
+            raise ValueError(f"{key}: dataset file {source} is empty")
         if suffix in (".jsonl", ".json", ".csv"):
             _check_utf8(source, key)
         try:

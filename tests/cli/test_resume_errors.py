@@ -65,3 +65,25 @@ def test_a_fresh_start_over_an_earlier_run_is_refused_in_one_line_before_anythin
     lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Loading weights")]
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert lines == [lines[0]] and lines[0].startswith(f"grpo-fast train: run.output_dir {out} holds an earlier run")
+
+
+def test_sft_resume_from_a_refused_checkpoint_is_one_line(tmp_path, tiny_dir):
+    """grpo-fast sft printed UnsafeCheckpointError's traceback where train prints one line."""
+    out, marker, rows = tmp_path / "run", tmp_path / "pwned", tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=", "completion": "2"}\n' * 4)
+    command = [sys.executable, "-m", "grpo_fast.cli", "sft", "--set", f"model.path={tiny_dir}"]
+    command += ["--set", f"data.source={rows}", "--set", f"run.output_dir={out}", "--set", "run.progress=false"]
+    command += ["--set", "run.plots=false", "--set", "run.save_every=1"]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    first = subprocess.run([*command, "--set", "run.max_steps=1"], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoint = ckpt.latest_checkpoint(out / "checkpoints")
+    state = ckpt.load_trainer_state(checkpoint)
+    torch.save({**state, "extra": _CreatesAFile(marker)}, checkpoint / ckpt.TRAINER_STATE)
+    proc = subprocess.run(
+        [*command, "--set", "run.max_steps=2", "--resume"], env=env, capture_output=True, text=True, timeout=300
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Loading weights")]
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert lines[-1].startswith("grpo-fast sft: ") and ckpt.MANIFEST in lines[-1], lines
+    assert not marker.exists()

@@ -99,3 +99,7 @@ def test_filter_keeps_the_band(tmp_path):
         filter_pass_rates(src, out, 0.9, 0.1)
     with pytest.raises(FileNotFoundError, match="grpo-fast sample"):
         filter_pass_rates(tmp_path / "missing.jsonl", out)
+    before = src.read_text()
+    with pytest.raises(ValueError, match="output: .* is the pass_rates file it reads"):  # it replaced its input
+        filter_pass_rates(src, tmp_path / "." / "pass_rates.jsonl")
+    assert src.read_text() == before

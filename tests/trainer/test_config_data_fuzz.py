@@ -280,6 +280,10 @@ def test_a_dataset_that_cannot_be_loaded_is_named_by_its_key(tmp_path):
         load_prompt_dataset(str(missing), key="data.eval_source")
     with pytest.raises(ValueError, match=r"^data.source: unknown built-in task 'nope'"):
         load_prompt_dataset("task:nope")
+    empty = tmp_path / "empty.jsonl"
+    empty.touch()  # an empty output of an earlier step: it said "cannot be read as jsonl ()"
+    with pytest.raises(ValueError, match=rf"^data.source: dataset file {empty} is empty$"):
+        load_prompt_dataset(str(empty))
 
 
 def test_tensor_parallel_vllm_in_one_process_is_refused_with_the_config():
