@@ -34,14 +34,14 @@ import math
 import pickle
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
 from grpo_fast.rewards.checks import release_verifiers
-from grpo_fast.rewards.columns import TrainerState, call_reward, reward_name, select_columns
+from grpo_fast.rewards.columns import TrainerState, call_reward, required_columns, reward_name, select_columns
 from grpo_fast.rewards.outcomes import InfrastructureError, ProgramFailure
 from grpo_fast.rewards.pool import RewardPool, Scores, lowest_reward
 from grpo_fast.rewards.registry import reward_from_spec
@@ -183,6 +183,10 @@ class PendingScores:
         return ScoredBatch(self._per_func, dict(counts), in_process + waited, seconds_pool, self._call_seconds, *logged)
 
 
+# What `submit` passes every function beside the rows' own columns and the rollouts' (`columns`, `environments`).
+GIVEN_COLUMNS = ("completion_ids", "trainer_state", "log_metric", "log_extra")
+
+
 class RewardSet:
     """Reward functions with one weight each (default 1) and a distinct metric name each (the function's
     name, suffixed when two share it); scores through a RewardPool of `workers` processes (0: all
@@ -248,6 +252,19 @@ class RewardSet:
             max_completion_length=config.rollout.max_completion_length,
             sandbox=r.sandbox,
         )
+
+    def check_columns(self, columns: Iterable[str], source: str) -> None:
+        """ValueError naming the function, the columns it needs and `source` (where the rows come from) when rows
+        with `columns` (besides what `submit` passes itself) lack one a function needs: before the run starts, where
+        it was a KeyError from inside the first scoring."""
+        have = set(columns) | set(GIVEN_COLUMNS)
+        for name, fn in zip(self.names, self.funcs, strict=True):
+            if missing := [c for c in required_columns(fn) if c not in have]:
+                raise ValueError(
+                    f"reward.funcs: {name} needs the column(s) {missing}, which the rows of {source} do not have "
+                    f"(their columns: {sorted(columns)}); add them to the dataset, or choose a reward that scores "
+                    "what it has"
+                )
 
     def full_rewards(self, rows: list[dict]) -> torch.Tensor:
         """[N] the combined reward of a completion of rows[i] that every function applying to that row scores 1

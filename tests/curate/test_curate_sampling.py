@@ -153,3 +153,18 @@ def test_cli_sample_then_filter(tmp_path, tiny_dir):
     assert (tmp_path / "kept_pass_rates.png").exists()
     with pytest.raises(SystemExit, match="sample.max_prompts"):
         main(["sample", *args, "--set", "sample.max_prompts=0"])
+
+
+def test_a_reward_needing_a_column_the_rows_lack_is_named_before_the_model_loads(tmp_path):
+    """It was a KeyError traceback from inside the first chunk's scoring (train: inside the difficulty probe)."""
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
+    from grpo_fast.trainer import GRPOTrainer, load_config
+
+    rows = [{"prompt": "1+1="}, {"prompt": "2+2="}]
+    cfg = _config(tmp_path / "a", "model.path=/nowhere/model", "reward.funcs=[exact_match]")
+    with pytest.raises(ValueError, match=r"exact_match_reward needs the column\(s\) \['answer'\], which the rows of"):
+        run_sampling(cfg, rows)
+    tok = build_char_tokenizer()
+    config = load_config(None, ["reward.funcs=[exact_match]", "rollout.engine=hf", f"run.output_dir={tmp_path / 't'}"])
+    with pytest.raises(ValueError, match=r"which the rows of the held-out dataset do not have"):
+        GRPOTrainer(build_tiny_model(tok), "exact_match", ROWS, eval_dataset=rows, config=config, tokenizer=tok)
