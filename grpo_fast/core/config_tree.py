@@ -82,10 +82,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected key=value")
         key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ValueError(f"--set {key}: the value {raw!r} is not valid YAML ({_first_line(exc)})") from None
+        value = parse_yaml(raw, f"--set {key}: the value {raw!r}", keep_comments=True) if raw.strip() else ""
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
@@ -106,31 +103,47 @@ as JSON, each alias as often as it is used: nine levels of nine aliases are 387 
 
 
 def read_yaml(source: str | Path):
-    """The YAML file `source` as Python data, read with PyYAML's safe loader (plain values only: a `!!python/...`
-    tag is an error, never a call); ValueError naming the file for bytes that are not UTF-8 text, text that is not
-    YAML, a key given twice in one mapping (PyYAML would keep the last silently), nesting deeper than the parser
-    goes, or aliases that expand past MAX_YAML_VALUES."""
+    """The YAML file `source` as Python data (`parse_yaml`); FileNotFoundError when there is none; ValueError naming
+    the file when it cannot be read, for bytes that are not UTF-8 text, or what `parse_yaml` refuses."""
     try:
         text = Path(source).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"config file {source}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # a directory, a path through a file, a name too long, a device that cannot be read
+        raise ValueError(f"config file {source}: cannot be read ({exc.strerror or exc}); name a YAML file") from None
+    return parse_yaml(text, f"config file {source}")
+
+
+def parse_yaml(text: str, what: str, keep_comments: bool = False):
+    """`text` as Python data, read with PyYAML's safe loader (plain values only: a `!!python/...` tag is an error,
+    never a call); ValueError starting with `what` for text that is not YAML, a key given twice in one mapping
+    (PyYAML would keep the last silently), nesting deeper than the parser goes, or aliases that expand past
+    MAX_YAML_VALUES. `keep_comments` (one value on a command line): a plain string with " #..." after it is kept
+    whole (YAML would drop that as a comment: `runs/exp #2` is not `runs/exp`); any other value followed by a
+    comment is refused."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
-            return None
+            return text.strip() if keep_comments else None  # a value that is all comment: "#1" kept as written
         if (size := _expanded_size(node, {})) > MAX_YAML_VALUES:
-            raise ValueError(f"config file {source}: its aliases expand to more than {MAX_YAML_VALUES} values ({size})")
+            raise ValueError(f"{what}: its aliases expand to more than {MAX_YAML_VALUES} values ({size})")
         if (twice := _repeated_key(node, set())) is not None:
             raise ValueError(
-                f"config file {source}, line {twice.start_mark.line + 1}: {twice.value!r} is given twice in one "
-                "mapping (only the last would count); keep one"
+                f"{what}, line {twice.start_mark.line + 1}: {twice.value!r} is given twice in one mapping (only the "
+                "last would count); keep one"
             )
+        if keep_comments and text[node.end_mark.index :].strip():
+            if isinstance(node, yaml.ScalarNode) and node.style is None and node.tag == "tag:yaml.org,2002:str":
+                return text.strip()
+            raise ValueError(f"{what}: YAML reads its ' #...' as a comment and drops it; quote the value")
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
-        raise ValueError(f"config file {source}: not valid YAML ({_first_line(exc)})") from None
+        raise ValueError(f"{what}: not valid YAML ({_first_line(exc)})") from None
     except RecursionError:
-        raise ValueError(f"config file {source}: nested deeper than the YAML parser goes") from None
+        raise ValueError(f"{what}: nested deeper than the YAML parser goes") from None
     finally:
         loader.dispose()
 

@@ -196,3 +196,29 @@ def test_the_sampling_journal_drops_lines_that_are_no_record_of_a_chunk(tmp_path
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + "\n".join(junk) + "\n")
     assert read_complete_chunks(path, lambda chunk: 2) == records
     assert [json.loads(line) for line in path.read_text().splitlines()] == records
+
+
+def test_a_set_value_is_read_with_the_config_files_protections(tmp_path):
+    """--set used yaml.safe_load alone: an alias bomb ran until it was killed (3.5 GB), deep nesting was a
+    RecursionError traceback, and ' #...' was cut off as a comment: `run.output_dir=runs/exp #2` became runs/exp,
+    which --overwrite then deleted."""
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{k}: &a{k} [{', '.join([f'*a{k - 1}'] * 9)}]" for k in range(1, 9)]
+    bomb = "{" + ", ".join(levels) + "}"
+    with pytest.raises(ValueError, match=r"^--set data.task_kwargs: the value .*: its aliases expand to more than"):
+        load_tree(TrainConfig, None, [f"data.task_kwargs={bomb}"])
+    with pytest.raises(ValueError, match="nested deeper than the YAML parser goes"):
+        load_tree(TrainConfig, None, ["data.task_kwargs={a: " + "[" * 5000 + "]" * 5000 + "}"])
+    config = load_tree(TrainConfig, None, ["run.output_dir=runs/exp #2", "data.system_prompt=Answer after ####"])
+    assert (config.run.output_dir, config.data.system_prompt) == ("runs/exp #2", "Answer after ####")
+    with pytest.raises(ValueError, match=r"--set run.max_steps: .* ' #\.\.\.' as a comment and drops it; quote"):
+        load_tree(TrainConfig, None, ["run.max_steps=3 # three"])
+
+
+@pytest.mark.parametrize("path", ["", "dir", "file/inside", "x" * 300 + ".yaml"])
+def test_a_config_path_that_cannot_be_read_is_one_line(tmp_path, path):
+    """A directory, a path through a file or a name too long were OSError tracebacks."""
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("run: {}\n")
+    with pytest.raises(SystemExit, match=r"grpo-fast train: invalid config: config file .*: cannot be read \("):
+        main(["train", "--config", str(tmp_path / path)])
