@@ -51,11 +51,22 @@ class Bounds:
 
     def text(self) -> str:
         """ "> 0", ">= 1", "in [0, 1)" ..."""
+        low, high = _number(self.low), _number(self.high)
         if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
+            return f"{'>' if self.low_open else '>='} {low}"
         if self.low is None:
-            return f"{'<' if self.high_open else '<='} {self.high:g}"
-        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+            return f"{'<' if self.high_open else '<='} {high}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _number(x: float | None) -> str:
+    """A bound as written: whole numbers in full (4294967295, not 4.29497e+09), others shortest."""
+    return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}" if x is not None else ""
+
+
+MAX_WAIT_SECONDS = 1e6
+"""The longest timeout an option takes (11.6 days): waits reach the OS in milliseconds as C ints (at most 24.8 days),
+and a larger one overflowed there or, in gloo, became an instant timeout."""
 
 
 def option(

@@ -53,7 +53,7 @@ from types import SimpleNamespace
 
 import torch
 
-from grpo_fast.config_fields import ConfigSection, build, option
+from grpo_fast.config_fields import MAX_WAIT_SECONDS, ConfigSection, build, option
 from grpo_fast.data.tokenizer import load_tokenizer
 from grpo_fast.rollout.async_messages import CONTROL, FROM_ENGINE, PROMPTS, Failure, Group, Prompt, Ready, Stop, Weights
 from grpo_fast.rollout.base import RolloutEngine, SamplingSpec
@@ -98,6 +98,7 @@ class AsyncOptions(ConfigSection):
         "seconds without word from the engine process (ready, a group, a weight transfer) before the run stops with "
         "an error",
         low=0,
+        high=MAX_WAIT_SECONDS,
         low_open=True,
     )
     launch: str = option(

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from grpo_fast.config_fields import build, check_fields, option
+from grpo_fast.config_fields import MAX_WAIT_SECONDS, build, check_fields, option
 
 BACKENDS = ("namespaces", "bwrap", "remote")
 """The sandbox backends, strongest first (what each bounds: docs/rewards.md, "The code sandbox")."""
@@ -78,7 +78,11 @@ class SandboxConfig:
     )
     url: str | None = option(None, f"the remote service's base URL (null: the {URL_VARIABLE} environment variable)")
     timeout_s: float = option(
-        30.0, "seconds one remote request may take beyond the run's own time limit", low=0, low_open=True
+        30.0,
+        "seconds one remote request may take beyond the run's own time limit",
+        low=0,
+        low_open=True,
+        high=MAX_WAIT_SECONDS,
     )
     retries: int = option(
         3, "attempts after a failed remote request (connection errors, HTTP 5xx, SandboxError), with backoff", low=0

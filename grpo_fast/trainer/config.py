@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from grpo_fast.config_fields import Auto, ConfigSection, option
+from grpo_fast.config_fields import MAX_WAIT_SECONDS, Auto, ConfigSection, option
 from grpo_fast.core.config_tree import load_tree, move_key
 from grpo_fast.core.optim import OptimConfig
 from grpo_fast.core.policy import ModelConfig
@@ -72,7 +72,11 @@ class RewardConfig(ConfigSection):
     weights: list[float] | None = option(None, "one weight per function (null: all 1)")
     workers: int = option(2, "processes of the reward pool (0: score everything in-process)", low=0)
     timeout: float = option(
-        30.0, "seconds one completion may take in one function before it costs its reward", low=0, low_open=True
+        30.0,
+        "seconds one completion may take in one function before it costs its reward",
+        low=0,
+        low_open=True,
+        high=MAX_WAIT_SECONDS,
     )
     failure_reward: float | None = option(
         None,
@@ -149,7 +153,11 @@ class RolloutConfig(ConfigSection):
         None, "rounds of tool calls per rollout at most (null: until a turn calls no tool or the tokens run out)", low=0
     )
     tool_timeout_seconds: float = option(
-        30.0, "seconds a tool call may take; past it the model reads an error", low=0, low_open=True
+        30.0,
+        "seconds a tool call may take; past it the model reads an error",
+        low=0,
+        low_open=True,
+        high=MAX_WAIT_SECONDS,
     )
     tool_workers: int = option(
         1,
@@ -218,7 +226,9 @@ class AlgorithmConfig(ConfigSection):
     vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = (
         option("sequence_mask", "per-token or per-sequence ratios, truncated or masked outside the bounds")
     )
-    vllm_importance_sampling_clip_max: float | None = option(3.0, "upper bound of the weights (null: none)", low=0)
+    vllm_importance_sampling_clip_max: float | None = option(
+        3.0, "upper bound of the weights (null: none)", low=0, low_open=True
+    )
     vllm_importance_sampling_clip_min: float | None = option(None, "lower bound of the weights (null: none)", low=0)
     use_adaptive_entropy: bool = option(False, "the adaptive entropy coefficient (Skywork-OR1)")
     entropy_coef_min: float = option(0.0, "adaptive entropy: the coefficient's floor", low=0)

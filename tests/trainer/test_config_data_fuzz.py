@@ -173,13 +173,28 @@ def test_hostile_config_structure_fails_naming_the_key():
         ("reward.funcs", [{"no_name": 1}]),
         ("reward.weights", [float("nan")]),
         ("reward.weights", ["1"]),
+        # Accepted, then an OverflowError in the step (waits reach the OS in milliseconds as C ints) or, in gloo,
+        # an instant timeout; or a run that trained nothing (every importance weight clipped to 0).
+        ("reward.timeout", 3e6),
+        ("rollout.tool_timeout_seconds", 1e10),
+        ("rollout.async_engine.timeout_seconds", 1e308),
+        ("reward.sandbox.timeout_s", 1e9),
+        ("grpo.vllm_importance_sampling_clip_max", 0.0),
+        ("loss.epsilon_high", 0.0),  # with loss_type cispo (below)
     ],
 )
 def test_out_of_range_values_are_refused(key, value):
-    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+    cispo = ["loss.loss_type=cispo"] if key == "loss.epsilon_high" else []
+    with pytest.raises(ValueError, match=key.removeprefix("loss.").replace(".", r"\.")):
         load_config(
-            None, [f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"]
+            None,
+            [*cispo, f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"],
         )
+
+
+def test_a_bound_is_printed_as_written():
+    with pytest.raises(ValueError, match=r"run.seed: expected a value in \[0, 4294967295\], got 4294967296"):
+        load_config(None, ["run.seed=4294967296"])
 
 
 def test_config_file_not_utf8_or_not_yaml(tmp_path):

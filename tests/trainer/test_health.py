@@ -48,11 +48,13 @@ def weak_sft_model(tokenizer):
     return _sft(tokenizer, right=0.3, steps=60)
 
 
-def _trainer(tmp_path, model, tokenizer, funcs, overrides, evals=True):
+def _trainer(tmp_path, model, tokenizer, funcs, overrides, evals=True, columns=()):
+    """The trainer of these tests on the modular-arithmetic rows (with the extra `columns`, empty, for rewards that
+    need them)."""
     opts = ["rollout.engine=hf", "rollout.num_generations=8", "run.prompts_per_step=8", "run.progress=false"]
     opts += ["run.report_to=[]", "run.plots=false", "run.save_final=false", "reward.workers=0"]
     opts += ["check.difficulty_prompts=8", "check.difficulty_samples=4", f"run.output_dir={tmp_path}", *overrides]
-    rows = modular_arithmetic_dataset(200, seed=2, **TASK)
+    rows = [{**dict.fromkeys(columns, ""), **row} for row in modular_arithmetic_dataset(200, seed=2, **TASK)]
     held_out = modular_arithmetic_dataset(32, seed=1, **TASK) if evals else None
     return GRPOTrainer(
         copy.deepcopy(model), funcs, rows, config=load_config(None, opts), eval_dataset=held_out, tokenizer=tokenizer
@@ -303,6 +305,7 @@ def test_preflight_warns_about_reward_scale(tmp_path, tokenizer):
 
 
 def test_every_builtin_verifier_passes_its_own_self_test(tmp_path, tokenizer):
+    from grpo_fast.rewards.columns import required_columns
     from grpo_fast.rewards.registry import REWARD_FUNCTIONS
     from grpo_fast.rewards.self_test import info_of
 
@@ -310,7 +313,9 @@ def test_every_builtin_verifier_passes_its_own_self_test(tmp_path, tokenizer):
     assert len(builtins) == 11 and all(info_of(REWARD_FUNCTIONS.get(n))[0] for n in builtins)  # each declares itself
     options = {"overlong_penalty": {"overlong_buffer": 4}, "length_penalty": {"target_length": 4}}
     specs = [{"name": n, **options.get(n, {})} for n in builtins]
-    trainer = _trainer(tmp_path, build_tiny_model(tokenizer), tokenizer, specs, ["check.difficulty_prompts=0"], False)
+    columns = {c for n in builtins for c in required_columns(REWARD_FUNCTIONS.get(n))}  # only the self-tests run
+    model = build_tiny_model(tokenizer)
+    trainer = _trainer(tmp_path, model, tokenizer, specs, ["check.difficulty_prompts=0"], False, columns)
     report = trainer.preflight()
     assert not report.self_test_failures
     # Every verifier ships samples; the learned reward model cannot (no model is bundled) and is never called here.

@@ -86,9 +86,10 @@ def _gamma_weights(x: SurrogateInputs) -> torch.Tensor:
 
 
 def _cispo_needs_its_cap(config) -> None:
-    if config.epsilon_high is None:
+    if config.epsilon_high is None or config.epsilon_high <= 0:
         raise ValueError(
-            f"epsilon_high: loss_type={config.loss_type!r} caps the ratio at epsilon_high; give it (e.g. 5.0)"
+            f"epsilon_high: loss_type={config.loss_type!r} caps the ratio at epsilon_high (at 0 every token's weight "
+            f"is 0); give it a value > 0 (e.g. 5.0), got {config.epsilon_high}"
         )
 
 
