@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
+_FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+
 
 @dataclass(frozen=True)
 class LogitHead:
@@ -52,6 +54,11 @@ class LogitHead:
         """(inv_temperature, softcap) of the backends' tile logits = c' tanh(x / c') · inv_temperature:
         s / T and c' = c / s (softcap 0: no cap, logits = x · s / T)."""
         inv_temperature = self.logit_scale / temperature
+        if not inv_temperature <= _FP32_MAX:  # inf, or a tile scale float32 cannot hold: every logit inf or NaN
+            raise ValueError(
+                f"temperature: logit_scale / temperature = {self.logit_scale:g} / {temperature:g} is beyond float32's "
+                f"range ({_FP32_MAX:.3g}); for greedy sampling use temperature 1 in the loss (0 in rollout.temperature)"
+            )
         if self.final_logit_softcapping is None:
             return inv_temperature, 0.0
         return inv_temperature, self.final_logit_softcapping / self.logit_scale

@@ -77,6 +77,8 @@ def logits_grpo_loss(
     checks.require_floating("logits", logits)
     if inplace_backward and not logits.is_contiguous():
         raise ValueError("logits: inplace_backward=True needs a contiguous logits tensor")
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"logits: expected a vocabulary of at least 1 in the last dimension, got {list(logits.shape)}")
     batch = prepare_batch(
         PerTokenArguments(
             completion_ids, completion_mask, advantages, old_logprobs, ref_logprobs, is_weights, rollout_logprobs

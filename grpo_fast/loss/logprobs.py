@@ -21,6 +21,8 @@ def check_linear_inputs(hidden, weight, bias, targets_shape_name: str = "targets
         raise ValueError(f"hidden: expected shape [N, H] or [B, T, H], got {list(hidden.shape)}")
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         raise ValueError(f"weight: expected shape [V, H={hidden.shape[-1]}] (lm_head weight), got {list(weight.shape)}")
+    if 0 in weight.shape:
+        raise ValueError(f"weight: expected a vocabulary and a hidden size of at least 1, got {list(weight.shape)}")
     checks.require_device("weight", weight, hidden.device)
     if weight.dtype != hidden.dtype:
         raise TypeError(f"weight: expected dtype {hidden.dtype} (the dtype of hidden), got {weight.dtype}")

@@ -23,6 +23,7 @@ from grpo_fast.core.trackers import ReportingOptions, check_installed, upgrade_t
 from grpo_fast.curate.sampling import SampleConfig
 from grpo_fast.data.tasks import TASKS
 from grpo_fast.loss import GRPOLossConfig
+from grpo_fast.loss.head import LogitHead
 from grpo_fast.registry import import_modules
 from grpo_fast.rollout.async_rollouts import AsyncOptions
 from grpo_fast.rollout.contract import SCHEDULERS, Scheduler, check_plan, engine_capabilities
@@ -417,6 +418,10 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.loss.temperature != 1.0:
         raise ValueError("loss.temperature: set by rollout.temperature (the loss must see the sampling temperature)")
+    try:
+        LogitHead(cfg.loss.logit_scale, cfg.loss.final_logit_softcapping).tile(cfg.loss_config().temperature)
+    except ValueError as exc:
+        raise ValueError(f"rollout.{exc}") from None
     if cfg.loss.max_completion_length is not None:
         raise ValueError("loss.max_completion_length: set by rollout.max_completion_length")
     _check_objective_inputs(cfg)

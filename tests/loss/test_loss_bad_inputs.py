@@ -86,6 +86,7 @@ def test_padding_positions_may_hold_anything(args):
         (dict(beta=-1.0), "beta"),
         (dict(temperature=0.0), "temperature"),
         (dict(loss_type="cispo"), "epsilon_high"),
+        (dict(loss_type="cispo", epsilon_high=0.0), "epsilon_high"),  # every token's weight 0: a silent no-op
         (dict(max_completion_length=0), "max_completion_length"),
         (dict(backend="tpu"), "backend"),
         (dict(workspace_bytes=0), "workspace_bytes"),
@@ -110,6 +111,13 @@ def test_fused_logprobs_rejects():
         fused_logprobs(h, w, torch.zeros(4, dtype=torch.long), bias=torch.zeros(V + 1))
     with pytest.raises(ValueError, match="backend"):
         fused_logprobs(h, w, torch.zeros(4, dtype=torch.long), backend="cuda")
+    # Beyond float32: all NaN, or an overflow inside addmm. Empty H or V: a reshape or ZeroDivisionError inside.
+    for head in (dict(temperature=1e-310), dict(temperature=0.5, logit_scale=1e308)):
+        with pytest.raises(ValueError, match=r"temperature: logit_scale / temperature = .* beyond float32's range"):
+            fused_logprobs(h, w, torch.zeros(4, dtype=torch.long), **head)
+    for shape in ((V, 0), (0, H)):
+        with pytest.raises(ValueError, match=r"weight: expected a vocabulary and a hidden size of at least 1"):
+            fused_logprobs(torch.randn(4, shape[1]), torch.randn(shape), torch.zeros(4, dtype=torch.long))
 
 
 def test_logits_grpo_loss_rejects():
@@ -118,6 +126,8 @@ def test_logits_grpo_loss_rejects():
         logits_grpo_loss(torch.randn(B * T, V), ids, mask, adv)
     with pytest.raises(ValueError, match="completion_ids"):
         logits_grpo_loss(torch.randn(B, T + 1, V), ids, mask, adv)
+    with pytest.raises(ValueError, match=r"logits: expected a vocabulary of at least 1"):
+        logits_grpo_loss(torch.randn(B, T, 0), ids, mask, adv)
     with pytest.raises(ValueError, match="logits"):
         logits_grpo_loss(torch.randn(B, V, T).transpose(1, 2), ids, mask, adv, inplace_backward=True)
     for head in (dict(logit_scale=0.1), dict(final_logit_softcapping=30.0)):  # the logits are capped already
