@@ -416,6 +416,9 @@ def validate(cfg: TrainConfig) -> None:
             f"rollout.engine: expected 'auto', one of {ROLLOUT_ENGINES.names()} or 'package.module:Class', "
             f"got {r.engine!r}"
         )
+    for key in ("task_kwargs", "eval_task_kwargs", "chat_template_kwargs"):
+        if names := [k for k in getattr(cfg.data, key) if not isinstance(k, str)]:
+            raise ValueError(f"data.{key}: expected keyword names (strings), got {names[0]!r}")
     if cfg.loss.temperature != 1.0:
         raise ValueError("loss.temperature: set by rollout.temperature (the loss must see the sampling temperature)")
     try:

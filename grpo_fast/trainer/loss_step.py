@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_fast.backends import get_backend
 from grpo_fast.core.packed_attention import attention_path, implementation
 from grpo_fast.core.packing import ModelFlops, packing_error
 from grpo_fast.core.policy import SequenceBatch, build_sequence_batch, lm_head_params, padded_rows
@@ -139,6 +140,10 @@ class LossStep:
         self.loss_config = with_model_head(config.loss_config(), model)  # the model's logit scale / soft cap
         self.pad_token_id = pad_token_id
         self.device = next(model.parameters()).device
+        try:  # a backend that cannot run here fails before the run starts, not at its first step
+            get_backend(self.loss_config.backend, self.device)
+        except ValueError as exc:
+            raise ValueError(f"loss.{exc}") from None
         self.autocast = self.device.type == "cuda" and config.run.bf16 in ("auto", True)
         self.head_dtype = torch.bfloat16 if self.autocast else None
         self.ref_model = ref_model

@@ -160,6 +160,8 @@ class GRPOTrainer:
         self.output_dir = Path(cfg.run.output_dir)
         self.engine = engine
         self._owns_engine = engine is None
+        if engine is None:  # a name that cannot load fails here, not after the model, the data and the checklist
+            ROLLOUT_ENGINES.get(choose_engine(cfg.rollout.engine).name, "rollout.engine")
         self.callbacks = list(callbacks)
 
         self.optimizer = build_optimizer(model, cfg.optim)
@@ -570,6 +572,7 @@ class GRPOTrainer:
     def _prepare_output_dir_here(self) -> Path | None:
         run = self.config.run
         signature = self.run_signature()
+        self._check_output_dir_is_a_directory()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         path = ckpt.latest_checkpoint(self.output_dir / "checkpoints") if run.resume else None
         if path is not None:
@@ -586,7 +589,12 @@ class GRPOTrainer:
         saved), as ValueError before anything starts; nothing is written or deleted. train() checks again."""
         self.dist.run_on_main(self._check_output_dir_here)
 
+    def _check_output_dir_is_a_directory(self) -> None:
+        if self.output_dir.exists() and not self.output_dir.is_dir():
+            raise ValueError(f"run.output_dir: {self.output_dir} is a file, not a directory; name a directory")
+
     def _check_output_dir_here(self) -> None:
+        self._check_output_dir_is_a_directory()
         signature = self.run_signature()
         path = ckpt.latest_checkpoint(self.output_dir / "checkpoints") if self.config.run.resume else None
         if path is not None:

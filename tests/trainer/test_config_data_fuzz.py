@@ -325,3 +325,31 @@ def test_prompt_beyond_the_engine_length_names_the_row():
     assert encoder.encode_rows(rows, [0], cache=True)
     with pytest.raises(ValueError, match=r"dataset row 1: the prompt is \d+ tokens.*rollout\.max_model_len"):
         encoder.encode_rows(rows, [1], cache=True)
+
+
+def test_what_the_run_cannot_use_is_named_before_it_starts(tmp_path):
+    """A loss backend that cannot run here failed at the first step, after a batch was generated; an engine that
+    does not load, after the model and the checklist; non-string task_kwargs names were a TypeError; an output_dir
+    that is a file, a FileExistsError traceback."""
+    from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model
+    from grpo_fast.trainer import GRPOTrainer
+
+    tok = build_char_tokenizer()
+    rows = [{"prompt": "1+1=", "answer": "2"}] * 2
+    base = ["rollout.engine=hf", "reward.funcs=[exact_match]", f"run.output_dir={tmp_path / 'run'}"]
+
+    def trainer(*overrides):
+        config = load_config(None, [*base, *overrides])
+        return GRPOTrainer(build_tiny_model(tok), "exact_match", rows, config=config, tokenizer=tok)
+
+    with pytest.raises(ValueError, match=r"^loss.backend: 'cuda' does not run on cpu tensors here"):
+        trainer("loss.backend=cuda")
+    with pytest.raises(ValueError, match=r"^rollout.engine: rollout engine 'no_such_module:Engine': cannot load"):
+        trainer("rollout.engine=no_such_module:Engine")
+    with pytest.raises(ValueError, match=r"^data.task_kwargs: expected keyword names \(strings\), got 1"):
+        load_config(None, ["data.task_kwargs={1: 2}"])
+    file = tmp_path / "a_file"
+    file.write_text("mine\n")
+    with pytest.raises(ValueError, match=rf"^run.output_dir: {file} is a file, not a directory"):
+        trainer(f"run.output_dir={file}").check_output_dir()
+    assert file.read_text() == "mine\n"
