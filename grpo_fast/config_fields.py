@@ -20,6 +20,7 @@ warning.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import logging
 import math
@@ -172,7 +173,31 @@ def coerce(value: Any, hint: Any, key: str, from_text: bool = False) -> Any:
     if target in (list, dict, str, int, bool) or (isinstance(target, type) and target is not object):
         if not isinstance(value, target) or (target is int and isinstance(value, bool)):
             raise ValueError(f"{key}: expected {target.__name__}, got {type(value).__name__} {value!r}")
+    if target is dict:
+        _require_plain(value, key)
     return value
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _require_plain(value: Any, key: str) -> None:
+    """ValueError naming the entry of a free-form mapping that is not a plain value (a string, number, boolean, null,
+    list or mapping of them): YAML reads 2024-01-01 as a date, !!set and !!binary as a set and bytes, which a
+    config written as JSON (the run signature, --print-config) cannot hold."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, _PLAIN):
+                raise ValueError(f"{key}: expected plain keys (strings or numbers), got {type(k).__name__} {k!r}")
+            _require_plain(v, f"{key}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _require_plain(v, f"{key}[{i}]")
+    elif not isinstance(value, _PLAIN):
+        raise ValueError(
+            f"{key}: expected a string, number, boolean, null, list or mapping, got {type(value).__name__} {value!r}"
+            + ("; quote it to keep it as text" if isinstance(value, (datetime.date, bytes)) else "")
+        )
 
 
 def _coerce_union(value: Any, args: tuple, key: str, from_text: bool) -> Any:

@@ -60,7 +60,7 @@ def load_cli_config(args: argparse.Namespace, extra_overrides: list[str] = (), l
     except (ValueError, FileNotFoundError) as exc:
         raise SystemExit(f"grpo-fast {args.command_name}: invalid config: {exc}") from None
     if args.print_config:
-        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+        print(json.dumps(dataclasses.asdict(cfg), indent=2, default=repr))  # a callable reward, as its repr
         return None
     return cfg
 

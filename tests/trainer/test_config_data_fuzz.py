@@ -353,3 +353,17 @@ def test_what_the_run_cannot_use_is_named_before_it_starts(tmp_path):
     with pytest.raises(ValueError, match=rf"^run.output_dir: {file} is a file, not a directory"):
         trainer(f"run.output_dir={file}").check_output_dir()
     assert file.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize(
+    ("override", "where"),
+    [
+        ("data.task_kwargs={a: 2024-01-01}", r"data.task_kwargs.a: .*got date"),
+        ("data.chat_template_kwargs={a: !!set {x}}", r"data.chat_template_kwargs.a: .*got set"),
+        ("rollout.plugins={e: {x: !!binary aGk=}}", r"rollout.plugins.e.x: .*got bytes"),
+    ],
+)
+def test_a_free_form_mapping_holds_plain_values_only(override, where):
+    """YAML's dates, sets and bytes were accepted, and --print-config then crashed on them (not JSON)."""
+    with pytest.raises(ValueError, match=where):
+        load_config(None, [override])
