@@ -96,9 +96,14 @@ class GRPOLossConfig:
     )
     deterministic: bool = option(False, "Triton backward without float atomics (bitwise reproducible)")
     logit_scale: float = option(
-        1.0, "the model's logit scale s of logits = c tanh(s (h W + b) / c) / T (loss.head.logit_head reads it)"
+        1.0,
+        "the model's logit scale s of logits = c tanh(s (h W + b) / c) / T (loss.head.logit_head reads it)",
+        low=0,
+        low_open=True,
     )
-    final_logit_softcapping: float | None = option(None, "the model's final logit soft cap c (null: none)")
+    final_logit_softcapping: float | None = option(
+        None, "the model's final logit soft cap c (null: none)", low=0, low_open=True
+    )
     objective_options: dict = dataclasses.field(
         default_factory=dict,
         hash=False,

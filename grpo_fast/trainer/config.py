@@ -71,7 +71,7 @@ class RewardConfig(ConfigSection):
         factory=lambda: ["exact_match"],
     )
     weights: list[float] | None = option(None, "one weight per function (null: all 1)")
-    workers: int = option(2, "processes of the reward pool (0: score everything in-process)", low=0)
+    workers: int = option(2, "processes of the reward pool (0: score everything in-process)", low=0, high=1024)
     timeout: float = option(
         30.0,
         "seconds one completion may take in one function before it costs its reward",
@@ -406,6 +406,13 @@ def validate(cfg: TrainConfig) -> None:
     for key, value in (("data.prompt_column", cfg.data.prompt_column), ("data.source", cfg.data.source)):
         if not value.strip():
             raise ValueError(f"{key}: expected a non-empty string")
+    if cfg.data.eval_source is not None and not cfg.data.eval_source.strip():  # it turned evaluation off silently
+        raise ValueError("data.eval_source: expected a non-empty string, or null for no evaluation")
+    if cfg.data.prompt_column != "prompt" and cfg.data.source.startswith("task:"):
+        raise ValueError(
+            f"data.prompt_column: {cfg.data.prompt_column!r} names a column of your own dataset; the built-in task "
+            f"{cfg.data.source!r} has its prompts in 'prompt' (leave data.prompt_column at its default)"
+        )
     if not cfg.run.output_dir.strip():
         raise ValueError("run.output_dir: expected a non-empty string")
     check_installed(cfg.run.report_to)
