@@ -151,7 +151,8 @@ class GRPOTrainer:
         self.train_rows = self._rows(train_dataset, "train_dataset")
         self.eval_rows = self._rows(eval_dataset) if eval_dataset is not None else None
         if rollout_func is None:  # a rollout_func's own fields are columns too, known when it returns
-            given = ("environments", "environment_reward") if environment_factory is not None else ()
+            environments = environment_factory is not None or cfg.rollout.environment_factory is not None
+            given = ("environments", "environment_reward") if environments else ()
             for rows, name in ((self.train_rows, "the training dataset"), (self.eval_rows, "the held-out dataset")):
                 if rows:
                     self.rewards.check_columns([*rows[0], *given], name)

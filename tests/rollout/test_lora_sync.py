@@ -48,7 +48,9 @@ def test_lora_reference_is_the_base_without_dropout(tmp_path):
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)  # adapters that change the logprobs
     opts = ["rollout.engine=hf", "loss.beta=0.1", "run.tensorboard=false", f"run.output_dir={tmp_path}"]
-    trainer = GRPOTrainer(lora, ["exact_match"], [{"prompt": "1"}], load_config(None, opts), tokenizer=tok)
+    trainer = GRPOTrainer(
+        lora, ["exact_match"], [{"prompt": "1", "answer": "1"}], load_config(None, opts), tokenizer=tok
+    )
     assert trainer.loss_step.ref_model is None
     batch = build_sequence_batch([[5, 6, 7], [8, 9]], [[10, 11, 12, 13], [14, 15]], tok.pad_token_id)
     lora.train()

@@ -181,13 +181,10 @@ def test_hostile_config_structure_fails_naming_the_key():
         ("reward.sandbox.timeout_s", 1e9),
         ("grpo.vllm_importance_sampling_clip_max", 0.0),
         ("loss.epsilon_high", 0.0),  # with loss_type cispo (below)
-        ("rollout.temperature", 1e-45),
+        ("rollout.temperature", 1e-45),  # 1 / T beyond float32: generation and the loss see inf logits
         ("reward.workers", 10**12),  # every worker starts at once
         ("data.eval_source", ""),  # evaluation was turned off silently
-        (
-            "data.prompt_column",
-            "question",
-        ),  # ignored silently for the default task:modular_arithmetic source  # 1 / T beyond float32: generation and the loss see inf logits
+        ("data.prompt_column", "question"),  # ignored silently for the default task:modular_arithmetic source
     ],
 )
 def test_out_of_range_values_are_refused(key, value):

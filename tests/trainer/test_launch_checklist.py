@@ -42,7 +42,8 @@ def test_train_from_python_refuses_a_gameable_verifier(tmp_path):
 
 def test_train_refuses_a_code_verifier_whose_sandbox_cannot_start(tmp_path):
     spec = {"name": "code_tests", "sandbox": {"backend": "remote", "url": _dead_url(), "retries": 0}}
-    trainer = tiny_trainer(tmp_path / "run", "run.max_steps=1", "check.difficulty_prompts=0", rewards=[spec])
+    options = ("run.max_steps=1", "check.difficulty_prompts=0")
+    trainer = tiny_trainer(tmp_path / "run", *options, rewards=[spec], columns={"tests": ["assert True"]})
     with pytest.raises(PreflightError, match="a verifier cannot work here: .*remote sandbox"):
         trainer.train()
     assert trainer.step == 0

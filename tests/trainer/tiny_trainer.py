@@ -22,9 +22,12 @@ BASE_OPTIONS = (
 )
 
 
-def tiny_trainer(out, *overrides: str, device: str = "cpu", rewards=(exact_match_reward,)) -> GRPOTrainer:
-    """A GRPOTrainer writing to `out`, on `device`, with the reward specs `rewards`."""
+def tiny_trainer(
+    out, *overrides: str, device: str = "cpu", rewards=(exact_match_reward,), columns: dict | None = None
+) -> GRPOTrainer:
+    """A GRPOTrainer writing to `out`, on `device`, with the reward specs `rewards`, on modular-arithmetic rows (with
+    the extra `columns`, for rewards that need them)."""
     tok = build_char_tokenizer()
     config = load_config(None, [*BASE_OPTIONS, f"run.output_dir={out}", *overrides])
-    rows = modular_arithmetic_dataset(8, seed=0)
+    rows = [{**row, **(columns or {})} for row in modular_arithmetic_dataset(8, seed=0)]
     return GRPOTrainer(build_tiny_model(tok).to(device), list(rewards), rows, config=config, tokenizer=tok)
