@@ -79,6 +79,7 @@ SUMMED_METRICS = (
     "reward/*/failures",
     "reward/*/program_failures",
     "reward/*/infra_failures",
+    "tools/*/failures",
 )
 """The step metrics that add up over ranks (the others are averaged, times and memory the slowest rank's)."""
 
@@ -844,8 +845,10 @@ class GRPOTrainer:
             out,
             sums=SUMMED_METRICS,
             maxes=("time/*", "mem/*", "rollout/staleness_max"),
-            zero_filled=("rollout/token_share_staleness_*",),  # each rank logs the ages its own tokens have
-            present_only=("mismatch/abs_logprob_diff_staleness_*",),
+            # each rank logs the ages its own tokens have, and the tools that failed in its own rollouts
+            zero_filled=("rollout/token_share_staleness_*", "tools/*/failures"),
+            # a reward's log_metric, where its function logged it this step (TRL averages what was logged)
+            present_only=("mismatch/abs_logprob_diff_staleness_*", "reward_log/*"),
         )
         for callback in self.callbacks:
             callback(self, rollout, out)

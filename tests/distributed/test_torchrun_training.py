@@ -116,6 +116,15 @@ def test_two_ranks_train_what_one_process_trains(runs):
     assert moved > 1e3 * ATOL  # the tolerance is far below what a step changes
 
 
+def test_a_metric_a_reward_logs_on_some_ranks_only_is_their_mean(runs, tmp_path):
+    """A reward's log_metric on rank 0 only ended both ranks ("the ranks logged different metrics this step"), where
+    one process trains on."""
+    config, _ = runs
+    out = tmp_path / "logged"
+    _train(config, out, 2, "--set", "run.max_steps=1", "--set", "reward.funcs=[kill_points:logged_on_rank_zero]")
+    assert _metrics(out)[1]["reward_log/rank_zero"] == 1.0
+
+
 def test_one_rank_prints_the_result(runs):
     _, root = runs
     printed = (root / "two.stdout").read_text()

@@ -55,6 +55,13 @@ def char_code_reward(prompts, completions, **_):
     return [sum(map(ord, completion_text(c))) % 7 / 6 for c in completions]
 
 
+def logged_on_rank_zero(prompts, completions, log_metric, **_):
+    """char_code_reward, and a log_metric on rank 0 only: a function that logs on some batches of a step."""
+    if os.environ.get("RANK", "0") == "0":
+        log_metric("rank_zero", 1.0)
+    return char_code_reward(prompts, completions)
+
+
 if _PHASE == "optimizer":
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _event("optimizer"))
 
