@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from grpo_fast.cli.train import refuse_torchrun
 from grpo_fast.pipeline import load_pipeline_config, run_pipeline
 from grpo_fast.pipeline.runner import summary_table
 
@@ -16,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    refuse_torchrun("pipeline")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         config = load_pipeline_config(args.config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from grpo_fast.cli.train import add_config_arguments, load_cli_config
+from grpo_fast.cli.train import add_config_arguments, load_cli_config, refuse_torchrun
 from grpo_fast.curate.sampling import run_sampling
 from grpo_fast.data.loading import load_prompt_dataset
 from grpo_fast.trainer.config import SampleRunConfig, load_sample_config
@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    refuse_torchrun("sample")
     overrides = [f"sample.output_dir={args.output_dir}"] if args.output_dir else []
     cfg = load_cli_config(args, overrides, loader=load_sample_config)
     if cfg is None:

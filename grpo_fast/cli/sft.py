@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from grpo_fast.cli.train import add_config_arguments, load_cli_config
+from grpo_fast.cli.train import add_config_arguments, load_cli_config, refuse_torchrun
 from grpo_fast.core.checkpoint import UnsafeCheckpointError
 from grpo_fast.sft.config import SFTConfig, load_sft_config
 from grpo_fast.sft.trainer import run_sft
@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    refuse_torchrun("sft")
     flags = {"resume": "run.resume=true", "overwrite": "run.overwrite=true"}
     cfg = load_cli_config(args, [v for k, v in flags.items() if getattr(args, k)], loader=load_sft_config)
     if cfg is None:

@@ -78,6 +78,18 @@ def build_trainer(args: argparse.Namespace):
         raise SystemExit(f"grpo-fast {args.command_name}: {exc}") from None
 
 
+def refuse_torchrun(command: str) -> None:
+    """Ends a command that runs in one process when a torchrun launch started it on several: each process would do
+    the whole work into the same files."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        raise SystemExit(
+            f"grpo-fast {command}: runs in one process, and this launch started {world_size} (WORLD_SIZE): each "
+            "would do all of the work into the same files. Start it with `grpo-fast` or `python -m grpo_fast.cli`, "
+            "not torchrun (`grpo-fast train` is the command that trains over torchrun ranks)"
+        )
+
+
 def flag_overrides(args: argparse.Namespace) -> list[str]:
     """The config keys that --resume, --overwrite and --skip-checks set."""
     flags = {"resume": "run.resume=true", "overwrite": "run.overwrite=true", "skip_checks": "health.preflight=false"}

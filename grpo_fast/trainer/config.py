@@ -604,6 +604,11 @@ def check_distributed_config(cfg: TrainConfig, world_size: int) -> None:
         )
     if cfg.curriculum.every > 0:
         raise ValueError("curriculum.every: the pass-rate curriculum runs in a single process only; set it to 0")
+    if cfg.check.sft_control_source is not None and cfg.health.preflight:
+        raise ValueError(
+            "check.sft_control_source: the SFT-control baseline trains a copy of the policy in one process, not the "
+            "sharded one; leave it null under torchrun (run it with `grpo-fast check` in one process)"
+        )
     check_plan(cfg.rollout.scheduler, configured_capabilities(cfg.rollout), world_size=world_size)
 
 

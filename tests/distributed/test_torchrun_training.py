@@ -307,3 +307,22 @@ def test_two_ranks_replace_zero_variance_groups(tmp_path, tiny_dir, mode):
     )
     assert sum(m["resample_rounds"] for m in metrics.values()) >= 1
     assert sum(m["frac_zero_var_groups"] for m in metrics.values()) > 0
+
+
+@pytest.mark.parametrize("command", ["sft", "sample", "pipeline"])
+def test_a_one_process_command_under_torchrun_is_refused(monkeypatch, command):
+    """Each rank ran the whole command into the same files (sft's metrics twice, sample's journal twice)."""
+    from grpo_fast.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match=rf"^grpo-fast {command}: runs in one process, and this launch started 2"):
+        main([command, "--config", "configs/r1_demo.yaml" if command == "pipeline" else "configs/sft_demo.yaml"])
+
+
+def test_the_sft_control_baseline_is_refused_under_torchrun():
+    """It trained a copy of the sharded policy and crashed on every rank (mixed torch.Tensor and DTensor)."""
+    from grpo_fast.trainer.config import check_distributed_config, load_config
+
+    cfg = load_config(None, ["check.sft_control_source=rows.jsonl", "run.prompts_per_step=4"])
+    with pytest.raises(ValueError, match=r"^check.sft_control_source: .* leave it null under torchrun"):
+        check_distributed_config(cfg, 2)
