@@ -73,7 +73,8 @@ def save_checkpoint(
     """Writes root/step-{step:06d} atomically; returns its path.
 
     trainer_state: tensors and plain Python values only (it must load with weights_only=True); the RNG
-    states are added. keep: prune to the newest `keep` checkpoints, never deleting a path in `protect`.
+    states are added (`rng`: rank 0's, `rng_ranks`: every rank's, in rank order; `rank_rng_state` picks one).
+    keep: prune to the newest `keep` checkpoints, never deleting a path in `protect`.
     run_config: JSON-able, written to train_config.json. write_weights(directory): writes the model's
     weights (default: `model.save_pretrained`).
 
@@ -89,6 +90,7 @@ def save_checkpoint(
         if tmp.exists():
             shutil.rmtree(tmp)
     failure = None
+    rng = dist.all_gather(rng_state())  # each rank's: its draws (a reward's, its own sampling) are its own
     try:
         if dist.is_main:
             tmp.mkdir()
@@ -98,7 +100,7 @@ def save_checkpoint(
         if dist.is_main:
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
-            torch.save({**trainer_state, "rng": rng_state()}, tmp / TRAINER_STATE)
+            torch.save({**trainer_state, "rng": rng[0], "rng_ranks": rng}, tmp / TRAINER_STATE)
             if run_config is not None:
                 (tmp / RUN_CONFIG).write_text(json.dumps(run_config, indent=2, sort_keys=True) + "\n")
             (tmp / MANIFEST).write_text(json.dumps(_file_sizes(tmp), indent=1, sort_keys=True) + "\n")
@@ -207,6 +209,13 @@ def _fsync_tree(root: Path) -> None:
 
 
 # -- finding ------------------------------------------------------------------------------------------------
+
+
+def rank_rng_state(trainer_state: dict, rank: int, world_size: int) -> dict:
+    """The RNG states a resumed rank continues from: its own where the checkpoint was written by as many ranks,
+    else rank 0's (another world size, or a checkpoint written before every rank's were kept)."""
+    ranks = trainer_state.get("rng_ranks")
+    return ranks[rank] if ranks is not None and len(ranks) == world_size else trainer_state["rng"]
 
 
 def checkpoint_dir(root: str | Path, step: int) -> Path:

@@ -561,7 +561,7 @@ class GRPOTrainer:
             self.loss_step.entropy_control.load_state_dict(state["entropy_control"])
         if self.rollout.partial is not None and "partial_rollouts" in state:
             self.rollout.partial.load_state_dict(state["partial_rollouts"])
-        set_rng_state(state["rng"])
+        set_rng_state(ckpt.rank_rng_state(state, self.dist.rank, self.dist.world_size))
         self.resumed_from = path
         logger.info("resumed from %s (step %d)", path, self.step)
 

@@ -125,6 +125,20 @@ def test_a_metric_a_reward_logs_on_some_ranks_only_is_their_mean(runs, tmp_path)
     assert _metrics(out)[1]["reward_log/rank_zero"] == 1.0
 
 
+def test_two_ranks_resume_each_with_its_own_random_state(runs, tmp_path):
+    """Only rank 0's RNG states were saved and every rank resumed from them: a reward drawing from Python's RNG
+    (other amounts on each rank) trained step 3 differently after a resume (3.6e-3 on the weights)."""
+    config, _ = runs
+    noisy = ("--set", "reward.funcs=[kill_points:noisy_char_code_reward]")
+    _train(config, tmp_path / "straight", 2, *noisy)
+    resumed = tmp_path / "resumed"
+    (resumed / "checkpoints").mkdir(parents=True)
+    step_two = Path("checkpoints") / "step-000002"
+    shutil.copytree(tmp_path / "straight" / step_two, resumed / step_two)
+    _train(config, resumed, 2, "--resume", *noisy)
+    _assert_close_weights(_weights(resumed, 3), _weights(tmp_path / "straight", 3))
+
+
 def test_one_rank_prints_the_result(runs):
     _, root = runs
     printed = (root / "two.stdout").read_text()

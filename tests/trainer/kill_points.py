@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -60,6 +61,15 @@ def logged_on_rank_zero(prompts, completions, log_metric, **_):
     if os.environ.get("RANK", "0") == "0":
         log_metric("rank_zero", 1.0)
     return char_code_reward(prompts, completions)
+
+
+def noisy_char_code_reward(prompts, completions, **_):
+    """char_code_reward plus noise from Python's global RNG, one draw per character: ranks with other completions
+    draw other amounts, so each rank's RNG state is its own."""
+    return [
+        r + sum(random.random() for _ in completion_text(c)) % 1 / 6
+        for r, c in zip(char_code_reward(prompts, completions), completions, strict=True)
+    ]
 
 
 if _PHASE == "optimizer":
