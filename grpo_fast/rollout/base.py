@@ -25,6 +25,8 @@ class SamplingSpec:
     top_k: int = -1
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    """Prompt i's completions are drawn with seed + i * n where the engine `seeds_each_request` (then how prompts
+    are split over calls and ranks never changes what they sample); else the call's draws start from it."""
 
 
 @dataclass
@@ -117,6 +119,10 @@ class RolloutEngine(abc.ABC):
         """Whether this engine can run here (its libraries import); "auto" picks the first available."""
         return True
 
+    seeds_each_request: ClassVar[bool] = True
+    """Whether prompt i of a call samples from its own seed (`SamplingSpec.seed`), as vLLM does; False (the
+    transformers engine): one seed starts the call, so a prompt's samples depend on the call it is in, and
+    reward.overlap_chunks auto then keeps one call a round (its samples would otherwise follow the timing)."""
     lockstep: bool = False
     """Whether `generate` is a collective of several ranks (a vLLM engine spanning them with tensor
     parallelism): every one of them then calls it equally often, with its own prompts (possibly none)."""

@@ -4,7 +4,8 @@ It generates with the trainer's own model object (shared, so `load_weights` has 
 eval mode under `no_grad`; when the trainer's model is sharded over ranks (FSDP2), whose every forward is
 a collective, with a whole copy of its own that `load_weights` fills. Sampling logprobs come from the
 processed scores (after temperature / top-p / top-k), like vLLM's `processed_logprobs`. Seeding is per
-call (`sampling.seed`), not per request.
+call (`sampling.seed`), not per request (`seeds_each_request` False): a prompt's samples depend on the prompts
+generated with it in one call.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class HFEngine(RolloutEngine):
     name = "hf"
     options = HFOptions
     shares_trainer_model = True
+    seeds_each_request = False
 
     def __init__(self, model, tokenizer, batch_size: int = 256, owns_model: bool = False) -> None:
         self.model = model

@@ -98,7 +98,8 @@ class RewardConfig(ConfigSection):
     overlap_chunks: int | Auto = option(
         "auto",
         "generation rounds split into this many chunks, scored while the next generates (1: no overlap; auto: 2 while "
-        "the reward pool's work on the last round came to at least a quarter of its generation time, else 1)",
+        "the reward pool's work on the last round came to at least a quarter of its generation time, else 1; always 1 "
+        "with an engine that seeds each call, not each request: the transformers engine)",
         low=1,
     )
 

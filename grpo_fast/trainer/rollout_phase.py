@@ -471,10 +471,12 @@ class RolloutPhase:
         chunks = self.auto_chunks if setting == "auto" else setting
         return max(self.dist.all_gather_ints(chunks)) if engine.lockstep else chunks
 
-    def _observe_round(self, seconds_pool: float, seconds_generate: float) -> None:
+    def _observe_round(self, engine: RolloutEngine, seconds_pool: float, seconds_generate: float) -> None:
         """reward.overlap_chunks auto: the next round's chunks from this round's generation time and what the
-        pool's work on it would take with the functions pooled now (`RewardSet.pool_seconds`)."""
-        chunks = AUTO_CHUNKS if seconds_pool >= OVERLAP_SHARE * seconds_generate else 1
+        pool's work on it would take with the functions pooled now (`RewardSet.pool_seconds`); always 1 with an
+        engine that does not seed each request (its samples would follow the timing)."""
+        worth = seconds_pool >= OVERLAP_SHARE * seconds_generate
+        chunks = AUTO_CHUNKS if worth and engine.seeds_each_request else 1
         if self.config.reward.overlap_chunks == "auto" and chunks != self.auto_chunks:
             logger.info(
                 "reward.overlap_chunks auto: %d generation call(s) per round from now on (the reward pool's calls "
@@ -518,7 +520,7 @@ class RolloutPhase:
         if not pending:  # this rank has its groups; the others resample
             return []
         scored = [p.result() for p in pending]
-        self._observe_round(sum(self.rewards.pool_seconds(s) for s in scored), generating)
+        self._observe_round(engine, sum(self.rewards.pool_seconds(s) for s in scored), generating)
         batch = ScoredBatch.concat(scored)
         rewards = self._combined(batch.per_func, flat)
         groups = [

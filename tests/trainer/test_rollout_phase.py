@@ -92,16 +92,28 @@ def test_dynamic_sampling_replaces_zero_variance_groups(mode):
     assert batch.generated_rewards.numel() == len(batch.generated) == generated_groups * G
 
 
+class EachRequestSeeded(HFEngine):
+    """The transformers engine counted as one that seeds each request (as vLLM does), for the auto split's rule."""
+
+    seeds_each_request = True
+
+
 @pytest.mark.parametrize(
-    ("reward", "calls"),
-    [(flat_on_even_prompts, [1, 1, 1]), (slow_flat_on_even_prompts, [1, 2, 2])],
-    ids=["cheap", "slow"],
+    ("reward", "engine_class", "calls"),
+    [
+        (flat_on_even_prompts, EachRequestSeeded, [1, 1, 1]),
+        (slow_flat_on_even_prompts, EachRequestSeeded, [1, 2, 2]),
+        # It split too: one seed per call, so the samples followed the timing (and a resume, or two ranks, differed).
+        (slow_flat_on_even_prompts, HFEngine, [1, 1, 1]),
+    ],
+    ids=["cheap", "slow", "slow_seeded_per_call"],
 )
-def test_overlap_chunks_auto_splits_generation_only_for_rewards_worth_hiding(reward, calls, caplog):
+def test_overlap_chunks_auto_splits_generation_only_for_rewards_worth_hiding(reward, engine_class, calls, caplog):
     """Step 0 generates in one engine call; the cheap reward then scores in-process and generation stays one call,
-    the slow one stays in the pool and later rounds split generation in two (logged). The rewards do not depend on
-    the split."""
-    phase, engine = _phase(dynamic=False, reward=reward)
+    the slow one stays in the pool and later rounds split generation in two (logged), with an engine that seeds
+    each request. The rewards do not depend on the split."""
+    phase, hf = _phase(dynamic=False, reward=reward)
+    engine = engine_class(hf.model, hf.tokenizer)
     made, generate = [], engine.generate
 
     def counted(prompt_ids, sampling):
