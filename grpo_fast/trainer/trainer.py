@@ -149,16 +149,9 @@ class GRPOTrainer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self._set_up_rollouts(tools, environment_factory, rollout_func)
         self.rewards = self._reward_set(reward_funcs, weights)
-        self.train_rows = self._rows(train_dataset, "train_dataset")
-        self.eval_rows = self._rows(eval_dataset) if eval_dataset is not None else None
+        self.train_rows, self.eval_rows = self._datasets(train_dataset, eval_dataset)
         if rollout_func is None:  # a rollout_func's own fields are columns too, known when it returns
-            environments = environment_factory is not None or cfg.rollout.environment_factory is not None
-            given = ("environments", "environment_reward") if environments else ()
-            for rows, name in ((self.train_rows, "the training dataset"), (self.eval_rows, "the held-out dataset")):
-                if rows:
-                    self.rewards.check_columns([*rows[0], *given], name)
-        if cfg.run.eval_max_prompts and self.eval_rows:
-            self.eval_rows = self.eval_rows[: cfg.run.eval_max_prompts]
+            self._check_reward_columns(environment_factory is not None or cfg.rollout.environment_factory is not None)
         self.output_dir = Path(cfg.run.output_dir)
         self.engine = engine
         self._owns_engine = engine is None
@@ -171,13 +164,8 @@ class GRPOTrainer:
         self.loss_step = LossStep(
             cfg, model, self.optimizer, self.scheduler, self.tokenizer.pad_token_id, self.dist, ref_model
         )
-        self.offloader = TrainerStateOffloader(
-            model,
-            self.optimizer,
-            cfg.run.offload_optimizer,
-            cfg.run.offload_params,
-            ref_model=self.loss_step.ref_model,
-        )
+        offload = (cfg.run.offload_optimizer, cfg.run.offload_params)
+        self.offloader = TrainerStateOffloader(model, self.optimizer, *offload, ref_model=self.loss_step.ref_model)
         self.sampler = PromptSampler(len(self.train_rows), cfg.run.seed)
         self.curriculum = PassRateCurriculum(cfg.curriculum, len(self.train_rows), cfg.run.seed)
         self.rollout = RolloutPhase(
@@ -240,6 +228,21 @@ class GRPOTrainer:
         if environments is not None:
             rows = with_placeholder_prompts(rows)
         return _as_rows(rows)
+
+    def _datasets(self, train_dataset, eval_dataset) -> tuple[list[dict], list[dict] | None]:
+        """(training rows, held-out rows or None: the first run.eval_max_prompts)."""
+        train = self._rows(train_dataset, "train_dataset")
+        held_out = self._rows(eval_dataset) if eval_dataset is not None else None
+        limit = self.config.run.eval_max_prompts
+        return train, held_out[:limit] if limit and held_out else held_out
+
+    def _check_reward_columns(self, environments: bool) -> None:
+        """ValueError before the run starts when the training or held-out rows lack a column a reward needs (with
+        `environments`, the rollouts give `environments` and `environment_reward` too)."""
+        given = ("environments", "environment_reward") if environments else ()
+        for rows, name in ((self.train_rows, "the training dataset"), (self.eval_rows, "the held-out dataset")):
+            if rows:
+                self.rewards.check_columns([*rows[0], *given], name)
 
     def _set_up_rollouts(self, tools, environment_factory, rollout_func) -> None:
         """The prompt encoder, the stop tokens, and how a step's completions are produced (`rollouts`: one engine
