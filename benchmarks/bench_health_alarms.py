@@ -20,7 +20,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -28,7 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from grpo_fast.bench.alarms import RECIPES, margins_of_run, run_recipe
-from grpo_fast.bench.common import environment_stamp, write_json
+from grpo_fast.bench.common import command_line, environment_stamp, write_json
 from grpo_fast.trainer.health import HealthThresholds
 
 PHASES = ("total", "sft", "rl", "generate", "score", "train", "sync")
@@ -122,7 +121,7 @@ def main() -> int:
         runs = [r for r in json.loads(Path(args.out).read_text())["runs"] if (r["recipe"], r["seed"]) not in tasks]
     payload = {
         "benchmark": "health_alarms",
-        "command": "python " + " ".join(sys.argv),
+        "command": command_line(),
         "load_average_at_start": os.getloadavg(),
         "thresholds": asdict(HealthThresholds()),
         "recipes": {

@@ -8,13 +8,11 @@ process (for its memory), a loaded machine's load moves between them; here the v
 
 import argparse
 import os
-import sys
-from pathlib import Path
 
 import torch
 
 from grpo_fast import GRPOLossConfig
-from grpo_fast.bench.common import environment_stamp, write_json
+from grpo_fast.bench.common import command_line, environment_stamp, write_json
 from grpo_fast.bench.loss import MODELS, Shape, check_variants, interleaved, parse_shape, positive_int
 
 if __name__ == "__main__":
@@ -32,7 +30,7 @@ if __name__ == "__main__":
         args.shape, "fp32", device, GRPOLossConfig(loss_type=args.loss_type), args.variants, args.rounds
     )
     stamp = environment_stamp(device, packages=("triton", "transformers", "liger-kernel", "trl"))
-    payload = {"benchmark": "loss_interleaved", "command": " ".join([Path(sys.executable).name, *sys.argv])}
+    payload = {"benchmark": "loss_interleaved", "command": command_line()}
     payload |= {"environment": stamp, "load_average_1_5_15": {"before": before, "after": os.getloadavg()}} | result
     for row in result["results"]:
         wall, cpu = row[f"wall_ratio_to_{result['baseline']}"], row[f"cpu_ratio_to_{result['baseline']}"]

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from grpo_fast.bench.common import environment_stamp, timing_summary, write_json  # noqa: E402
+from grpo_fast.bench.common import command_line, environment_stamp, timing_summary, write_json  # noqa: E402
 from grpo_fast.bench.models import add_model_shape_arguments, model_from_shape_arguments  # noqa: E402
 from grpo_fast.core.tiny_models import build_word_tokenizer  # noqa: E402
 
@@ -201,7 +201,7 @@ def main(args) -> int:
     payload = {
         "benchmark": "bench_trl_integration",
         "description": __doc__.split("\n\n")[0],
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "environment": environment_stamp(torch.device(args.device), packages=("transformers", "trl", "peft", "triton")),
         "settings": settings,
         "load_average_1_5_15": {"before": os.getloadavg()},  # the CPUs are shared

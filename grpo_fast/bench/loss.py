@@ -40,7 +40,6 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -54,7 +53,7 @@ from grpo_fast.backends import available_backends
 from grpo_fast.testing.reference import naive_grpo_loss
 from grpo_fast.testing.synthetic import LossBatch, make_loss_batch
 
-from .common import environment_stamp, text_table, time_call, write_json
+from .common import command_line, environment_stamp, text_table, time_call, write_json
 from .memory import peak_extra_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -577,7 +576,7 @@ def _start_payload(args, config, device, names, shapes) -> dict:
     """The JSON's header: this run's stamp appended to --out's runs with --update (same loss config)."""
     run_stamp = {
         "environment": environment_stamp(device, packages=("triton", "transformers", "liger-kernel", "trl")),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line(),
         "variants": names,
         "backends": available_backends(device),
         "grpo_fast_C": extension_kind(),

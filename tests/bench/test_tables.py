@@ -154,7 +154,10 @@ def test_each_source_is_reported_with_its_commit_and_how_far_behind_head_it_is(t
     stamp = {"commit": commits[0], "cpu": "x", "cpu_count": 2}
     (results / "one.json").write_text(json.dumps({"environment": stamp, "runs": [{"environment": {"commit": "f00"}}]}))
     doc = tmp_path / "doc.md"
-    (results / "three.json").write_text(json.dumps({"stamp": {"commit": commits[2]}, "results": {}}))
+    # A device's copy stamped its stale HEAD beside the tree it ran (tree_commit): the tree's commit is reported.
+    (results / "three.json").write_text(
+        json.dumps({"stamp": {"commit": "0" * 40, "tree_commit": commits[2]}, "results": {}})
+    )
     doc.write_text("".join(f"<!-- table: {name} -->\n<!-- /table -->\n" for name in ("one", "two", "three")))
     one, two, three = tables.source_report([doc], results)
     assert three.startswith(f"three.json: {commits[2][:12]}: ")  # bench_sandbox_bounds.py's "stamp"
@@ -211,3 +214,16 @@ def test_tools_trl_rows_are_medians_over_every_step_of_every_seed(tables):
     assert rows[0][1:5] == ["2", "3", "0.30", f"{0.3 / 0.55:.2f}x"]  # seeds, steps (mean), median, vs TRL
     assert rows[1][1:6] == ["2", "2", "0.55", "1.00x", f"{(101.1 / 3 + 0.4) / 2:.2f}"]  # the mean keeps the 100 s
     assert rows[0][6] == "0.20 -> 0.70 [0.60, 0.80]" and rows[1][6] == "0.20 -> 0.80 [0.70, 0.90]"
+
+
+def test_a_stamp_keeps_the_command_line_its_table_names(monkeypatch):
+    """The SFT, logits-tile and R1 tables named their script's plain command whatever options the run was given."""
+    from grpo_fast.bench.common import environment_stamp
+
+    monkeypatch.setattr("sys.argv", [str(ROOT / "benchmarks" / "bench_sft.py"), "--seq-len", "64", "--note", "a b"])
+    stamp = environment_stamp()
+    assert stamp["command"] == "python benchmarks/bench_sft.py --seq-len 64 --note 'a b'"
+    row = {"contender": "grpo_fast", "median_s": 1.0, "p20_s": 1.0, "p80_s": 1.0, "time_vs_transformers": 0.5}
+    row |= {"peak_extra_bytes": 1 << 20, "memory_vs_transformers": 0.5}
+    rendered = tables.render_sft({"environment": stamp, "results": [row]})
+    assert "From `python benchmarks/bench_sft.py --seq-len 64 --note 'a b'` on" in rendered
