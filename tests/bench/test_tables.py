@@ -216,7 +216,7 @@ def test_tools_trl_rows_are_medians_over_every_step_of_every_seed(tables):
     assert rows[0][6] == "0.20 -> 0.70 [0.60, 0.80]" and rows[1][6] == "0.20 -> 0.80 [0.70, 0.90]"
 
 
-def test_a_stamp_keeps_the_command_line_its_table_names(monkeypatch):
+def test_a_stamp_keeps_the_command_line_its_table_names(monkeypatch, tables):
     """The SFT, logits-tile and R1 tables named their script's plain command whatever options the run was given."""
     from grpo_fast.bench.common import environment_stamp
 
