@@ -134,7 +134,7 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="demo seeds, each run for every tree")
     parser.add_argument("--repeats", type=int, default=1, help="runs per tree and seed, alternating")
     parser.add_argument("--work", default="runs/bench_demo", help="the demos' output directories")
-    parser.add_argument("--out", default="benchmarks/results/demo_seeds_cpu.json")
+    parser.add_argument("--out", required=True, help="the results JSON (e.g. benchmarks/results/demo_seeds_cpu.json)")
     parser.add_argument(
         "--collect", action="store_true", help="run nothing: read the summary.json of runs made before under --work"
     )

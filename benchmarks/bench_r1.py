@@ -1,6 +1,6 @@
 """The R1 pipeline and the pass-rate filter ablation on CPU, with per-stage results in one stamped JSON.
 
-    python benchmarks/bench_r1.py [--seeds 0 1 2] [--work runs/bench_r1]
+    python benchmarks/bench_r1.py [--seeds 0 1 2] [--work DIR]
         [--out benchmarks/results/r1_pipeline_cpu.json]
 
 1. configs/r1_demo.yaml once: held-out accuracy after each stage (cold start -> reasoning RL ->
@@ -9,7 +9,9 @@
 2. configs/r1_filter_ablation.yaml once per RL seed: the same cold-started policy trained with the same
    budget on every prompt, on the prompts with a pass rate in [0.1, 0.9], and with the online curriculum;
    per arm the zero-variance / stuck group fractions and the held-out accuracy.
-The pipelines are deterministic for a seed on CPU; finished stages under --work are reused.
+The pipelines are deterministic for a seed on CPU. Each run works in a new temporary directory unless --work names
+one; finished stages found under it are reused, and the results say which (`reused_stages`): their numbers and
+seconds come from the run that made them, maybe at another commit.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import copy
 import os
 import statistics
+import tempfile
 
 from grpo_fast.bench.common import environment_stamp, write_json
 from grpo_fast.pipeline import load_pipeline_config, run_pipeline
@@ -46,10 +49,11 @@ def ablation(seed: int, work: str) -> dict[str, dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--work", default="runs/bench_r1")
+    parser.add_argument("--work", default=None, help="where the pipelines run (default: a new temporary directory)")
     parser.add_argument("--out", default="benchmarks/results/r1_pipeline_cpu.json")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    args.work = args.work or tempfile.mkdtemp(prefix="bench_r1-")
 
     config = load_pipeline_config("configs/r1_demo.yaml")
     config.output_dir = os.path.join(args.work, "r1_demo")
@@ -67,6 +71,12 @@ def main() -> int:
         "benchmark": "r1_pipeline",
         "environment": environment_stamp(),
         "pipeline": {"config": "configs/r1_demo.yaml", "stages": pipeline, "seconds_stages": seconds_pipeline},
+        "reused_stages": [
+            f"{where}/{row['stage']}"
+            for where, rows in [("r1_demo", pipeline)] + [(f"ablation_seed{s}", r.values()) for s, r in runs.items()]
+            for row in rows
+            if row["status"] == "done earlier"
+        ],
         "ablation": {
             "config": "configs/r1_filter_ablation.yaml",
             "seeds": args.seeds,

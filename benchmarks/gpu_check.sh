@@ -120,6 +120,12 @@ write_summary() {
     python3 - "$WORK" "$OUT/summary.json" "$BUDGET_S" "$DRY_RUN" "$(($(date +%s) - START))" <<'EOF'
 import json, os, sys
 work, path, budget, dry_run, elapsed = sys.argv[1:]
+def commit():  # as the benchmarks' stamps: git's, else GRPO_FAST_COMMIT (a copy of the tree without .git)
+    try:
+        from grpo_fast.machine import git_commit
+        return git_commit()
+    except ImportError:
+        return os.environ.get("GRPO_FAST_COMMIT")
 def rows(name, keys):
     try:
         return [dict(zip(keys, line.rstrip("\n").split("\t", len(keys) - 1))) for line in open(f"{work}/{name}")]
@@ -129,7 +135,7 @@ facts = {r["key"]: r["value"] for r in rows("facts.tsv", ("key", "value"))}
 phases = [r | {k: int(r[k]) for k in ("limit_s", "seconds")} for r in rows("phases.tsv", ("phase", "limit_s", "seconds", "status"))]
 summary = {"check": "gpu_check", "dry_run": dry_run == "1", "budget_s": int(budget), "elapsed_s": int(elapsed),
            "limit_slack": 3 if dry_run == "1" else 1,
-           "commit": os.environ.get("GRPO_FAST_COMMIT"), "facts": facts, "phases": phases}
+           "commit": commit(), "facts": facts, "phases": phases}
 with open(path + ".tmp", "w") as f:
     json.dump(summary, f, indent=1)
 os.replace(path + ".tmp", path)
@@ -342,9 +348,10 @@ profile_cuda() {
 liger() { # Liger's Qwen N=16384 row (it died in torch.compile in the first run) against gemm3 and cuda, one run
     await_build || return 1
     if [ "$DRY_RUN" = 1 ]; then
-        bench_loss --shapes 64,32,256 --repeats 1 --variants gemm3 cpu liger
+        bench_loss --shapes 64,32,256 --repeats 1 --variants gemm3 cpu liger --update
     else
-        bench_loss --models qwen2.5-7b --tokens 16384 --repeats 5 --variant-timeout 45 --variants gemm3 cuda liger
+        bench_loss --models qwen2.5-7b --tokens 16384 --repeats 5 --variant-timeout 45 --variants gemm3 cuda liger \
+            --update
     fi
 }
 

@@ -526,6 +526,10 @@ def render_r1_pipeline(payload: dict) -> str:
             f"{100 * mean['frac_zero_var_groups_first']:.1f}%", f"{100 * mean['frac_stuck_groups_mean']:.1f}%",
         ])  # fmt: skip
     origin = f"From `{_command(payload, 'bench_r1.py')}` on {where(payload['environment'])}"
+    if reused := payload.get("reused_stages"):
+        origin += (
+            f" (stages reused from an earlier run under its --work, as that run measured them: {', '.join(reused)})"
+        )
     seeds = ", ".join(map(str, payload["ablation"]["seeds"]))
     return f"{table(lines)}\n\n{table(arms)}\n\nAblation seeds {seeds}. {origin}."
 

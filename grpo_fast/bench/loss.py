@@ -40,6 +40,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -569,7 +570,15 @@ def main(args: argparse.Namespace) -> int:
             png = Path(args.out).with_suffix(".png")
             plot(json.loads(Path(args.out).read_text()), png)
             print(f"wrote {png}")
+    if failed := [r for r in rows if str(r.get("status", "")).startswith(FAILURES)]:
+        print(f"bench loss: {len(failed)} row(s) failed to measure (their status says why)", file=sys.stderr)
+        return 1
     return 0
+
+
+FAILURES = ("error", "out of memory", "timed out", "process exit status")
+"""The statuses of rows that should have measured and did not (a peer that is absent or a backend that cannot run
+here is not one): the command then exits 1, so a caller (gpu_check.sh) records the phase as failed."""
 
 
 def _start_payload(args, config, device, names, shapes) -> dict:

@@ -49,8 +49,9 @@ def test_missing_peer_and_timeout_rows_then_update(tmp_path, monkeypatch):
     assert [r["status"] for r in liger] == ["not installed (liger-kernel)"] * 2
     assert all("median_s" in r for r in first["results"] if r["variant"] == "gemm3")
 
-    # a variant that cannot finish within its limit: every shape it did not reach says so
-    assert loss.main(_args(tmp_path, "--variants", "torch", "--variant-timeout", "0.01", "--update")) == 0
+    # a variant that cannot finish within its limit: every shape it did not reach says so, and the command fails
+    # (it exited 0: a GPU check recorded such a phase as passed)
+    assert loss.main(_args(tmp_path, "--variants", "torch", "--variant-timeout", "0.01", "--update")) == 1
     second = json.loads((tmp_path / "loss.json").read_text())
     assert len(second["runs"]) == 2 and len(second["results"]) == 6
     torch_rows = [r for r in second["results"] if r["variant"] == "torch"]
