@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -266,33 +267,60 @@ def main(argv: list[str] | None = None) -> int:
     earlier = previous.get("earlier", []) + (
         [{"command": previous["command"], "environment": previous["environment"]}] if "command" in previous else []
     )
+    settings = {k: v for k, v in vars(args).items() if k not in ("one", "work", "out")} | {
+        "limit": TASKS[args.task]().limit
+    }
+    if kept and (other := _other_settings(previous.get("settings", {}), settings)):
+        raise SystemExit(
+            f"bench async: --merge: {args.out} holds runs made with other settings ({other}); one table compares "
+            "runs of one setting: merge into another --out, or rerun those runs with these settings"
+        )
     redone = {(seed, variant) for seed in args.seeds for variant in args.variants}
     runs = [r for r in kept if (r["seed"], r["variant"]) not in redone]
+    failures = []
     for seed in args.seeds:
         for variant in args.variants:
             one = ["benchmarks.bench_async", "--one", str(seed), variant, "--work", str(args.work), "--task", args.task]
             one += [] if args.sft_steps is None else ["--sft-steps", str(args.sft_steps)]
             one += ["--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step)]
             one += ["--eval-every", str(args.eval_every), "--set", *args.set]
-            runs.append(run_json_subprocess(one, timeout=3600))
+            try:
+                runs.append(run_json_subprocess(one, timeout=3600))
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:  # said in the results, not dropped
+                failures.append({"seed": seed, "variant": variant, "error": str(exc).strip().splitlines()[-1][:300]})
+                print(f"seed {seed} {variant}: failed: {failures[-1]['error']}", file=sys.stderr, flush=True)
+                continue
             print(
                 f"seed {seed} {variant}: {runs[-1]['step_seconds_mean']:.2f} s/step, "
                 f"accuracy {runs[-1]['accuracy_start']} -> {runs[-1]['accuracy_final']}",
                 flush=True,
             )
-            payload = {
-                "benchmark": "async_rollouts",
-                "command": command,
-                "environment": environment_stamp(),
-                "settings": {k: v for k, v in vars(args).items() if k not in ("one", "work", "out")}
-                | {"limit": TASKS[args.task]().limit},
-                "summary": aggregate(runs),
-                "earlier": earlier,  # the runs kept with --merge came from these
-                "runs": runs,
-            }
-            write_json(args.out, payload)
-            plot(runs, args.out.with_suffix(".png"))
-    return 0
+            _write(args.out, command, settings, earlier, runs, failures)
+    if failures and runs:
+        _write(args.out, command, settings, earlier, runs, failures)
+    return 1 if failures else 0
+
+
+def _write(out: Path, command: str, settings: dict, earlier: list, runs: list, failures: list) -> None:
+    """The results JSON (and its plot) as they stand: the runs so far and the runs that failed, with why."""
+    payload = {
+        "benchmark": "async_rollouts",
+        "command": command,
+        "environment": environment_stamp(),
+        "settings": settings,
+        "summary": aggregate(runs),
+        "earlier": earlier,  # the runs kept with --merge came from these
+        "runs": runs,
+        "failures": failures,
+    }
+    write_json(out, payload)
+    plot(runs, out.with_suffix(".png"))
+
+
+def _other_settings(before: dict, now: dict) -> str:
+    """The settings that decide what a run measures and differ between `before` and `now`, as "key: a -> b"."""
+    keys = ("task", "steps", "prompts_per_step", "eval_every", "sft_steps", "set", "limit")
+    return "; ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in keys if before.get(k) != now.get(k))
 
 
 if __name__ == "__main__":

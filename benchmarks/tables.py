@@ -759,6 +759,7 @@ def render_async_rollouts(payload: dict) -> str:
         f"\n\nTask {settings.get('task', 'long_tail')} (grpo_fast.bench.rollout_tasks): {settings['steps']} steps of "
         f"{settings['prompts_per_step']} prompts x 8 completions per run (the same trained samples for every variant), "
         f"completion limit {settings['limit']} tokens. {provenance(payload)}"
+        + "".join(f" Failed: seed {f['seed']} {f['variant']} ({f['error']})." for f in payload.get("failures", []))
     )
 
 
