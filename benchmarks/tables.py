@@ -229,7 +229,7 @@ def render_trl_integration(payload: dict) -> str:
     lines = [["variant", "step median s", "p20-p80 s", "vs TRL", "peak MiB", "peak - before MiB", "loss"]]
     for r in payload["runs"]:
         if "step_median_s" not in r:
-            lines.append([r["variant"], r["status"], "", "", "", "", ""])
+            lines.append([r["variant"], _status(r), "", "", "", "", ""])
             continue
         lines.append([
             r["variant"], f"{r['step_median_s']:.3f}", f"{r['step_p20_s']:.3f}-{r['step_p80_s']:.3f}",
@@ -311,7 +311,8 @@ def render_headline(results: Path) -> str:
             step = {c: _median_step(runs, c) for c in by}
             after = {c: sum(r["accuracy_after"] for r in rs) / len(rs) for c, rs in by.items()}
             lines.append([
-                f"GRPO step with a tool, median, 150 s of training ({len(by['grpo_fast'])} seeds)",
+                f"GRPO step with a tool, median, {tools['settings']['budget_seconds']:g} s of training "
+                f"({len(by['grpo_fast'])} seeds)",
                 f"{step['grpo_fast'] / step['trl']:.2f}x time", "-",
                 f"{step['grpo_fast']:.2f} s, held-out accuracy {after['grpo_fast']:.2f}",
                 f"TRL GRPOTrainer(tools=...): {step['trl']:.2f} s, accuracy {after['trl']:.2f}",
@@ -870,6 +871,9 @@ def render_gpu_profile(payload: dict) -> str:
     lines = [header]
     gemm3 = payload["variants"].get("gemm3", {}).get("median_s")
     for name, row in payload["variants"].items():
+        if "profile" not in row:  # a part that failed or cannot run here: its status, as gpu_profile.py wrote it
+            lines.append([name, _status(row), *[""] * (len(header) - 2)])
+            continue
         p = row["profile"]
         kinds = p["by_kind_ms"]
         fused = sum(kinds.get(k, 0.0) for k in FUSED_KINDS)

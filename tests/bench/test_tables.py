@@ -227,3 +227,18 @@ def test_a_stamp_keeps_the_command_line_its_table_names(monkeypatch, tables):
     row |= {"peak_extra_bytes": 1 << 20, "memory_vs_transformers": 0.5}
     rendered = tables.render_sft({"environment": stamp, "results": [row]})
     assert "From `python benchmarks/bench_sft.py --seq-len 64 --note 'a b'` on" in rendered
+
+
+def test_rows_that_failed_render_as_their_status(tables):
+    """gpu_profile.py writes a part that failed as {variant, status}: the table crashed on it (KeyError 'profile');
+    the TRL-integration table put a multi-line error into one cell, breaking the Markdown table."""
+    stamp = {"commit": "abc", "cpu": "x", "cpu_count": 2, "date": "2026-12-05", "load_average_1_5_15": [1, 1, 1]}
+    profile = {
+        "variants": {"triton": {"variant": "triton", "status": "error: RuntimeError: no GPU |\n  here"}},
+        "shape": {"model": "tiny", "N": 64, "H": 32, "V": 256}, "dtype": "fp32", "environment": stamp, "commands": [],
+    }  # fmt: skip
+    rendered = tables.render_gpu_profile(profile)
+    assert "| triton | error: RuntimeError: no GPU / here |" in rendered
+    trl = {"runs": [{"variant": "ours_loss", "status": "error: shapes\nTraceback (most recent call last)"}]}
+    rendered = tables.render_trl_integration(trl | {"command": "python x.py", "environment": stamp})
+    assert "| ours_loss | error: shapes Traceback (most recent call last) |" in rendered
