@@ -101,37 +101,53 @@ class Distributed:
         maxes: tuple[str, ...] = (),
         zero_filled: tuple[str, ...] = (),
         present_only: tuple[str, ...] = (),
+        weighted: dict[str, str] | None = None,
     ) -> dict:
-        """The step's metrics over ranks: a number whose key matches a pattern of `sums` (fnmatch) is summed,
-        of `maxes` the maximum, any other averaged (each rank's batch is an equal share of the step; a
-        per-batch std is thus the mean of the ranks' stds). Values that are not numbers stay this rank's.
-        Every rank gets the same numbers, so decisions taken from them (alarms, stops) agree.
-
-        Every rank must log the same keys, except those matching `zero_filled` (a rank without one counts 0, as in
-        a histogram's bins) or `present_only` (reduced over the ranks that logged it, as a mean over a subset
-        that may be empty on a rank); any other difference is a RuntimeError naming the keys."""
+        """The step's metrics over ranks (`reduce_gathered` of every rank's numbers); values that are not numbers stay
+        this rank's. Every rank gets the same numbers, so decisions taken from them (alarms, stops) agree."""
         if not self.enabled:
             return metrics
         numbers = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         gathered = self.all_gather(numbers)
-        keys = sorted(set().union(*gathered))
-        sparse = [k for k in keys if any(k not in g for g in gathered)]
-        unmatched = [k for k in sparse if not _matches(k, zero_filled + present_only)]
-        if unmatched:
-            raise RuntimeError(f"the ranks logged different metrics this step: {unmatched} on some ranks only")
-        out = dict(metrics)
-        for k in keys:
-            if _matches(k, zero_filled):
-                values = [g.get(k, 0.0) for g in gathered]
-            else:
-                values = [g[k] for g in gathered if k in g]
-            if _matches(k, sums):
-                out[k] = sum(values)
-            elif _matches(k, maxes):
-                out[k] = max(values)
-            else:
-                out[k] = sum(values) / len(values)
-        return out
+        return dict(metrics) | reduce_gathered(gathered, sums, maxes, zero_filled, present_only, weighted or {})
+
+
+def reduce_gathered(
+    gathered: list[dict[str, float]],
+    sums: tuple[str, ...] = (),
+    maxes: tuple[str, ...] = (),
+    zero_filled: tuple[str, ...] = (),
+    present_only: tuple[str, ...] = (),
+    weighted: dict[str, str] | None = None,
+) -> dict[str, float]:
+    """Each rank's metrics (`gathered`, in rank order) as the step's: a key matching a pattern of `sums` (fnmatch) is
+    summed, of `maxes` the maximum; one matching a pattern of `weighted` is the mean weighted by the metric that
+    pattern names (a share over each rank's own count: its completions, where ranks drew different numbers); any other
+    is the plain mean (each rank's batch an equal share of the step; a per-batch std is thus the mean of the ranks').
+
+    Every rank must log the same keys, except those matching `zero_filled` (a rank without one counts 0, as in a
+    histogram's bins) or `present_only` (reduced over the ranks that logged it, as a mean over a subset that may be
+    empty on a rank); any other difference is a RuntimeError naming the keys."""
+    weighted = weighted or {}
+    keys = sorted(set().union(*gathered))
+    sparse = [k for k in keys if any(k not in g for g in gathered)]
+    unmatched = [k for k in sparse if not _matches(k, zero_filled + present_only)]
+    if unmatched:
+        raise RuntimeError(f"the ranks logged different metrics this step: {unmatched} on some ranks only")
+    out = {}
+    for k in keys:
+        ranks = [g for g in gathered if k in g or _matches(k, zero_filled)]
+        values = [g.get(k, 0.0) for g in ranks]
+        weight = next((w for pattern, w in weighted.items() if fnmatch.fnmatchcase(k, pattern)), None)
+        if _matches(k, sums):
+            out[k] = sum(values)
+        elif _matches(k, maxes):
+            out[k] = max(values)
+        elif weight is not None and all(weight in g for g in ranks) and sum(g[weight] for g in ranks) > 0:
+            out[k] = sum(v * g[weight] for v, g in zip(values, ranks, strict=True)) / sum(g[weight] for g in ranks)
+        else:
+            out[k] = sum(values) / len(values)
+    return out
 
 
 def _matches(key: str, patterns: tuple[str, ...]) -> bool:

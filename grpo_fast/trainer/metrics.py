@@ -34,6 +34,7 @@ def step_metrics(rollout, reward_names: list[str], times: dict[str, float]) -> d
         "frac_zero_var_groups": rollout.frac_zero_var_groups,
         "frac_stuck_groups": rollout.frac_stuck_groups,
         "resample_rounds": rollout.resample_rounds,
+        "rollout/generated_samples": float(len(rollout.generated)),
         "completion/length_mean": float(lengths.mean()),
         "completion/length_p95": float(torch.quantile(lengths, 0.95)),
         "completion/truncated_frac": float(np.mean([c.truncated for c in rollout.generated])),

@@ -72,6 +72,7 @@ SUMMED_METRICS = (
     "loss",
     "train_tokens",
     "rollout/trained_samples",
+    "rollout/generated_samples",
     "rollout/trained_tokens",
     "train/micro_batches",
     "train/backbone_tokens",
@@ -82,6 +83,13 @@ SUMMED_METRICS = (
     "tools/*/failures",
 )
 """The step metrics that add up over ranks (the others are averaged, times and memory the slowest rank's)."""
+PER_COMPLETION_METRICS = dict.fromkeys(
+    ("reward/mean", "reward/*/mean", "completion/length_mean", "completion/truncated_frac")
+    + ("frac_zero_var_groups", "frac_stuck_groups"),
+    "rollout/generated_samples",
+)
+"""The step metrics that are shares or means over the completions a rank generated, weighted over ranks by how many
+it generated (DAPO's dynamic sampling tops each rank up with its own number of groups)."""
 
 
 class NonFiniteTrainingError(RuntimeError):
@@ -852,6 +860,7 @@ class GRPOTrainer:
             zero_filled=("rollout/token_share_staleness_*", "tools/*/failures"),
             # a reward's log_metric, where its function logged it this step (TRL averages what was logged)
             present_only=("mismatch/abs_logprob_diff_staleness_*", "reward_log/*"),
+            weighted=PER_COMPLETION_METRICS,
         )
         for callback in self.callbacks:
             callback(self, rollout, out)
