@@ -209,7 +209,9 @@ def render_grpo_step(payload: dict) -> str:
     command = " ".join(settings.get("command", ["bench_step.py"]))
     rounds = settings.get("rounds", 1)
     stopped = (
-        " The command was stopped before its end: the table holds the contenders it finished."
+        " The command was stopped before its end"
+        + (f" ({settings['stopped_by']})" if settings.get("stopped_by") else "")
+        + ": the table holds the contenders it finished."
         if settings.get("complete") is False
         else ""
     )

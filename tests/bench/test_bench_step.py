@@ -83,3 +83,12 @@ def test_quick_trl_does_the_same_work(quick_run):
     assert ours["summary"]["completions_per_step"] == trl["summary"]["completions_per_step"]
     row = next(r for r in data["table"] if r["contender"] == "grpo_fast")
     assert row["step_vs_trl"] > 0
+
+
+def test_a_contender_past_its_timeout_is_named(tmp_path):
+    """It ended the benchmark in a TimeoutExpired traceback, the table saying only that the run stopped."""
+    from grpo_fast.bench.step.worker import run_contender
+
+    job = {"contender": "trl", "config": {"name": "tiny"}}
+    with pytest.raises(RuntimeError, match=r"^tiny/trl ran past --timeout 0.01 s; its log: .*log.txt$"):
+        run_contender(job, tmp_path, timeout=0.01)

@@ -145,9 +145,17 @@ def main(args: argparse.Namespace) -> int:
 
     for i, name in enumerate(args.configs):
         last = i == len(args.configs) - 1
-        run_config(
-            name, args, warmup, steps, lambda config, done, name=name, last=last: save(name, config, done and last)
-        )
+        try:
+            run_config(
+                name, args, warmup, steps, lambda config, done, name=name, last=last: save(name, config, done and last)
+            )
+        except RuntimeError as exc:  # a contender failed or ran past --timeout: said in the results, then here
+            payload["settings"]["stopped_by"] = str(exc).splitlines()[0]
+            if payload["configs"]:
+                write_results(payload, out)
+            raise SystemExit(
+                f"bench step: {payload['settings']['stopped_by']}; the results so far are in {out}"
+            ) from None
     print(payload["markdown_table"])
     print(f"wrote {out} and {payload['plot']}")
     return 0

@@ -56,15 +56,20 @@ def run_contender(job: dict, work: Path, timeout: float) -> dict:
     code = "import sys; from grpo_fast.bench.step.worker import worker_main; sys.exit(worker_main(sys.argv[1:]))"
     env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false"}
     with open(log_path, "w") as log:
-        proc = subprocess.run(
-            [sys.executable, "-c", code, str(job_path), str(result_path)],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-            check=False,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", code, str(job_path), str(result_path)],
+                cwd=REPO_ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(
+                f"{job['config']['name']}/{job['contender']} ran past --timeout {timeout:g} s; its log: {log_path}"
+            ) from None
     if proc.returncode != 0 or not result_path.exists():
         tail = log_path.read_text()[-4000:]
         raise RuntimeError(
