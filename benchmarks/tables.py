@@ -261,6 +261,8 @@ def render_headline(results: Path) -> str:
     lines = [["what (CPU, 2 cores)", "ratio", "vs 3 GEMMs", "grpo_fast", "the alternative", "load", "source"]]
     loss = json.loads((results / "bench_loss_cpu.json").read_text())
     best = {r["variant"]: r for r in loss["results"] if "median_s" in r and r["dtype"] == "fp32"}
+    if "cpu" not in best:
+        raise ValueError("bench_loss_cpu.json: no measured fp32 row of the `cpu` variant; rerun bench_loss.py with it")
     ours, stamp = best["cpu"], loss["runs"][0]["environment"]
     for peer, name in (("naive", "naive full logits"), ("liger", "Liger-Kernel"), ("trl", "TRL's fused head")):
         if peer in best:
@@ -980,7 +982,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     for path in paths:
         text = path.read_text()
-        new = rendered(text)
+        try:
+            new = rendered(text)
+        except (ValueError, OSError, KeyError, StopIteration) as err:  # a results file a table cannot be made from
+            print(f"tables: {path}: {err}", file=sys.stderr)
+            return 1
         if new != text:
             path.write_text(new)
             print(f"tables: rewrote {path}")
