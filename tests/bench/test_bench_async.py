@@ -4,20 +4,9 @@ runs under one table's settings)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_async.py"
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_async_under_test", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(seed: int, variant: str) -> dict:
@@ -30,8 +19,8 @@ def _run(seed: int, variant: str) -> dict:
     }  # fmt: skip
 
 
-def test_a_failed_run_is_reported_and_merge_refuses_other_settings(tmp_path, monkeypatch):
-    bench = _bench()
+def test_a_failed_run_is_reported_and_merge_refuses_other_settings(tmp_path, monkeypatch, load_script):
+    bench = load_script("benchmarks/bench_async.py", "bench_async_under_test")
     out, work = tmp_path / "async.json", tmp_path / "work"
     base = ["--seeds", "0", "--steps", "2", "--work", str(work), "--out", str(out)]
 

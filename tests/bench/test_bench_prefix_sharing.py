@@ -3,24 +3,18 @@ loss and gradients (a benchmark that timed different work would compare nothing)
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
+import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_prefix_sharing.py"
+
+@pytest.fixture(scope="module")
+def bench(load_script):
+    return load_script("benchmarks/bench_prefix_sharing.py", "bench_prefix_sharing")
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_prefix_sharing", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_quick_mode_writes_agreeing_results(tmp_path):
-    bench = _bench()
+def test_quick_mode_writes_agreeing_results(tmp_path, bench):
     out = tmp_path / "prefix_sharing.json"
     assert bench.main(bench.parse(["--quick", "--device", "cpu", "--out", str(out)])) == 0
     payload = json.loads(out.read_text())
@@ -38,8 +32,7 @@ def test_quick_mode_writes_agreeing_results(tmp_path):
         assert r["shared"]["peak_extra_bytes"] is None  # quick mode measures no memory
 
 
-def test_memory_measurement_runs_in_process():
-    bench = _bench()
+def test_memory_measurement_runs_in_process(bench):
     args = bench.parse(["--quick", "--device", "cpu"])
     cpu = torch.device("cpu")
     model = bench.build_model(args, cpu)

@@ -4,20 +4,12 @@ kind the NOTES' arithmetic needs it in; and the headline of a results file says 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_profile.py"
 
 
 @pytest.fixture(scope="module")
-def gpu_profile():
-    spec = importlib.util.spec_from_file_location("gpu_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def gpu_profile(load_script):
+    return load_script("benchmarks/gpu_profile.py", "gpu_profile")
 
 
 EPILOGUE, COPY = "grpo_fast CUDA epilogue", "elementwise / copy / reduction"

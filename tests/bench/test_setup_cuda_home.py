@@ -4,7 +4,6 @@ that would silently leave the CUDA kernels out."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def setup_py():
-    spec = importlib.util.spec_from_file_location("grpo_fast_setup", ROOT / "setup.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # not __main__: defines the functions, runs no build
-    return module
+def setup_py(load_script):
+    return load_script("setup.py", "grpo_fast_setup")  # not __main__: defines the functions, runs no build
 
 
 def test_cuda_home_is_two_levels_above_the_real_nvcc(setup_py, tmp_path):

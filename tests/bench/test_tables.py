@@ -5,7 +5,6 @@ measured at and how far behind HEAD each is."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
@@ -16,11 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def tables():
-    spec = importlib.util.spec_from_file_location("tables", ROOT / "benchmarks" / "tables.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tables(load_script):
+    return load_script("benchmarks/tables.py", "tables")
 
 
 def test_every_marked_table_matches_its_json(tables):
