@@ -92,3 +92,20 @@ def test_a_contender_past_its_timeout_is_named(tmp_path):
     job = {"contender": "trl", "config": {"name": "tiny"}}
     with pytest.raises(RuntimeError, match=r"^tiny/trl ran past --timeout 0.01 s; its log: .*log.txt$"):
         run_contender(job, tmp_path, timeout=0.01)
+
+
+def test_a_second_run_under_the_same_work_directory(quick_run):
+    """The trainer refused its own output of an earlier run under the same --work ("holds an earlier run"), so
+    rerunning a documented command failed."""
+    data, out = quick_run
+    work = out.parent / "work"
+    cmd = [sys.executable, "benchmarks/bench_step.py", "--quick", "--configs", "tiny", "--contenders", "grpo_fast"]
+    proc = subprocess.run(
+        [*cmd, "--out", str(out.parent / "again.json"), "--work", str(work)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -197,11 +198,15 @@ def run_config(
     rounds: dict[str, list[dict]] = {c: [] for c in contenders}
     for round_index in range(args.rounds):
         for contender in contenders:
+            output_dir = work / name / contender / f"trainer_round{round_index + 1}"
+            shutil.rmtree(
+                output_dir, ignore_errors=True
+            )  # the benchmark's own: an earlier run's, under the same --work
             job = {
                 "contender": contender,
                 "config": dataclasses.asdict(cfg),
                 "model_dir": str(model_dir),
-                "output_dir": str(work / name / contender / f"trainer_round{round_index + 1}"),
+                "output_dir": str(output_dir),
                 "warmup": warmup,
                 "steps": steps,
                 "kv_cache_memory_bytes": args.kv_cache_bytes,
