@@ -97,7 +97,7 @@ def test_a_contender_past_its_timeout_is_named(tmp_path):
 def test_a_second_run_under_the_same_work_directory(quick_run):
     """The trainer refused its own output of an earlier run under the same --work ("holds an earlier run"), so
     rerunning a documented command failed."""
-    data, out = quick_run
+    _, out = quick_run
     work = out.parent / "work"
     cmd = [sys.executable, "benchmarks/bench_step.py", "--quick", "--configs", "tiny", "--contenders", "grpo_fast"]
     proc = subprocess.run(
