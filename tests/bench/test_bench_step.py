@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,21 +21,19 @@ HAS_TRL = importlib.util.find_spec("trl") is not None
 pytestmark = pytest.mark.slow
 
 
+def _quick(contenders: list[str], out: Path, work: Path) -> None:
+    """`bench_step.py --quick` of the tiny config for `contenders`, into `out`, under `work`; it must succeed."""
+    cmd = [sys.executable, "benchmarks/bench_step.py", "--quick", "--configs", "tiny", "--contenders", *contenders]
+    cmd += ["--out", str(out), "--work", str(work)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench_step")
     out = tmp / "bench_step.json"
-    contenders = ["grpo_fast", *(["trl"] if HAS_TRL else [])]
-    cmd = [sys.executable, "benchmarks/bench_step.py", "--quick", "--configs", "tiny", "--contenders", *contenders]
-    proc = subprocess.run(
-        [*cmd, "--out", str(out), "--work", str(tmp / "work")],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _quick(["grpo_fast", *(["trl"] if HAS_TRL else [])], out, tmp / "work")
     return json.loads(out.read_text()), out
 
 
@@ -98,14 +97,4 @@ def test_a_second_run_under_the_same_work_directory(quick_run):
     """The trainer refused its own output of an earlier run under the same --work ("holds an earlier run"), so
     rerunning a documented command failed."""
     _, out = quick_run
-    work = out.parent / "work"
-    cmd = [sys.executable, "benchmarks/bench_step.py", "--quick", "--configs", "tiny", "--contenders", "grpo_fast"]
-    proc = subprocess.run(
-        [*cmd, "--out", str(out.parent / "again.json"), "--work", str(work)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _quick(["grpo_fast"], out.parent / "again.json", out.parent / "work")
