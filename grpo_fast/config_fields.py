@@ -62,7 +62,9 @@ class Bounds:
 
 def _number(x: float | None) -> str:
     """A bound as written: whole numbers in full (4294967295, not 4.29497e+09), others shortest."""
-    return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}" if x is not None else ""
+    if x is None:
+        return ""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
 
 
 MAX_WAIT_SECONDS = 1e6

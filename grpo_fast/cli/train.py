@@ -12,6 +12,7 @@ import os
 
 from grpo_fast.core.checkpoint import UnsafeCheckpointError, latest_checkpoint
 from grpo_fast.core.config_tree import help_text
+from grpo_fast.distributed.context import launched_world_size
 from grpo_fast.trainer.config import TrainConfig, load_config
 from grpo_fast.trainer.launch import launch_checks, trainer_from_config
 from grpo_fast.trainer.preflight import PreflightError
@@ -81,7 +82,7 @@ def build_trainer(args: argparse.Namespace):
 def refuse_torchrun(command: str) -> None:
     """Ends a command that runs in one process when a torchrun launch started it on several: each process would do
     the whole work into the same files."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = launched_world_size()
     if world_size > 1:
         raise SystemExit(
             f"grpo-fast {command}: runs in one process, and this launch started {world_size} (WORLD_SIZE): each "

@@ -94,8 +94,8 @@ def run_sampling(config, rows: list[dict], *, tokenizer=None, model=None, engine
     todo = [c for c in range(n_chunks) if c not in done]
     rewards = RewardSet.from_config(config)
     if rows and not config.rollout.rollout_func:  # a rollout_func's own fields are columns too
-        given = ("environments", "environment_reward") if config.rollout.environment_factory else ()
-        rewards.check_columns([*rows[0], *given], f"data.source {config.data.source}")
+        environments = config.rollout.environment_factory is not None
+        rewards.check_columns(rows[0], f"data.source {config.data.source}", environments)
     owns_engine = False
     if todo:
         tokenizer, engine, owns_engine = _rollout(config, tokenizer, model, engine)

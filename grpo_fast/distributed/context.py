@@ -165,8 +165,7 @@ def init_distributed() -> Distributed:
     """This process's place in the launch: a single process unless WORLD_SIZE > 1 (set by torchrun), in which
     case the default process group is initialised (if it is not yet) and, on GPUs, this rank's device is
     selected (LOCAL_RANK)."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if launched_world_size() <= 1:
         return Distributed()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
@@ -175,6 +174,11 @@ def init_distributed() -> Distributed:
             torch.cuda.set_device(local_rank)
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(minutes=30))
     return Distributed(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def launched_world_size() -> int:
+    """How many processes the launch started (torchrun's WORLD_SIZE; 1 outside a launch)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def close_distributed() -> None:
@@ -192,7 +196,7 @@ def close_distributed() -> None:
 
     Outside a launch (WORLD_SIZE unset or 1) it does nothing: a group there is not the run's but, for example, the
     one a single-process vLLM engine made for itself in the same interpreter, which must outlive the command."""
-    if not dist.is_available() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    if not dist.is_available() or launched_world_size() <= 1:
         return
     if dist.is_initialized():
         dist.destroy_process_group()

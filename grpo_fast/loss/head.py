@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-_FP32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
+_FP32_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass(frozen=True)

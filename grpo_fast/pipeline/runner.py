@@ -140,11 +140,8 @@ def run_pipeline(config: PipelineConfig) -> list[dict]:
             stage_dir.mkdir(parents=True, exist_ok=True)
             try:
                 result = STAGE_KINDS.get(stage.kind)(copy.deepcopy(made_from["config"]), stage_dir, latest_model)
-            except (
-                ValueError,
-                OSError,
-                UnsafeCheckpointError,
-            ) as exc:  # bad input, a missing file, a refused checkpoint
+            # bad input, a missing file, a refused checkpoint: one line naming the stage
+            except (ValueError, OSError, UnsafeCheckpointError) as exc:
                 raise ValueError(f"stage {stage.name} ({stage.kind}): {exc}") from exc
             status = "ran"
             seconds = time.perf_counter() - t0

@@ -253,11 +253,13 @@ class RewardSet:
             sandbox=r.sandbox,
         )
 
-    def check_columns(self, columns: Iterable[str], source: str) -> None:
+    def check_columns(self, columns: Iterable[str], source: str, environments: bool = False) -> None:
         """ValueError naming the function, the columns it needs and `source` (where the rows come from) when rows
-        with `columns` (besides what `submit` passes itself) lack one a function needs: before the run starts, where
-        it was a KeyError from inside the first scoring."""
-        have = set(columns) | set(GIVEN_COLUMNS)
+        with `columns` (besides what `submit` passes itself, and with `environments` the rollouts' `environments` and
+        `environment_reward`) lack one a function needs: before the run starts, where it was a KeyError from inside
+        the first scoring."""
+        columns = list(columns)
+        have = set(columns) | set(GIVEN_COLUMNS) | ({"environments", "environment_reward"} if environments else set())
         for name, fn in zip(self.names, self.funcs, strict=True):
             if missing := [c for c in required_columns(fn) if c not in have]:
                 raise ValueError(

@@ -245,12 +245,11 @@ class GRPOTrainer:
         return train, held_out[:limit] if limit and held_out else held_out
 
     def _check_reward_columns(self, environments: bool) -> None:
-        """ValueError before the run starts when the training or held-out rows lack a column a reward needs (with
-        `environments`, the rollouts give `environments` and `environment_reward` too)."""
-        given = ("environments", "environment_reward") if environments else ()
+        """ValueError before the run starts when the training or held-out rows lack a column a reward needs
+        (`RewardSet.check_columns`)."""
         for rows, name in ((self.train_rows, "the training dataset"), (self.eval_rows, "the held-out dataset")):
             if rows:
-                self.rewards.check_columns([*rows[0], *given], name)
+                self.rewards.check_columns(rows[0], name, environments)
 
     def _set_up_rollouts(self, tools, environment_factory, rollout_func) -> None:
         """The prompt encoder, the stop tokens, and how a step's completions are produced (`rollouts`: one engine
