@@ -242,8 +242,7 @@ def render_trl_integration(payload: dict) -> str:
 
 
 STEP_RESULTS = {
-    "bench_step_cpu.json": ("large_mb64", "large_mb16", "large_mb8"),
-    "bench_step_more_cpu.json": ("prompt_heavy",),
+    "bench_step_cpu.json": ("large_mb64", "large_mb16", "large_mb8", "prompt_heavy"),
     "bench_step_tiny_cpu.json": ("tiny",),
 }
 """The step benchmark's results files README's headline draws from (grpo_fast with its defaults against TRL), and
