@@ -279,7 +279,8 @@ class ConfigSection:
 
 def build(cls: type, data: dict, key: str = "") -> Any:
     """The dataclass `cls` from a mapping of its options (nested sections from nested mappings), every value
-    checked; unknown keys raise, naming a moved option's new home. Errors name the dotted key under `key`."""
+    checked; unknown keys raise, naming a moved option's new home, and so does a missing field without a default.
+    Errors name the dotted key under `key`."""
     fields = cls.__dataclass_fields__
     moved = getattr(cls, "MOVED", {})
     unknown = sorted(map(str, set(data) - set(fields)))
@@ -288,6 +289,10 @@ def build(cls: type, data: dict, key: str = "") -> Any:
             raise ValueError(f"{_join(key, name)}: no such option; it is {moved[name]} now")
     if unknown:
         raise ValueError(f"{key or 'config'}: unknown key(s) {unknown}; valid keys: {sorted(fields)}")
+    for name, field in fields.items():
+        required = field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+        if required and name not in data:
+            raise ValueError(f"{_join(key, name)}: required ({field.metadata.get('help') or type_text(cls, name)})")
     kwargs = {name: check_field(cls, name, value, _join(key, name), from_text=True) for name, value in data.items()}
     try:
         return cls(**kwargs)

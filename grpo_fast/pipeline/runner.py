@@ -80,10 +80,7 @@ def load_pipeline_config(source: str | Path | dict) -> PipelineConfig:
             raise ValueError(f"{where}.name: expected a unique name of letters, digits, _ and -, got {name!r}")
         if entry.get("kind") not in STAGE_KINDS:
             raise ValueError(f"{where}.kind: expected one of {STAGE_KINDS.names()}, got {entry.get('kind')!r}")
-        try:
-            check_stage_config(entry["kind"], entry.get("config") or {})
-        except ValueError as exc:
-            raise ValueError(f"{where} ({name}).config: {exc}") from None
+        check_stage_config(entry["kind"], entry.get("config") or {}, f"{where} ({name}).config")
         names.add(name)
         stages.append(
             StageSpec(

@@ -7,11 +7,10 @@ directory, `model` the latest model an earlier stage produced. Outputs are paths
 - train: `grpo-fast train`'s config, the checks first (as `grpo-fast train`); outputs model (the final
   checkpoint).
 - sample: `grpo-fast sample`'s config; outputs pass_rates, sft_data.
-- filter: {pass_rates, low, high}; outputs prompts (the rows in the band), plot.
-- mix: {sources: [{source, task_kwargs, columns, max_rows}], seed}: several datasets in one shuffled
-  JSONL, each source's rows tagged with constant `columns` (e.g. reward_type: open, to route the reward
-  model); outputs prompts.
-- tiny_models: {seed, reward_model}: the local tiny policy (and a tiny random sequence classifier as a
+- filter (FilterOptions): the sampled prompts whose pass rate is in [low, high]; outputs prompts, plot.
+- mix (MixOptions): several datasets in one shuffled JSONL, each source's rows tagged with constant
+  `columns` (e.g. reward_type: open, to route the reward model); outputs prompts.
+- tiny_models (TinyModelsOptions): the local tiny policy (and a tiny random sequence classifier as a
   reward model) of grpo_fast.core.tiny_models, for runs without a hub; outputs model (and reward_model).
 
 More kinds: `STAGE_KINDS.register("name", fn)`.
@@ -24,6 +23,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_fast.config_fields import ConfigSection, build, option
 from grpo_fast.core import checkpoint as ckpt
 from grpo_fast.core.tiny_models import build_char_tokenizer, build_tiny_model, build_tiny_reward_model, save_tiny
 from grpo_fast.curate.filtering import filter_pass_rates
@@ -70,71 +70,60 @@ def stage_outputs(kind: str, config: dict) -> tuple[str, ...] | None:
     return STAGE_OUTPUTS.get(kind)
 
 
-def check_stage_config(kind: str, config: dict) -> None:
-    """ValueError naming the key when a built-in stage's config is wrong, before the first stage runs rather than
-    hours later: train / sample / sft configs load as their command loads them (references left unresolved); the
-    others' keys and values are checked here. A registered kind checks its own when it runs."""
+def check_stage_config(kind: str, config: dict, key: str) -> None:
+    """ValueError naming `key` (the stage's config, e.g. "pipeline.stages[1] (rl).config") and the option in it when
+    a built-in stage's config is wrong, before the first stage runs rather than hours later: train / sample / sft
+    configs load as their command loads them (references left unresolved), the others build their options. A
+    registered kind checks its own when it runs."""
     if not isinstance(config, dict):
-        raise ValueError(f"expected a mapping of the {kind} stage's options, got {config!r}")
+        raise ValueError(f"{key}: expected a mapping of the {kind} stage's options, got {config!r}")
     loaders = {"train": load_config, "sample": load_sample_config, "sft": load_sft_config}
     if kind in loaders:
-        loaders[kind](copy.deepcopy(config))
-    elif kind in _CHECKS:
-        _CHECKS[kind](config)
+        try:
+            loaders[kind](copy.deepcopy(config))
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    elif kind in STAGE_OPTIONS:
+        build(STAGE_OPTIONS[kind], config, key)
 
 
-def _check_filter(config: dict) -> None:
-    _keys(config, "", {"pass_rates", "low", "high"}, required={"pass_rates"})
-    _expect(config, "pass_rates", str, "a path (or a reference such as ${sample.pass_rates})")
-    low, high = config.get("low", 0.1), config.get("high", 0.9)
-    for key, value in (("low", low), ("high", high)):
-        if type(value) not in (int, float) or not 0 <= value <= 1:
-            raise ValueError(f"{key}: expected a pass rate between 0 and 1, got {value!r}")
-    if low > high:
-        raise ValueError(f"low/high: expected low <= high, got {low}, {high}")
+@dataclass
+class FilterOptions(ConfigSection):
+    pass_rates: str = option(help="the sample stage's pass-rate file: a path, or a reference (${sample.pass_rates})")
+    low: float = option(0.1, "keep prompts whose pass rate is at least this", low=0, high=1)
+    high: float = option(0.9, "keep prompts whose pass rate is at most this", low=0, high=1)
+
+    def __post_init__(self) -> None:
+        if self.low > self.high:
+            raise ValueError(f"low/high: expected low <= high, got {self.low}, {self.high}")
 
 
-def _check_mix(config: dict) -> None:
-    _keys(config, "", {"sources", "seed"}, required={"sources"})
-    _expect(config, "seed", int, "a whole number")
-    sources = config["sources"]
-    if not isinstance(sources, list) or not sources:
-        raise ValueError(
-            f"sources: expected a non-empty list of {{source, task_kwargs, columns, max_rows}}, got {sources!r}"
-        )
-    for i, spec in enumerate(sources):
-        where = f"sources[{i}]."
-        if not isinstance(spec, dict):
-            raise ValueError(f"sources[{i}]: expected a mapping with a 'source', got {spec!r}")
-        _keys(spec, where, {"source", "task_kwargs", "columns", "max_rows"}, required={"source"})
-        _expect(spec, "source", str, "a file, a hub dataset or task:<name>", where)
-        _expect(spec, "task_kwargs", dict, "a mapping of the task builder's keyword arguments", where)
-        _expect(spec, "columns", dict, "a mapping of column -> value added to every row", where)
-        _expect(spec, "max_rows", int, "a positive whole number", where)
-        if spec.get("max_rows", 1) < 1:
-            raise ValueError(f"{where}max_rows: expected a positive whole number, got {spec['max_rows']!r}")
+@dataclass
+class MixSource(ConfigSection):
+    source: str = option(help="a file, a hub dataset or task:<name>")
+    task_kwargs: dict = option(factory=dict, help="the task builder's keyword arguments")
+    columns: dict = option(factory=dict, help="column -> value, added to every row of this source")
+    max_rows: int | None = option(None, "the source's first this many rows (null: all)", low=1)
 
 
-def _check_tiny_models(config: dict) -> None:
-    _keys(config, "", {"seed", "reward_model"})
-    _expect(config, "seed", int, "a whole number")
-    _expect(config, "reward_model", bool, "true or false")
+@dataclass
+class MixOptions(ConfigSection):
+    sources: list[MixSource] = option(help="the datasets to mix: [{source, task_kwargs, columns, max_rows}]")
+    seed: int = option(0, "the shuffle's seed")
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise ValueError("sources: expected at least one {source, task_kwargs, columns, max_rows}")
 
 
-def _keys(config: dict, where: str, valid: set[str], required: frozenset | set = frozenset()) -> None:
-    if unknown := sorted(set(config) - valid):
-        raise ValueError(f"{where}{unknown[0]}: unknown key; valid keys: {sorted(valid)}")
-    if missing := sorted(required - set(config)):
-        raise ValueError(f"{where}{missing[0]}: required")
+@dataclass
+class TinyModelsOptions(ConfigSection):
+    seed: int = option(0, "the policy's initialisation seed (the reward model's: seed + 1)")
+    reward_model: bool = option(False, "also build a tiny random sequence classifier as a reward model")
 
 
-def _expect(config: dict, key: str, kind: type, expected: str, where: str = "") -> None:
-    value = config.get(key)
-    if value is not None and (type(value) is not kind if kind in (int, bool) else not isinstance(value, kind)):
-        raise ValueError(f"{where}{key}: expected {expected}, got {value!r}")
-
-
-_CHECKS = {"filter": _check_filter, "mix": _check_mix, "tiny_models": _check_tiny_models}
+STAGE_OPTIONS = {"filter": FilterOptions, "mix": MixOptions, "tiny_models": TinyModelsOptions}
+"""The options of the built-in kinds that are not a command's config."""
 
 
 def _with_defaults(config: dict, model: str | None, output_key: tuple[str, str], stage_dir: Path) -> dict:
@@ -206,10 +195,8 @@ def sample_stage(config: dict, stage_dir: Path, model: str | None) -> StageResul
 
 
 def filter_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    plot = stage_dir / "pass_rates.png"
-    s = filter_pass_rates(
-        config["pass_rates"], stage_dir / "prompts.jsonl", config.get("low", 0.1), config.get("high", 0.9), plot
-    )
+    options, plot = build(FilterOptions, config), stage_dir / "pass_rates.png"
+    s = filter_pass_rates(options.pass_rates, stage_dir / "prompts.jsonl", options.low, options.high, plot)
     summary = {k: s[k] for k in ("prompts", "kept", "too_easy", "too_hard")}
     return StageResult({"prompts": s["output"], "plot": str(plot)}, summary)
 
@@ -222,13 +209,13 @@ def sft_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
 
 
 def mix_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    rows, counts = [], {}
-    for i, spec in enumerate(config["sources"]):
-        ds = load_prompt_dataset(spec["source"], key=f"sources[{i}].source", **spec.get("task_kwargs", {})).to_list()
-        ds = ds[: spec["max_rows"]] if spec.get("max_rows") else ds
-        rows += [{**row, **spec.get("columns", {})} for row in ds]
+    options, rows, counts = build(MixOptions, config), [], {}
+    for i, spec in enumerate(options.sources):
+        ds = load_prompt_dataset(spec.source, key=f"sources[{i}].source", **spec.task_kwargs).to_list()
+        ds = ds[: spec.max_rows]
+        rows += [{**row, **spec.columns} for row in ds]
         counts[f"rows_{i}"] = len(ds)
-    random.Random(config.get("seed", 0)).shuffle(rows)
+    random.Random(options.seed).shuffle(rows)
     path = stage_dir / "prompts.jsonl"
     stage_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(path, "".join(dumps(r) + "\n" for r in rows))
@@ -236,10 +223,10 @@ def mix_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
 
 
 def tiny_models_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
-    seed = int(config.get("seed", 0))
-    tokenizer = build_char_tokenizer()
+    options, tokenizer = build(TinyModelsOptions, config), build_char_tokenizer()
+    seed = options.seed
     outputs = {"model": str(save_tiny(build_tiny_model(tokenizer, seed=seed), tokenizer, stage_dir / "policy"))}
-    if config.get("reward_model", False):
+    if options.reward_model:
         rm = build_tiny_reward_model(tokenizer, seed=seed + 1)
         outputs["reward_model"] = str(save_tiny(rm, tokenizer, stage_dir / "reward_model"))
     return StageResult(outputs, {})

@@ -185,21 +185,38 @@ def test_a_training_stage_in_a_directory_of_the_user_s_refuses_their_earlier_run
         ),
         (
             [{"name": "m", "kind": "mix", "config": {"sources": [{"source": "task:x", "colums": {"a": 1}}]}}],
-            r"\(m\).config: sources\[0\].colums: unknown key",  # was ignored: the column silently missing
+            r"\(m\).config.sources\[0\]: unknown key\(s\) \['colums'\]",  # was ignored: the column silently missing
         ),
         (
             [{"name": "m", "kind": "mix", "config": {"sources": [{"source": "task:x", "max_rows": "3"}]}}],
-            r"sources\[0\].max_rows: expected a positive whole number, got '3'",
+            r"\(m\).config.sources\[0\].max_rows: expected int, got str '3'",
         ),  # a TypeError traceback
         (
             [{"name": "m", "kind": "mix", "config": {"sources": [{"source": "task:x", "task_kwargs": 5}]}}],
-            r"sources\[0\].task_kwargs: expected a mapping",
+            r"\(m\).config.sources\[0\].task_kwargs: expected dict",
         ),
-        ([{"name": "m", "kind": "mix", "config": {"sources": [{"source": 5}]}}], r"sources\[0\].source: expected"),
-        ([{"name": "t", "kind": "tiny_models", "config": {"seeds": 3}}], r"\(t\).config: seeds: unknown key"),
         (
-            [{"name": "f", "kind": "filter", "config": {"pass_rates": "p.jsonl", "low": "0.1"}}],
-            r"\(f\).config: low: expected a pass rate between 0 and 1, got '0.1'",
+            [{"name": "m", "kind": "mix", "config": {"sources": [{"source": 5}]}}],
+            r"\(m\).config.sources\[0\].source: expected str",
+        ),
+        ([{"name": "t", "kind": "tiny_models", "config": {"seeds": 3}}], r"\(t\).config: unknown key\(s\) \['seeds'\]"),
+        (
+            [{"name": "f", "kind": "filter", "config": {"pass_rates": "p.jsonl", "low": "a tenth"}}],
+            r"\(f\).config.low: expected float, got str 'a tenth'",
+        ),
+        (
+            [{"name": "f", "kind": "filter", "config": {"pass_rates": "p.jsonl", "high": 1.5}}],
+            r"\(f\).config.high: expected a value in \[0, 1\], got 1.5",
+        ),
+        (
+            [{"name": "f", "kind": "filter", "config": {"pass_rates": "p.jsonl", "low": 0.8, "high": 0.2}}],
+            r"\(f\).config.low/high: expected low <= high, got 0.8, 0.2",
+        ),
+        ([{"name": "f", "kind": "filter", "config": {"low": 0.2}}], r"\(f\).config.pass_rates: required"),
+        ([{"name": "m", "kind": "mix", "config": {"sources": []}}], r"\(m\).config.sources: expected at least one"),
+        (
+            [{"name": "m", "kind": "mix", "config": {"sources": [{"source": "task:x", "max_rows": 0}]}}],
+            r"\(m\).config.sources\[0\].max_rows: expected a value >= 1, got 0",
         ),
         ([{"name": "f", "kind": "filter", "config": [1, 2]}], r"\(f\).config: expected a mapping"),
     ],

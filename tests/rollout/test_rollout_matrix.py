@@ -59,9 +59,10 @@ def _cells():
     process-wide parallel state, which the session's shared engine (the other vllm cells) still needs."""
     cells = [(s, k, e) for s in SCHEDULERS for k in KINDS for e in ENGINES]
     cells.sort(key=lambda cell: cell[1] == "multi_turn" and cell[2] == "vllm")
-    for scheduler, kind, engine in cells:
-        marks = [pytest.mark.slow] if (scheduler, kind, engine) in SLOW else []
-        yield pytest.param(scheduler, kind, engine, marks=marks, id=f"{scheduler}-{kind}-{engine}")
+    return [
+        pytest.param(s, k, e, marks=[pytest.mark.slow] if (s, k, e) in SLOW else [], id=f"{s}-{k}-{e}")
+        for s, k, e in cells
+    ]
 
 
 def _setup(kind: str, engine: str, request, tmp_path):
