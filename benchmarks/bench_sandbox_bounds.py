@@ -38,22 +38,27 @@ def _as_nobody(config: dict) -> dict[str, dict[str, Outcome]]:
     return {suite: {k: Outcome(**v) for k, v in outcomes.items()} for suite, outcomes in found.items()}
 
 
-def setups() -> dict[str, tuple[bool, dict[str, dict[str, Outcome]]]]:
-    """{setup: (whether a control group bounds its sandboxes, {"sandbox" | "tool": {attack: Outcome}})} for the
-    setups this machine runs."""
-    out = {}
+def setups() -> tuple[dict[str, tuple[bool, dict[str, dict[str, Outcome]]]], dict[str, str]]:
+    """({setup: (whether a control group bounds its sandboxes, {"sandbox" | "tool": {attack: Outcome}})} for the
+    setups this machine runs, {setup: why it cannot run here} for the others)."""
+    out, skipped = {}, {}
     for level in ("namespaces", "bwrap"):
-        if probe(level) is None:
-            config = SandboxConfig(backend=level, allow_per_process_memory=True)
-            whole = containment(level, config)[1]
-            out[f"{level} (root)"] = (whole, {"sandbox": measure(level, config), "tool": measure_tool(config)})
-    if can_run_as_nobody() is None and probe("bwrap") is None:
-        with delegated_cgroup() as group:
-            if group is not None:
-                out["bwrap (nobody, delegated group)"] = (True, _as_nobody({"backend": "bwrap", "cgroup": group}))
-        config = {"backend": "bwrap", "allow_per_process_memory": True}
-        out["bwrap (nobody, no group)"] = (False, _as_nobody(config))
-    return out
+        if (why := probe(level)) is not None:
+            skipped[f"{level} (root)"] = why
+            continue
+        config = SandboxConfig(backend=level, allow_per_process_memory=True)
+        whole = containment(level, config)[1]
+        out[f"{level} (root)"] = (whole, {"sandbox": measure(level, config), "tool": measure_tool(config)})
+    nobody = ("bwrap (nobody, delegated group)", "bwrap (nobody, no group)")
+    if (why := can_run_as_nobody() or probe("bwrap")) is not None:
+        return out, skipped | dict.fromkeys(nobody, why)
+    with delegated_cgroup() as group:
+        if group is None:
+            skipped[nobody[0]] = "no control group can be delegated to nobody here"
+        else:
+            out[nobody[0]] = (True, _as_nobody({"backend": "bwrap", "cgroup": group}))
+    out[nobody[1]] = (False, _as_nobody({"backend": "bwrap", "allow_per_process_memory": True}))
+    return out, skipped
 
 
 def main() -> None:
@@ -61,7 +66,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the results JSON here")
     args = parser.parse_args()
     results, rows = {}, []
-    for name, (whole, suites) in setups().items():
+    measured, skipped = setups()
+    for name, (whole, suites) in measured.items():
         results[name] = {"memory_per_sandbox": whole}
         for suite, outcomes in suites.items():
             results[name][suite] = {}
@@ -73,10 +79,12 @@ def main() -> None:
                 rows.append([name, suite, attack, reached[:40], str(outcome.left), cpu, verdict[:40]])
     columns = [("setup", 34), ("suite", 7), ("attack", 24), ("reached", 40), ("left", 4), ("cpu", 5)]
     print(text_table([*columns, ("verdict", 40)], rows))
+    for name, why in skipped.items():
+        print(f"not measured: {name}: {why}")
     if args.out:
         stamp = environment_stamp(packages=())
         stamp |= {"kernel": platform.release(), "load": os.getloadavg(), "limits": dataclasses.asdict(LIMITS)}
-        write_json(args.out, {"benchmark": "sandbox_bounds", "stamp": stamp, "results": results})
+        write_json(args.out, {"benchmark": "sandbox_bounds", "stamp": stamp, "results": results, "skipped": skipped})
 
 
 if __name__ == "__main__":
