@@ -842,6 +842,7 @@ def render_sandbox_bounds(payload: dict) -> str:
         f"{mib(limits['disk_bytes'])} MiB, nproc {limits['nproc']}; each child of the memory attack holds 200 MiB. "
         f"Measured on {where(payload['stamp'])}, kernel {payload['stamp']['kernel']}."
     )
+    note += "".join(f" Not measured: {setup}, {why}." for setup, why in payload["skipped"].items())
     return table(lines) + "\n\n" + note
 
 

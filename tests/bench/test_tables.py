@@ -238,3 +238,17 @@ def test_rows_that_failed_render_as_their_status(tables):
     trl = {"runs": [{"variant": "ours_loss", "status": "error: shapes\nTraceback (most recent call last)"}]}
     rendered = tables.render_trl_integration(trl | {"command": "python x.py", "environment": stamp})
     assert "| ours_loss | error: shapes Traceback (most recent call last) |" in rendered
+
+
+def test_a_sandbox_setup_this_machine_cannot_run_is_named_not_left_out_silently(tables):
+    """bench_sandbox_bounds.py without bwrap measures the namespaces backend only; the table said nothing of the
+    three bwrap setups it lacked."""
+    payload = json.loads((ROOT / "benchmarks" / "results" / "sandbox_bounds.json").read_text())
+    why = "no bwrap binary (Debian/Ubuntu: apt-get install bubblewrap)"
+    lacking = [name for name in payload["results"] if name.startswith("bwrap")]
+    payload["skipped"] = dict.fromkeys(lacking, why)
+    payload["results"] = {name: v for name, v in payload["results"].items() if name not in lacking}
+    text = tables.render_sandbox_bounds(payload)
+    assert text.splitlines()[0] == "| attack | namespaces (root) |"
+    for name in lacking:
+        assert f"Not measured: {name}, {why}." in text
