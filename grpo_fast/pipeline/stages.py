@@ -65,7 +65,7 @@ STAGE_OUTPUTS = {
 
 def stage_outputs(kind: str, config: dict) -> tuple[str, ...] | None:
     """The outputs a stage of `kind` with `config` gives; None for a registered kind (not known before it runs)."""
-    if kind == "tiny_models" and not config.get("reward_model"):
+    if kind == "tiny_models" and not build(TinyModelsOptions, config).reward_model:
         return ("model",)
     return STAGE_OUTPUTS.get(kind)
 
@@ -211,8 +211,7 @@ def sft_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
 def mix_stage(config: dict, stage_dir: Path, model: str | None) -> StageResult:
     options, rows, counts = build(MixOptions, config), [], {}
     for i, spec in enumerate(options.sources):
-        ds = load_prompt_dataset(spec.source, key=f"sources[{i}].source", **spec.task_kwargs).to_list()
-        ds = ds[: spec.max_rows]
+        ds = load_prompt_dataset(spec.source, key=f"sources[{i}].source", **spec.task_kwargs).to_list()[: spec.max_rows]
         rows += [{**row, **spec.columns} for row in ds]
         counts[f"rows_{i}"] = len(ds)
     random.Random(options.seed).shuffle(rows)
